@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Throwaway PostgreSQL 15 cluster run as the `postgres` OS user (PostgreSQL refuses root).
+#   scripts/cluster.sh start DIR PORT   initdb if needed, start, wait until it accepts connections
+#   scripts/cluster.sh stop DIR         stop it (fast shutdown), if running
+# Listens on 127.0.0.1 only; trust authentication (a throwaway test cluster, nothing else).
+set -euo pipefail
+BIN=/usr/lib/postgresql/15/bin
+cmd=${1:?start|stop}; dir=${2:?cluster directory}
+as_postgres() { if [ "$(id -u)" = 0 ]; then sudo -u postgres "$@"; else "$@"; fi; }
+case "$cmd" in
+  start)
+    port=${3:?port}
+    if [ ! -f "$dir/PG_VERSION" ]; then
+      mkdir -p "$dir"
+      [ "$(id -u)" = 0 ] && chown postgres:postgres "$dir"
+      as_postgres "$BIN/initdb" -D "$dir" -U postgres --auth=trust --no-sync -E UTF8 --locale=C.UTF-8 >/dev/null
+      cat >>"$dir/postgresql.conf" <<CONF
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$dir'
+fsync = off
+max_connections = 100
+shared_preload_libraries = ''
+CONF
+    fi
+    as_postgres "$BIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 start >/dev/null
+    ;;
+  stop)
+    if [ -f "$dir/postmaster.pid" ]; then
+      as_postgres "$BIN/pg_ctl" -D "$dir" -m fast -w stop >/dev/null || true
+    fi
+    ;;
+  *) echo "usage: $0 start DIR PORT | stop DIR" >&2; exit 2 ;;
+esac

@@ -1,0 +1,89 @@
+-- The native writer fence on syncular.sync_commits (core-api §1.2) and the guard that keeps it
+-- in force through a 0.24 host's startup DDL (core-api §1.5).
+
+-- The trigger function runs with the extension owner's rights, so the fence lookup never
+-- depends on the inserting role's privileges; every role that can insert is fenced.
+ALTER FUNCTION syncular.writer_fence_trigger()
+  SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+
+CREATE TRIGGER sync_commits_writer_fence
+  BEFORE INSERT ON syncular.sync_commits
+  FOR EACH ROW EXECUTE FUNCTION syncular.writer_fence_trigger();
+
+-- A 0.24 host runs, as separate autocommit statements:
+--   DROP TRIGGER IF EXISTS sync_commits_writer_fence ON sync_commits;
+--   CREATE TRIGGER sync_commits_writer_fence ... EXECUTE FUNCTION syncular_writer_fence();
+-- The two event triggers below make every one of those statements succeed while, after each of
+-- them, exactly one enabled native fence trigger exists: a drop that removes the native trigger
+-- recreates it under a temporary name in the same command; a create that installs a foreign
+-- function under the canonical name is replaced by the native trigger under that name.
+-- Both do nothing while an extension script of ours runs (updates manage the trigger
+-- themselves) and while they are reacting to their own DDL.
+
+CREATE FUNCTION syncular._fence_guard_busy() RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+  SELECT coalesce(current_setting('syncular.fence_guard_busy', true), '') = 'on'
+$$;
+
+-- Number of enabled native fence triggers on sync_commits.
+CREATE FUNCTION syncular._native_fence_triggers() RETURNS bigint
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+  SELECT count(*) FROM pg_catalog.pg_trigger t
+   WHERE t.tgrelid = 'syncular.sync_commits'::regclass
+     AND t.tgfoid = 'syncular.writer_fence_trigger()'::regprocedure
+     AND t.tgenabled <> 'D' AND NOT t.tgisinternal
+$$;
+
+CREATE FUNCTION syncular._fence_guard_on_drop() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF pg_catalog.to_regclass('syncular.sync_commits') IS NULL OR syncular._fence_guard_busy() THEN
+    RETURN;
+  END IF;
+  IF syncular._native_fence_triggers() = 0 THEN
+    PERFORM pg_catalog.set_config('syncular.fence_guard_busy', 'on', true);
+    CREATE TRIGGER sync_commits_writer_fence_guard
+      BEFORE INSERT ON syncular.sync_commits
+      FOR EACH ROW EXECUTE FUNCTION syncular.writer_fence_trigger();
+    PERFORM pg_catalog.set_config('syncular.fence_guard_busy', 'off', true);
+  END IF;
+END
+$$;
+
+CREATE FUNCTION syncular._fence_guard_on_create() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  foreign_fence boolean;
+BEGIN
+  IF pg_catalog.to_regclass('syncular.sync_commits') IS NULL OR syncular._fence_guard_busy() THEN
+    RETURN;
+  END IF;
+  SELECT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_trigger t
+     WHERE t.tgrelid = 'syncular.sync_commits'::regclass
+       AND t.tgname = 'sync_commits_writer_fence'
+       AND t.tgfoid <> 'syncular.writer_fence_trigger()'::regprocedure)
+    INTO foreign_fence;
+  IF NOT foreign_fence THEN
+    RETURN;
+  END IF;
+  PERFORM pg_catalog.set_config('syncular.fence_guard_busy', 'on', true);
+  DROP TRIGGER sync_commits_writer_fence ON syncular.sync_commits;
+  IF EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+              WHERE t.tgrelid = 'syncular.sync_commits'::regclass
+                AND t.tgname = 'sync_commits_writer_fence_guard') THEN
+    ALTER TRIGGER sync_commits_writer_fence_guard ON syncular.sync_commits
+      RENAME TO sync_commits_writer_fence;
+  ELSE
+    CREATE TRIGGER sync_commits_writer_fence
+      BEFORE INSERT ON syncular.sync_commits
+      FOR EACH ROW EXECUTE FUNCTION syncular.writer_fence_trigger();
+  END IF;
+  PERFORM pg_catalog.set_config('syncular.fence_guard_busy', 'off', true);
+END
+$$;
+
+CREATE EVENT TRIGGER syncular_fence_guard_drop ON sql_drop
+  WHEN TAG IN ('DROP TRIGGER') EXECUTE FUNCTION syncular._fence_guard_on_drop();
+CREATE EVENT TRIGGER syncular_fence_guard_create ON ddl_command_end
+  WHEN TAG IN ('CREATE TRIGGER') EXECUTE FUNCTION syncular._fence_guard_on_create();

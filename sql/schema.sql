@@ -1,0 +1,201 @@
+-- syncular: tables and indexes (data-model.md §1). Created once, by CREATE EXTENSION.
+-- Names and columns are upstream @syncular/server 0.24's, so a 0.24 host whose search_path
+-- starts with `syncular` reads and writes the same rows. Every text column is COLLATE "C":
+-- ordering and pagination are byte order, whatever the database locale.
+
+-- 1. Partition allocator and partition write lock. fillfactor 50 keeps the hot counter
+--    update HOT (a new row version on the same page, no index update).
+CREATE TABLE syncular.sync_partitions (
+  partition      text   COLLATE "C" PRIMARY KEY,
+  max_commit_seq bigint NOT NULL DEFAULT 0,
+  horizon_seq    bigint NOT NULL DEFAULT 0
+) WITH (fillfactor = 50);
+
+-- 2. Partition registry (log generation).
+CREATE TABLE syncular.sync_partition_registry (
+  partition                text    COLLATE "C" PRIMARY KEY,
+  log_epoch                text    COLLATE "C" NOT NULL,
+  epoch_required           boolean NOT NULL DEFAULT false,
+  last_authenticated_at_ms bigint  NOT NULL
+);
+
+-- 3. Inverted scope index over current rows.
+CREATE TABLE syncular.sync_row_scopes (
+  partition text COLLATE "C" NOT NULL,
+  tbl       text COLLATE "C" NOT NULL,
+  var       text COLLATE "C" NOT NULL,
+  value     text COLLATE "C" NOT NULL,
+  row_id    text COLLATE "C" NOT NULL,
+  PRIMARY KEY (partition, tbl, var, value, row_id)
+);
+CREATE INDEX sync_row_scopes_by_row ON syncular.sync_row_scopes (partition, tbl, row_id);
+
+-- 4. Commit log: one row per commit. writer_version is nullable on purpose: NULL is a writer
+--    older than the fence, refused as soon as a requirement exists.
+CREATE TABLE syncular.sync_commits (
+  partition        text   COLLATE "C" NOT NULL,
+  commit_seq       bigint NOT NULL,
+  client_id        text   COLLATE "C" NOT NULL,
+  client_commit_id text   COLLATE "C" NOT NULL,
+  actor_id         text   COLLATE "C" NOT NULL,
+  created_at_ms    bigint NOT NULL,
+  writer_version   bigint,
+  PRIMARY KEY (partition, commit_seq)
+);
+CREATE INDEX sync_commits_by_time ON syncular.sync_commits (partition, created_at_ms);
+
+-- 5. Commit log: one row per change.
+CREATE TABLE syncular.sync_changes (
+  partition   text     COLLATE "C" NOT NULL,
+  commit_seq  bigint   NOT NULL,
+  idx         integer  NOT NULL,
+  tbl         text     COLLATE "C" NOT NULL,
+  row_id      text     COLLATE "C" NOT NULL,
+  op          smallint NOT NULL,
+  row_version bigint,
+  scopes      jsonb    NOT NULL,
+  payload     bytea,
+  PRIMARY KEY (partition, commit_seq, idx)
+);
+CREATE INDEX sync_changes_by_table  ON syncular.sync_changes (partition, commit_seq, tbl, idx);
+-- Serves source_coverage_seq and has_source_changes_above without walking the log.
+CREATE INDEX sync_changes_by_source ON syncular.sync_changes (partition, tbl, commit_seq);
+
+-- 6. Inverted scope index over the commit log: the only candidate source of the pull window.
+CREATE TABLE syncular.sync_change_scopes (
+  partition  text   COLLATE "C" NOT NULL,
+  tbl        text   COLLATE "C" NOT NULL,
+  var        text   COLLATE "C" NOT NULL,
+  value      text   COLLATE "C" NOT NULL,
+  commit_seq bigint NOT NULL,
+  PRIMARY KEY (partition, tbl, var, value, commit_seq)
+);
+
+-- 7. Idempotency results: first writer wins, never updated or pruned.
+CREATE TABLE syncular.sync_push_results (
+  partition        text  COLLATE "C" NOT NULL,
+  client_id        text  COLLATE "C" NOT NULL,
+  client_commit_id text  COLLATE "C" NOT NULL,
+  result           jsonb NOT NULL,
+  PRIMARY KEY (partition, client_id, client_commit_id)
+);
+
+-- 8. Reaction outbox.
+CREATE TABLE syncular.sync_reactions (
+  partition               text    COLLATE "C" NOT NULL,
+  idempotency_key         text    COLLATE "C" NOT NULL,
+  type                    text    COLLATE "C" NOT NULL,
+  version                 integer NOT NULL,
+  payload                 jsonb   NOT NULL,
+  source_client_id        text    COLLATE "C" NOT NULL,
+  source_client_commit_id text    COLLATE "C" NOT NULL,
+  source_commit_seq       bigint  NOT NULL,
+  created_at_ms           bigint  NOT NULL,
+  available_at_ms         bigint  NOT NULL,
+  status                  text    COLLATE "C" NOT NULL,
+  attempts                integer NOT NULL,
+  max_attempts            integer NOT NULL,
+  lease_owner             text    COLLATE "C",
+  lease_expires_at_ms     bigint,
+  completed_at_ms         bigint,
+  last_failure            jsonb,
+  PRIMARY KEY (partition, idempotency_key),
+  CHECK (status IN ('pending', 'leased', 'completed', 'dead-letter'))
+);
+CREATE INDEX sync_reactions_due         ON syncular.sync_reactions
+  (partition, status, available_at_ms, created_at_ms, idempotency_key);
+CREATE INDEX sync_reactions_lease       ON syncular.sync_reactions
+  (partition, status, lease_expires_at_ms);
+CREATE INDEX sync_reactions_completed   ON syncular.sync_reactions
+  (partition, status, completed_at_ms, idempotency_key);
+CREATE INDEX sync_reactions_dead_letter ON syncular.sync_reactions
+  (partition, status, available_at_ms, idempotency_key);
+
+-- 9. Client records and cursors.
+CREATE TABLE syncular.sync_clients (
+  partition     text    COLLATE "C" NOT NULL,
+  client_id     text    COLLATE "C" NOT NULL,
+  actor_id      text    COLLATE "C" NOT NULL,
+  wire_version  integer NOT NULL DEFAULT 1,
+  cursor        bigint  NOT NULL,
+  subscriptions jsonb   NOT NULL,
+  updated_at_ms bigint  NOT NULL,
+  PRIMARY KEY (partition, client_id)
+);
+
+-- 10. Blob references of live rows.
+CREATE TABLE syncular.sync_blob_refs (
+  partition text COLLATE "C" NOT NULL,
+  tbl       text COLLATE "C" NOT NULL,
+  row_id    text COLLATE "C" NOT NULL,
+  blob_id   text COLLATE "C" NOT NULL,
+  PRIMARY KEY (partition, tbl, row_id, blob_id)
+);
+CREATE INDEX sync_blob_refs_by_blob ON syncular.sync_blob_refs (partition, blob_id);
+
+-- 11. Delete-precedence tombstones.
+CREATE TABLE syncular.sync_tombstones (
+  partition  text   COLLATE "C" NOT NULL,
+  tbl        text   COLLATE "C" NOT NULL,
+  row_id     text   COLLATE "C" NOT NULL,
+  commit_seq bigint NOT NULL,
+  PRIMARY KEY (partition, tbl, row_id)
+);
+
+-- 12. Backfill checkpoints. schema_version is bigint (upstream: integer).
+CREATE TABLE syncular.sync_backfill_checkpoints (
+  partition      text   COLLATE "C" NOT NULL,
+  name           text   COLLATE "C" NOT NULL,
+  schema_version bigint NOT NULL,
+  state          text   COLLATE "C" NOT NULL
+                 CHECK (state IN ('declared', 'backfilling', 'activated')),
+  watermark      bigint NOT NULL DEFAULT 0,
+  owner_epoch    bigint NOT NULL DEFAULT 0,
+  observed_rows  bigint NOT NULL DEFAULT 0,
+  updated_at_ms  bigint NOT NULL,
+  PRIMARY KEY (partition, name)
+);
+-- Keeps the gate's per-request pending read proportional to the pending checkpoints only.
+CREATE INDEX sync_backfill_checkpoints_pending ON syncular.sync_backfill_checkpoints
+  (schema_version, partition, name) WHERE state <> 'activated';
+
+-- 13. Writer fence: minimum writer_version per partition. No row = no per-partition barrier.
+CREATE TABLE syncular.sync_writer_fence (
+  partition               text   COLLATE "C" PRIMARY KEY,
+  required_writer_version bigint NOT NULL
+);
+
+-- 14. Schema marker (singleton, absent until the first migration). layouts stays text for
+--     0.24 hosts, which parse it; required_writer_version is the global writer floor.
+CREATE TABLE syncular.sync_schema_meta (
+  id                      integer PRIMARY KEY CHECK (id = 1),
+  schema_version          bigint  NOT NULL,
+  layouts                 text    NOT NULL DEFAULT '{}',
+  required_writer_version bigint  NOT NULL DEFAULT 0
+);
+
+-- 15. App-table registry: logical table name -> the host's relation.
+CREATE TABLE syncular.sync_app_tables (
+  tbl               text    COLLATE "C" PRIMARY KEY,
+  relation_schema   name    NOT NULL,
+  relation_name     name    NOT NULL,
+  maintain_row_meta boolean NOT NULL DEFAULT false,
+  registered_at_ms  bigint  NOT NULL
+);
+
+-- pg_dump skips the rows of extension member tables unless they are registered here.
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_partitions', '');
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_partition_registry', '');
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_row_scopes', '');
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_commits', '');
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_changes', '');
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_change_scopes', '');
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_push_results', '');
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_reactions', '');
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_clients', '');
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_blob_refs', '');
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_tombstones', '');
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_backfill_checkpoints', '');
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_writer_fence', '');
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_schema_meta', '');
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_app_tables', '');

@@ -1,0 +1,180 @@
+//! Argument decoding shared by every function: NULL checks, ranges, JSON shapes (core-api §0.2).
+//!
+//! Functions are declared non-STRICT so that a NULL reaches us and becomes a coded
+//! `sync.storage.invalid_argument` instead of a silent NULL result.
+
+use crate::error::{Error, Result};
+use pgrx::JsonB;
+use serde_json::{Map, Value};
+
+/// Largest integer that round-trips through a JavaScript number.
+pub const MAX_SAFE: i64 = (1 << 53) - 1;
+
+pub fn required<T>(name: &str, value: Option<T>) -> Result<T> {
+    value.ok_or_else(|| Error::invalid_argument(name, "missing"))
+}
+
+/// A required text argument that must not be empty.
+pub fn text(name: &str, value: Option<String>) -> Result<String> {
+    let value = required(name, value)?;
+    if value.is_empty() {
+        return Err(Error::invalid_argument(name, "empty"));
+    }
+    Ok(value)
+}
+
+/// A required `bigint` in `0 ..= 2^53 − 1` (sequences, versions, epochs, times).
+pub fn count(name: &str, value: Option<i64>) -> Result<i64> {
+    at_least(name, value, 0)
+}
+
+/// A required `bigint` in `min ..= 2^53 − 1`.
+pub fn at_least(name: &str, value: Option<i64>, min: i64) -> Result<i64> {
+    let value = required(name, value)?;
+    if value < min || value > MAX_SAFE {
+        return Err(Error::invalid_argument(name, "range"));
+    }
+    Ok(value)
+}
+
+/// A required `text[]`: may be empty, but no NULL and no empty element.
+pub fn text_array(name: &str, value: Option<Vec<Option<String>>>) -> Result<Vec<String>> {
+    required(name, value)?
+        .into_iter()
+        .map(|item| match item {
+            None => Err(Error::invalid_argument(name, "missing")),
+            Some(s) if s.is_empty() => Err(Error::invalid_argument(name, "empty")),
+            Some(s) => Ok(s),
+        })
+        .collect()
+}
+
+/// Unwraps a jsonb string that holds the text of an object or array (drivers that bind JSON
+/// text as a jsonb string). Only top-level arguments are unwrapped.
+pub fn unwrap_json_text(value: Value) -> Value {
+    if let Value::String(text) = &value {
+        if let Ok(inner @ (Value::Object(_) | Value::Array(_))) = serde_json::from_str(text) {
+            return inner;
+        }
+    }
+    value
+}
+
+/// A required jsonb argument, unwrapped.
+pub fn json(name: &str, value: Option<JsonB>) -> Result<Value> {
+    Ok(unwrap_json_text(required(name, value)?.0))
+}
+
+/// How an integer-valued JSON number failed, if it did.
+pub enum IntProblem {
+    /// Not a number, or not integral.
+    Type,
+    /// Integral, but outside ±(2^53 − 1).
+    Range,
+}
+
+/// Reads a JSON integer within ±(2^53 − 1). `2.0` counts as integral (jsonb may keep the scale).
+pub fn json_int(value: &Value) -> std::result::Result<i64, IntProblem> {
+    let Value::Number(n) = value else { return Err(IntProblem::Type) };
+    if let Some(i) = n.as_i64() {
+        return if (-MAX_SAFE..=MAX_SAFE).contains(&i) { Ok(i) } else { Err(IntProblem::Range) };
+    }
+    if n.is_u64() {
+        return Err(IntProblem::Range);
+    }
+    match n.as_f64() {
+        Some(f) if f.fract() == 0.0 && f.is_finite() => {
+            if f.abs() <= MAX_SAFE as f64 {
+                Ok(f as i64)
+            } else {
+                Err(IntProblem::Range)
+            }
+        }
+        _ => Err(IntProblem::Type),
+    }
+}
+
+/// One entry of a `declared` array (core-api §3): `{"partition", "name", "schemaVersion"?}`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Declaration {
+    pub partition: String,
+    pub name: String,
+    pub schema_version: Option<i64>,
+}
+
+impl Declaration {
+    pub fn matches(&self, partition: &str, name: &str) -> bool {
+        self.partition == partition && self.name == name
+    }
+}
+
+/// Decodes a `declared` argument. NULL counts as `[]`; a malformed array is `invalid_argument`
+/// with `argument` pointing into it (e.g. `declared[1].name`).
+pub fn declarations(value: Option<JsonB>) -> Result<Vec<Declaration>> {
+    let Some(value) = value else { return Ok(Vec::new()) };
+    let value = unwrap_json_text(value.0);
+    let Value::Array(items) = value else {
+        return Err(Error::invalid_argument("declared", "type"));
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let at = |key: &str| format!("declared[{i}].{key}");
+            let Value::Object(obj) = item else {
+                return Err(Error::invalid_argument(&format!("declared[{i}]"), "type"));
+            };
+            let partition = json_text_field(obj, "partition", &at("partition"))?;
+            let name = json_text_field(obj, "name", &at("name"))?;
+            let schema_version = match obj.get("schemaVersion") {
+                None | Some(Value::Null) => None,
+                Some(v) => match json_int(v) {
+                    Ok(n) if n >= 1 => Some(n),
+                    Ok(_) | Err(IntProblem::Range) => {
+                        return Err(Error::invalid_argument(&at("schemaVersion"), "range"))
+                    }
+                    Err(IntProblem::Type) => {
+                        return Err(Error::invalid_argument(&at("schemaVersion"), "type"))
+                    }
+                },
+            };
+            Ok(Declaration { partition, name, schema_version })
+        })
+        .collect()
+}
+
+/// A required, non-empty string member of a JSON object argument.
+pub fn json_text_field(obj: &Map<String, Value>, key: &str, path: &str) -> Result<String> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Err(Error::invalid_argument(path, "missing")),
+        Some(Value::String(s)) if s.is_empty() => Err(Error::invalid_argument(path, "empty")),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(_) => Err(Error::invalid_argument(path, "type")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn json_int_bounds() {
+        assert!(matches!(json_int(&json!(MAX_SAFE)), Ok(MAX_SAFE)));
+        assert!(matches!(json_int(&json!(MAX_SAFE + 1)), Err(IntProblem::Range)));
+        assert!(matches!(json_int(&json!(-MAX_SAFE - 1)), Err(IntProblem::Range)));
+        assert!(matches!(json_int(&json!(u64::MAX)), Err(IntProblem::Range)));
+        assert!(matches!(json_int(&json!(1.5)), Err(IntProblem::Type)));
+        assert!(matches!(json_int(&json!(2.0)), Ok(2)));
+        assert!(matches!(json_int(&json!(1e300)), Err(IntProblem::Range)));
+        assert!(matches!(json_int(&json!("1")), Err(IntProblem::Type)));
+    }
+
+    #[test]
+    fn string_wrapped_json_is_unwrapped_once() {
+        assert_eq!(unwrap_json_text(json!("{\"a\":1}")), json!({"a": 1}));
+        assert_eq!(unwrap_json_text(json!("[1]")), json!([1]));
+        assert_eq!(unwrap_json_text(json!("5")), json!("5"));
+        assert_eq!(unwrap_json_text(json!("\"{}\"")), json!("\"{}\""));
+    }
+}

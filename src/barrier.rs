@@ -1,0 +1,285 @@
+//! The schema barrier (core-api §5): the startup check and the migration that publishes a new
+//! schema version together with its declarations, fences and the global writer floor.
+//!
+//! `migrate_schema` takes the barrier lock first and re-validates everything under it with
+//! fresh snapshots, so two concurrent migrators cannot both migrate (upstream checked before
+//! locking: gap B4).
+
+use crate::args::{self, Declaration};
+use crate::checkpoint;
+use crate::db;
+use crate::error::{self, Code, Error, Result};
+use crate::gate::{self, SchemaState};
+use pgrx::datum::DatumWithOid;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use pgrx::JsonB;
+use serde_json::{json, Map, Value};
+
+/// Validates `layouts`: `{table: [{"name": string, "type": string, "nullable": boolean}, …]}`.
+pub fn layouts(value: Option<JsonB>) -> Result<Map<String, Value>> {
+    let Value::Object(tables) = args::json("layouts", value)? else {
+        return Err(Error::invalid_argument("layouts", "type"));
+    };
+    for (table, columns) in &tables {
+        let Value::Array(columns) = columns else {
+            return Err(Error::invalid_argument(&format!("layouts.{table}"), "type"));
+        };
+        for (i, column) in columns.iter().enumerate() {
+            let at = format!("layouts.{table}[{i}]");
+            let Value::Object(column) = column else {
+                return Err(Error::invalid_argument(&at, "type"));
+            };
+            args::json_text_field(column, "name", &format!("{at}.name"))?;
+            args::json_text_field(column, "type", &format!("{at}.type"))?;
+            match column.get("nullable") {
+                Some(Value::Bool(_)) => {}
+                None | Some(Value::Null) => {
+                    return Err(Error::invalid_argument(&format!("{at}.nullable"), "missing"))
+                }
+                Some(_) => return Err(Error::invalid_argument(&format!("{at}.nullable"), "type")),
+            }
+        }
+    }
+    Ok(tables)
+}
+
+/// Parses the stored layouts text; anything that is not an object counts as `{}`.
+fn stored_layouts(text: Option<&str>) -> Map<String, Value> {
+    match text.map(serde_json::from_str::<Value>) {
+        Some(Ok(Value::Object(map))) => map,
+        _ => Map::new(),
+    }
+}
+
+/// Layout comparison of core-api §5.1; `Err` is `stored_layout_mismatch`.
+pub fn compare_layouts(configured: &Map<String, Value>, stored: &Map<String, Value>) -> Result<()> {
+    let empty = Vec::new();
+    let columns = |v: Option<&Value>| match v {
+        Some(Value::Array(a)) => a.clone(),
+        _ => empty.clone(),
+    };
+    let same = |a: &Value, b: &Value| {
+        ["name", "type", "nullable"].iter().all(|k| a.get(*k) == b.get(*k))
+    };
+    // serde_json's Map is ordered by key bytes: byte order of table names.
+    for (table, wanted) in configured {
+        let wanted = columns(Some(wanted));
+        let have = columns(stored.get(table));
+        for i in 0..wanted.len().max(have.len()) {
+            let ok = matches!((wanted.get(i), have.get(i)), (Some(a), Some(b)) if same(a, b));
+            if !ok {
+                let column = wanted.get(i).or(have.get(i)).and_then(|c| c.get("name")).cloned();
+                return Err(Error::new(
+                    Code::StoredLayoutMismatch,
+                    json!({"table": table, "column": column.unwrap_or(Value::Null)}),
+                ));
+            }
+        }
+    }
+    if let Some(extra) = stored.keys().find(|t| !configured.contains_key(*t)) {
+        return Err(Error::new(Code::StoredLayoutMismatch, json!({ "table": extra })));
+    }
+    Ok(())
+}
+
+/// Steps 2–4 of `check_schema` on one state: barrier, then version, then layouts.
+/// `Ok(true)`: the stored schema equals the running one (current); `Ok(false)`: migrate.
+fn check(state: &SchemaState, running: i64, configured: &Map<String, Value>, declared: &[Declaration]) -> Result<bool> {
+    if let Some((partition, name)) = state.first_undeclared(declared) {
+        return Err(Error::new(
+            Code::CheckpointIncomplete,
+            json!({"partition": partition, "projection": name}),
+        ));
+    }
+    let stored = state.stored_schema_version;
+    if stored > running {
+        return Err(Error::new(
+            Code::SchemaNewer,
+            json!({"storedSchemaVersion": stored, "runningSchemaVersion": running}),
+        ));
+    }
+    if stored == running {
+        compare_layouts(configured, &stored_layouts(state.stored_layouts.as_deref()))?;
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+struct SchemaArgs {
+    version: i64,
+    layouts: Map<String, Value>,
+    declared: Vec<Declaration>,
+}
+
+fn schema_args(
+    schema_version: Option<i64>,
+    layouts_arg: Option<JsonB>,
+    declared: Option<JsonB>,
+) -> Result<SchemaArgs> {
+    Ok(SchemaArgs {
+        version: args::at_least("schema_version", schema_version, 1)?,
+        layouts: layouts(layouts_arg)?,
+        declared: args::declarations(declared)?,
+    })
+}
+
+/// Preconditions of `migrate_schema` and `push_begin` (core-api §5.3): an explicit (or implicit
+/// multi-statement) transaction block, READ COMMITTED, and, where asked, no prior writes.
+pub fn require_transaction(no_prior_writes: bool) -> Result<()> {
+    unsafe {
+        if !pg_sys::IsTransactionBlock() {
+            return Err(Error::invalid_transaction_state("no_transaction_block"));
+        }
+        if no_prior_writes && pg_sys::GetTopTransactionIdIfAny() != pg_sys::InvalidTransactionId {
+            return Err(Error::invalid_transaction_state("prior_writes"));
+        }
+        if pg_sys::XactIsoLevel != pg_sys::XACT_READ_COMMITTED as i32 {
+            return Err(Error::invalid_transaction_state("isolation"));
+        }
+    }
+    Ok(())
+}
+
+/// Remembers the schema a migration started from, for `previous_schema()`, in a
+/// transaction-local setting: gone at transaction end, undone by a rollback to a savepoint.
+fn record_previous(client: &SpiClient<'_>, version: i64, stored_layouts_text: Option<&str>) -> Result<()> {
+    let previous =
+        json!({"schemaVersion": version, "layouts": stored_layouts(stored_layouts_text)});
+    db::write(
+        client,
+        "SELECT pg_catalog.set_config('syncular.previous_schema', $1, true)",
+        &[DatumWithOid::from(previous.to_string())],
+    )?;
+    Ok(())
+}
+
+fn migrate(client: &SpiClient<'_>, a: &SchemaArgs) -> Result<i64> {
+    // L0: waits for every partition lock holder and allocator; blocks them until we end.
+    db::write(client, "LOCK TABLE syncular.sync_partitions IN EXCLUSIVE MODE", &[])?;
+    // Re-validate under the lock, with a snapshot taken after it was granted.
+    let state = gate::read_state(client, None, a.version, true)?;
+    let stored = state.stored_schema_version;
+    let current = check(&state, a.version, &a.layouts, &a.declared)?;
+    if !current {
+        // Declarations are installed at their own version; the spec's SCH-08 installs one at
+        // an older version alongside new ones, so only a version above the target is refused.
+        for (i, d) in a.declared.iter().enumerate() {
+            let Some(version) = d.schema_version else {
+                return Err(Error::invalid_argument(&format!("declared[{i}].schemaVersion"), "missing"));
+            };
+            if version > a.version {
+                return Err(Error::invalid_argument(&format!("declared[{i}].schemaVersion"), "range"));
+            }
+        }
+        let started_ms = db::first::<i64>(db::write(
+            client,
+            "SELECT (extract(epoch FROM pg_catalog.transaction_timestamp()) * 1000)::bigint",
+            &[],
+        )?)?
+        .unwrap_or(0);
+        for d in &a.declared {
+            let version = d.schema_version.expect("checked above");
+            // declare() also raises the partition fence to the declaration's version.
+            checkpoint::declare(client, &d.partition, &d.name, version, started_ms)?;
+        }
+        db::write(
+            client,
+            "INSERT INTO syncular.sync_schema_meta AS m (id, schema_version, layouts, required_writer_version)
+             VALUES (1, $1, $2, $1)
+             ON CONFLICT (id) DO UPDATE
+               SET schema_version = EXCLUDED.schema_version, layouts = EXCLUDED.layouts,
+                   required_writer_version =
+                     GREATEST(m.required_writer_version, EXCLUDED.required_writer_version)",
+            &[
+                DatumWithOid::from(a.version),
+                DatumWithOid::from(Value::Object(a.layouts.clone()).to_string()),
+            ],
+        )?;
+    }
+    record_previous(client, stored, state.stored_layouts.as_deref())?;
+    Ok(stored)
+}
+
+#[pg_extern(stable, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn check_schema(
+    schema_version: Option<i64>,
+    layouts: Option<JsonB>,
+    declared: default!(Option<JsonB>, "'[]'"),
+) -> &'static str {
+    error::run(|| {
+        let a = schema_args(schema_version, layouts, declared)?;
+        let state = db::with_spi(|client| gate::read_state(client, None, a.version, false))?;
+        Ok(if check(&state, a.version, &a.layouts, &a.declared)? { "current" } else { "migrate" })
+    })
+}
+
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn migrate_schema(
+    schema_version: Option<i64>,
+    layouts: Option<JsonB>,
+    declared: default!(Option<JsonB>, "'[]'"),
+) -> i64 {
+    error::run(|| {
+        require_transaction(true)?;
+        let a = schema_args(schema_version, layouts, declared)?;
+        db::with_spi(|client| migrate(client, &a))
+    })
+}
+
+#[pg_extern(stable, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn previous_schema() -> Option<JsonB> {
+    error::run(|| {
+        let text = db::with_spi(|client| {
+            db::first::<String>(db::read(
+                client,
+                "SELECT pg_catalog.current_setting('syncular.previous_schema', true)",
+                &[],
+            )?)
+        })?;
+        Ok(text.filter(|t| !t.is_empty()).and_then(|t| serde_json::from_str(&t).ok()).map(JsonB))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn l1() -> Map<String, Value> {
+        serde_json::from_value(json!({
+            "tasks":[{"name":"id","type":"string","nullable":false},
+                     {"name":"project_id","type":"string","nullable":false},
+                     {"name":"data","type":"bytes","nullable":true}],
+            "docs":[{"name":"id","type":"string","nullable":false},
+                    {"name":"org_id","type":"string","nullable":false},
+                    {"name":"project_id","type":"string","nullable":false}]}))
+        .unwrap()
+    }
+
+    fn mismatch(configured: &Map<String, Value>, stored: &Map<String, Value>) -> Value {
+        match compare_layouts(configured, stored) {
+            Err(Error::Sync { code: Code::StoredLayoutMismatch, detail: Some(d) }) => d,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn scenario_sch_06_layout_mismatches() {
+        let stored = l1();
+        assert!(compare_layouts(&l1(), &stored).is_ok());
+        let mut not_null = l1();
+        not_null["tasks"][2]["nullable"] = json!(false);
+        assert_eq!(mismatch(&not_null, &stored), json!({"table":"tasks","column":"data"}));
+        let mut without_docs = l1();
+        without_docs.remove("docs");
+        assert_eq!(mismatch(&without_docs, &stored), json!({"table":"docs"}));
+        let mut l2 = l1();
+        l2["tasks"].as_array_mut().unwrap().push(json!({"name":"note","type":"string","nullable":true}));
+        assert_eq!(mismatch(&l2, &stored), json!({"table":"tasks","column":"note"}));
+        // A shorter configured array names the stored column.
+        assert_eq!(mismatch(&stored, &l2), json!({"table":"tasks","column":"note"}));
+    }
+}

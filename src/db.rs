@@ -1,0 +1,73 @@
+//! SPI access with plans prepared once per backend.
+//!
+//! Two kinds of statement, because pgrx picks SPI's `read_only` flag from the plan:
+//! - [`read`]: a non-mutating plan. In a transaction that has written nothing it runs in the
+//!   caller's snapshot (one snapshot per call of a `STABLE` function when the call is one
+//!   statement) and never assigns a transaction id, so readers work in `READ ONLY` transactions.
+//! - [`write`]: a mutating plan. Every execution takes a fresh snapshot under READ COMMITTED, so
+//!   a statement run after a lock wait sees what committed meanwhile.
+
+use crate::error::Result;
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys::PgOid;
+use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiTupleTable};
+use pgrx::Spi;
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+thread_local! {
+    /// Kept plans, keyed by their SQL text (always a `'static` literal of this crate).
+    static PLANS: RefCell<HashMap<(&'static str, bool), &'static OwnedPreparedStatement>> =
+        RefCell::new(HashMap::new());
+}
+
+fn plan(
+    client: &SpiClient<'_>,
+    sql: &'static str,
+    args: &[DatumWithOid<'_>],
+    mutating: bool,
+) -> Result<&'static OwnedPreparedStatement> {
+    if let Some(kept) = PLANS.with(|plans| plans.borrow().get(&(sql, mutating)).copied()) {
+        return Ok(kept);
+    }
+    let types: Vec<PgOid> = args.iter().map(|a| PgOid::from(a.oid())).collect();
+    let prepared =
+        if mutating { client.prepare_mut(sql, &types)? } else { client.prepare(sql, &types)? };
+    // Leaked on purpose: a kept plan lives as long as the backend, like the plan cache entry.
+    let kept: &'static OwnedPreparedStatement = Box::leak(Box::new(prepared.keep()));
+    PLANS.with(|plans| plans.borrow_mut().insert((sql, mutating), kept));
+    Ok(kept)
+}
+
+/// Runs a read-only statement in the caller's snapshot (see the module comment).
+pub fn read<'conn>(
+    client: &SpiClient<'conn>,
+    sql: &'static str,
+    args: &[DatumWithOid<'_>],
+) -> Result<SpiTupleTable<'conn>> {
+    let stmt = plan(client, sql, args, false)?;
+    Ok(client.select(stmt, None, args)?)
+}
+
+/// Runs a statement that writes or locks, with a fresh snapshot under READ COMMITTED.
+pub fn write<'conn>(
+    client: &SpiClient<'conn>,
+    sql: &'static str,
+    args: &[DatumWithOid<'_>],
+) -> Result<SpiTupleTable<'conn>> {
+    let stmt = plan(client, sql, args, true)?;
+    Ok(client.select(stmt, None, args)?)
+}
+
+/// Opens an SPI connection for the duration of `body`.
+pub fn with_spi<R>(body: impl FnOnce(&SpiClient<'_>) -> Result<R>) -> Result<R> {
+    Spi::connect(body)
+}
+
+/// First column of the first row, or `None` when there is no row or the value is NULL.
+pub fn first<T: pgrx::FromDatum + pgrx::IntoDatum>(table: SpiTupleTable<'_>) -> Result<Option<T>> {
+    if table.is_empty() {
+        return Ok(None);
+    }
+    Ok(table.first().get::<T>(1)?)
+}

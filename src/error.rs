@@ -1,0 +1,225 @@
+//! The one error type of the extension and the one place that turns it into a PostgreSQL ERROR.
+//!
+//! Every refusal has a stable code string (the message, exactly), a SQLSTATE in class `SY`
+//! (core-api §0.3) and optionally a DETAIL holding one compact JSON object. pgrx's `ereport!`
+//! only knows PostgreSQL's built-in SQLSTATEs, so [`raise`] drives `errstart`/`errfinish` itself.
+//!
+//! A second concern lives here too: an `SY` error raised *inside* a statement we run through SPI
+//! (the fence trigger firing under `append_commit`'s insert) is caught by pgrx at the FFI
+//! boundary and would be re-thrown as `XX000`, because pgrx maps unknown SQLSTATEs to
+//! `ERRCODE_INTERNAL_ERROR`. [`run`] recognises those by their message (which is exactly a code
+//! of the catalogue) and re-raises them with their own SQLSTATE and DETAIL.
+
+use pgrx::pg_sys;
+use pgrx::pg_sys::panic::CaughtError;
+use serde_json::{json, Value};
+use std::ffi::{c_char, c_int, CString};
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+
+/// The error catalogue of core-api §0.3.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Code {
+    InvalidArgument,
+    WriterFenceRejected,
+    SchemaNotReady,
+    IdempotencyCacheMiss,
+    InvalidTransactionState,
+    InvalidCommit,
+    CheckpointNotDeclared,
+    CheckpointFenceMissing,
+    CheckpointVersionMismatch,
+    CheckpointIncomplete,
+    SchemaNewer,
+    StoredLayoutMismatch,
+    PruneEpochMismatch,
+    PartitionUnregistered,
+    InvalidPruneCursor,
+    ScanRequiresScope,
+    UnknownTable,
+    ReactionDuplicate,
+}
+
+const CATALOGUE: &[(Code, &str, &str)] = &[
+    (Code::InvalidArgument, "sync.storage.invalid_argument", "SY000"),
+    (Code::WriterFenceRejected, "sync.storage.writer_fence_rejected", "SY001"),
+    (Code::SchemaNotReady, "sync.schema_not_ready", "SY002"),
+    (Code::IdempotencyCacheMiss, "sync.idempotency_cache_miss", "SY003"),
+    (Code::InvalidTransactionState, "sync.storage.invalid_transaction_state", "SY004"),
+    (Code::InvalidCommit, "sync.storage.invalid_commit", "SY005"),
+    (Code::CheckpointNotDeclared, "sync.storage.checkpoint_not_declared", "SY010"),
+    (Code::CheckpointFenceMissing, "sync.storage.checkpoint_fence_missing", "SY011"),
+    (Code::CheckpointVersionMismatch, "sync.storage.checkpoint_version_mismatch", "SY012"),
+    (Code::CheckpointIncomplete, "sync.storage.checkpoint_incomplete", "SY013"),
+    (Code::SchemaNewer, "sync.storage.schema_newer", "SY020"),
+    (Code::StoredLayoutMismatch, "sync.storage.stored_layout_mismatch", "SY021"),
+    (Code::PruneEpochMismatch, "sync.storage.prune_epoch_mismatch", "SY030"),
+    (Code::PartitionUnregistered, "sync.storage.partition_unregistered", "SY031"),
+    (Code::InvalidPruneCursor, "sync.storage.invalid_prune_cursor", "SY032"),
+    (Code::ScanRequiresScope, "sync.storage.scan_requires_scope", "SY040"),
+    (Code::UnknownTable, "sync.storage.unknown_table", "SY041"),
+    (Code::ReactionDuplicate, "sync.storage.reaction_duplicate", "SY050"),
+];
+
+impl Code {
+    fn entry(self) -> &'static (Code, &'static str, &'static str) {
+        CATALOGUE.iter().find(|e| e.0 == self).expect("every code is in the catalogue")
+    }
+    pub fn message(self) -> &'static str {
+        self.entry().1
+    }
+    pub fn sqlstate(self) -> &'static str {
+        self.entry().2
+    }
+    pub fn from_message(message: &str) -> Option<Code> {
+        CATALOGUE.iter().find(|e| e.1 == message).map(|e| e.0)
+    }
+}
+
+/// What a function of the extension can fail with.
+#[derive(Debug)]
+pub enum Error {
+    /// A refusal of the catalogue, with its DETAIL object (if the catalogue lists keys).
+    Sync { code: Code, detail: Option<Value> },
+    /// A bug or an unexpected SPI failure: raised as `XX000`, never as a catalogue code.
+    Internal(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn new(code: Code, detail: Value) -> Error {
+        Error::Sync { code, detail: Some(detail) }
+    }
+    pub fn bare(code: Code) -> Error {
+        Error::Sync { code, detail: None }
+    }
+    /// `sync.storage.invalid_argument` with `{"argument", "reason"}`.
+    pub fn invalid_argument(argument: &str, reason: &str) -> Error {
+        Error::new(Code::InvalidArgument, json!({"argument": argument, "reason": reason}))
+    }
+    /// `sync.storage.invalid_commit` with `{"path", "reason"}`.
+    pub fn invalid_commit(path: &str, reason: &str) -> Error {
+        Error::new(Code::InvalidCommit, json!({"path": path, "reason": reason}))
+    }
+    pub fn invalid_transaction_state(reason: &str) -> Error {
+        Error::new(Code::InvalidTransactionState, json!({ "reason": reason }))
+    }
+    pub fn code(&self) -> Option<Code> {
+        match self {
+            Error::Sync { code, .. } => Some(*code),
+            Error::Internal(_) => None,
+        }
+    }
+}
+
+impl From<pgrx::spi::SpiError> for Error {
+    fn from(e: pgrx::spi::SpiError) -> Error {
+        Error::Internal(format!("syncular: SPI failure: {e}"))
+    }
+}
+
+impl From<pgrx::datum::TryFromDatumError> for Error {
+    fn from(e: pgrx::datum::TryFromDatumError) -> Error {
+        Error::Internal(format!("syncular: unexpected column type: {e}"))
+    }
+}
+
+impl From<pgrx::heap_tuple::PgHeapTupleError> for Error {
+    fn from(e: pgrx::heap_tuple::PgHeapTupleError) -> Error {
+        Error::Internal(format!("syncular: tuple failure: {e}"))
+    }
+}
+
+/// Runs the body of an SQL-callable function and turns its failure into a PostgreSQL ERROR.
+///
+/// Catalogue errors raised by nested statements (see the module comment) keep their SQLSTATE.
+/// Every other panic, including PostgreSQL errors caught by pgrx (40001, 40P01, 23505, …),
+/// continues to unwind to pgrx's own guard, which reports it unchanged.
+pub fn run<T>(body: impl FnOnce() -> Result<T>) -> T {
+    let outcome = catch_unwind(AssertUnwindSafe(body));
+    let (sqlstate, message, detail): (&str, String, Option<String>) = match outcome {
+        Ok(Ok(value)) => return value,
+        Ok(Err(Error::Sync { code, detail })) => {
+            (code.sqlstate(), code.message().to_string(), detail.map(|d| d.to_string()))
+        }
+        Ok(Err(Error::Internal(message))) => ("XX000", message, None),
+        Err(payload) => match payload.downcast::<CaughtError>() {
+            Ok(caught) => match *caught {
+                CaughtError::PostgresError(ref report) => match Code::from_message(report.message())
+                {
+                    Some(code) => (
+                        code.sqlstate(),
+                        code.message().to_string(),
+                        report.detail().map(str::to_string),
+                    ),
+                    None => caught.rethrow(),
+                },
+                other => other.rethrow(),
+            },
+            Err(other) => resume_unwind(other),
+        },
+    };
+    raise(sqlstate, &message, detail.as_deref())
+}
+
+fn make_sqlstate(code: &str) -> c_int {
+    // PostgreSQL's MAKE_SQLSTATE: six bits per character, first character lowest.
+    code.bytes().enumerate().fold(0, |acc, (i, ch)| acc | ((((ch - b'0') & 0x3F) as c_int) << (6 * i)))
+}
+
+unsafe extern "C-unwind" {
+    fn errstart(elevel: c_int, domain: *const c_char) -> bool;
+    fn errcode(sqlerrcode: c_int) -> c_int;
+    fn errmsg(fmt: *const c_char, ...) -> c_int;
+    fn errdetail(fmt: *const c_char, ...) -> c_int;
+    fn errfinish(filename: *const c_char, lineno: c_int, funcname: *const c_char);
+}
+
+/// Copies a Rust string into memory PostgreSQL frees at the end of the (sub)transaction, so
+/// nothing Rust-owned is left on the stack when `errfinish` jumps away.
+fn palloc_cstr(text: &str) -> *mut c_char {
+    let owned = CString::new(text.replace('\0', "\\u0000")).expect("NULs were escaped");
+    unsafe { pg_sys::pstrdup(owned.as_ptr()) }
+}
+
+/// Raises an ERROR with an arbitrary SQLSTATE. Never returns: `errfinish` longjmps to the
+/// innermost PostgreSQL error handler. Callers must own nothing with a destructor at that point;
+/// [`run`] calls it only after its closure has returned or unwound.
+pub fn raise(sqlstate: &str, message: &str, detail: Option<&str>) -> ! {
+    let message = palloc_cstr(message);
+    let detail = detail.map(palloc_cstr);
+    let code = make_sqlstate(sqlstate);
+    unsafe {
+        if errstart(pg_sys::elog::PgLogLevel::ERROR as c_int, std::ptr::null()) {
+            errcode(code);
+            errmsg(c"%s".as_ptr(), message);
+            if let Some(detail) = detail {
+                errdetail(c"%s".as_ptr(), detail);
+            }
+            errfinish(c"syncular".as_ptr(), 0, std::ptr::null());
+        }
+    }
+    unreachable!("errfinish(ERROR) does not return")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstates_are_in_class_sy_and_unique() {
+        let mut seen = std::collections::HashSet::new();
+        for (code, message, state) in CATALOGUE {
+            assert!(state.starts_with("SY"), "{message}");
+            assert!(seen.insert(*state), "duplicate {state}");
+            assert_eq!(Code::from_message(message), Some(*code));
+        }
+    }
+
+    #[test]
+    fn make_sqlstate_matches_postgres() {
+        // ERRCODE_UNIQUE_VIOLATION = MAKE_SQLSTATE('2','3','5','0','5') = 0x... per elog.h
+        let expected = (2 & 0x3F) | ((3 & 0x3F) << 6) | ((5 & 0x3F) << 12) | (0 << 18) | (5 << 24);
+        assert_eq!(make_sqlstate("23505"), expected);
+    }
+}

@@ -1,0 +1,165 @@
+//! The serve gate (core-api §3): may a process running schema version V, with its declared
+//! backfills, serve? Whole-server semantics (upstream's): a pending checkpoint in any partition
+//! refuses every partition for a process that did not declare it.
+//!
+//! The token is read by one statement, hence from one snapshot (upstream read it in three
+//! statements, possibly on different pooled connections: gap B11), and `pending` is ordered by
+//! partition, then name (gap B9).
+
+use crate::args::{self, Declaration};
+use crate::db;
+use crate::error::{self, Code, Error, Result};
+use pgrx::datum::DatumWithOid;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use pgrx::JsonB;
+use serde_json::{json, Value};
+
+/// What one snapshot says about the schema: the gate token plus the stored layouts text.
+pub struct SchemaState {
+    pub stored_schema_version: i64,
+    pub stored_layouts: Option<String>,
+    pub log_epoch: Option<String>,
+    /// Non-activated checkpoints at the running version: (partition, name), ordered.
+    pub pending: Vec<(String, String)>,
+}
+
+const STATE_SQL: &str = "\
+SELECT coalesce(m.schema_version, 0),
+       m.layouts,
+       (SELECT r.log_epoch FROM syncular.sync_partition_registry r WHERE r.partition = $1),
+       coalesce((SELECT jsonb_agg(jsonb_build_array(c.partition, c.name)
+                                  ORDER BY c.partition, c.name)
+                   FROM syncular.sync_backfill_checkpoints c
+                  WHERE c.schema_version = $2 AND c.state <> 'activated'), '[]'::jsonb)
+FROM (SELECT 1) AS one
+LEFT JOIN syncular.sync_schema_meta m ON m.id = 1";
+
+/// Reads the state in one statement. `fresh`: with a new snapshot (a writer that just waited
+/// for a lock); otherwise in the caller's snapshot.
+pub fn read_state(
+    client: &SpiClient<'_>,
+    partition: Option<&str>,
+    running: i64,
+    fresh: bool,
+) -> Result<SchemaState> {
+    let params = [DatumWithOid::from(partition), DatumWithOid::from(running)];
+    let table = if fresh {
+        db::write(client, STATE_SQL, &params)?
+    } else {
+        db::read(client, STATE_SQL, &params)?
+    };
+    let row = table.first();
+    let pending = match row.get::<JsonB>(4)? {
+        Some(JsonB(Value::Array(items))) => items
+            .into_iter()
+            .filter_map(|pair| match pair {
+                Value::Array(mut p) if p.len() == 2 => {
+                    let name = p.pop()?.as_str()?.to_string();
+                    let partition = p.pop()?.as_str()?.to_string();
+                    Some((partition, name))
+                }
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    Ok(SchemaState {
+        stored_schema_version: row.get::<i64>(1)?.unwrap_or(0),
+        stored_layouts: row.get::<String>(2)?,
+        log_epoch: row.get::<String>(3)?,
+        pending,
+    })
+}
+
+impl SchemaState {
+    /// The token of `read_serve_gate`.
+    pub fn token(&self) -> Value {
+        json!({
+            "storedSchemaVersion": self.stored_schema_version,
+            "logEpoch": self.log_epoch,
+            "pending": self.pending.iter()
+                .map(|(p, n)| json!({"partition": p, "name": n}))
+                .collect::<Vec<_>>(),
+        })
+    }
+
+    /// The first pending checkpoint (in token order) that `declared` does not name.
+    pub fn first_undeclared(&self, declared: &[Declaration]) -> Option<&(String, String)> {
+        self.pending.iter().find(|(p, n)| !declared.iter().any(|d| d.matches(p, n)))
+    }
+
+    /// `serve_gate_refusal`: schema refusal first, then the first undeclared pending checkpoint.
+    pub fn refusal(&self, running: i64, declared: &[Declaration]) -> Option<Value> {
+        if self.stored_schema_version > running {
+            return Some(json!({
+                "kind": "schema",
+                "storedSchemaVersion": self.stored_schema_version,
+                "runningSchemaVersion": running,
+            }));
+        }
+        self.first_undeclared(declared)
+            .map(|(p, n)| json!({"kind": "checkpoint", "partition": p, "projection": n}))
+    }
+
+    /// `assert_serve_ready`: the token, or `sync.schema_not_ready` with the refusal minus `kind`.
+    pub fn assert_ready(&self, running: i64, declared: &[Declaration]) -> Result<Value> {
+        match self.refusal(running, declared) {
+            None => Ok(self.token()),
+            Some(Value::Object(mut refusal)) => {
+                refusal.remove("kind");
+                Err(Error::new(Code::SchemaNotReady, Value::Object(refusal)))
+            }
+            Some(_) => unreachable!("refusals are objects"),
+        }
+    }
+}
+
+/// The arguments shared by the three gate functions.
+fn gate_args(partition: Option<String>, running: Option<i64>) -> Result<(String, i64)> {
+    Ok((
+        args::text("partition", partition)?,
+        args::count("running_schema_version", running)?,
+    ))
+}
+
+fn read(partition: &str, running: i64) -> Result<SchemaState> {
+    db::with_spi(|client| read_state(client, Some(partition), running, false))
+}
+
+#[pg_extern(stable, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn read_serve_gate(partition: Option<String>, running_schema_version: Option<i64>) -> JsonB {
+    error::run(|| {
+        let (partition, running) = gate_args(partition, running_schema_version)?;
+        Ok(JsonB(read(&partition, running)?.token()))
+    })
+}
+
+#[pg_extern(stable, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn serve_gate_refusal(
+    partition: Option<String>,
+    running_schema_version: Option<i64>,
+    declared: default!(Option<JsonB>, "'[]'"),
+) -> Option<JsonB> {
+    error::run(|| {
+        let (partition, running) = gate_args(partition, running_schema_version)?;
+        let declared = args::declarations(declared)?;
+        Ok(read(&partition, running)?.refusal(running, &declared).map(JsonB))
+    })
+}
+
+#[pg_extern(stable, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn assert_serve_ready(
+    partition: Option<String>,
+    running_schema_version: Option<i64>,
+    declared: default!(Option<JsonB>, "'[]'"),
+) -> JsonB {
+    error::run(|| {
+        let (partition, running) = gate_args(partition, running_schema_version)?;
+        let declared = args::declarations(declared)?;
+        Ok(JsonB(read(&partition, running)?.assert_ready(running, &declared)?))
+    })
+}

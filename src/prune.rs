@@ -1,0 +1,123 @@
+//! Horizon and pruning (storage-api §5). A prune raises the horizon and deletes the log below it
+//! in one statement under the partition lock, so a single snapshot never sees the deletions
+//! without the raised horizon.
+
+use crate::args::{self, MAX_SAFE};
+use crate::db;
+use crate::error::{self, Code, Error, Result};
+use crate::log;
+use pgrx::datum::DatumWithOid;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use pgrx::JsonB;
+use serde_json::json;
+
+/// Prunes through `max(horizon, through)` if `log_epoch` is the partition's registry epoch.
+/// Caller holds nothing; takes L1 then L2.
+pub fn prune_through(client: &SpiClient<'_>, partition: &str, log_epoch: &str, through: i64) -> Result<serde_json::Value> {
+    log::lock(client, partition)?;
+    let epoch = db::first::<String>(db::write(
+        client,
+        "SELECT log_epoch FROM syncular.sync_partition_registry WHERE partition = $1 FOR UPDATE",
+        &[DatumWithOid::from(partition)],
+    )?)?;
+    if epoch.as_deref() != Some(log_epoch) {
+        return Err(Error::bare(Code::PruneEpochMismatch));
+    }
+    let table = db::write(
+        client,
+        "WITH previous AS (
+           SELECT horizon_seq FROM syncular.sync_partitions WHERE partition = $1
+         ), raised AS (
+           UPDATE syncular.sync_partitions SET horizon_seq = GREATEST(horizon_seq, $2)
+            WHERE partition = $1 RETURNING horizon_seq
+         ), commits AS (
+           DELETE FROM syncular.sync_commits
+            WHERE partition = $1 AND commit_seq <= (SELECT horizon_seq FROM raised) RETURNING 1
+         ), changes AS (
+           DELETE FROM syncular.sync_changes
+            WHERE partition = $1 AND commit_seq <= (SELECT horizon_seq FROM raised)
+         ), scopes AS (
+           DELETE FROM syncular.sync_change_scopes
+            WHERE partition = $1 AND commit_seq <= (SELECT horizon_seq FROM raised)
+         ), tombstones AS (
+           DELETE FROM syncular.sync_tombstones
+            WHERE partition = $1 AND commit_seq <= (SELECT horizon_seq FROM raised)
+         )
+         SELECT (SELECT horizon_seq FROM previous), (SELECT horizon_seq FROM raised),
+                (SELECT count(*) FROM commits)",
+        &[DatumWithOid::from(partition), DatumWithOid::from(through)],
+    )?;
+    let row = table.first();
+    Ok(json!({
+        "previousHorizonSeq": row.get::<i64>(1)?,
+        "horizonSeq": row.get::<i64>(2)?,
+        "removedCommits": row.get::<i64>(3)?,
+    }))
+}
+
+#[pg_extern(stable, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn horizon_seq(partition: Option<String>) -> i64 {
+    error::run(|| {
+        let partition = args::text("partition", partition)?;
+        db::with_spi(|client| {
+            Ok(db::first::<i64>(db::read(
+                client,
+                "SELECT horizon_seq FROM syncular.sync_partitions WHERE partition = $1",
+                &[DatumWithOid::from(partition.as_str())],
+            )?)?
+            .unwrap_or(0))
+        })
+    })
+}
+
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn set_horizon_seq(partition: Option<String>, seq: Option<i64>) -> i64 {
+    error::run(|| {
+        let partition = args::text("partition", partition)?;
+        let seq = args::count("seq", seq)?;
+        db::with_spi(|client| {
+            log::lock(client, &partition)?;
+            db::first::<i64>(db::write(
+                client,
+                "UPDATE syncular.sync_partitions SET horizon_seq = GREATEST(horizon_seq, $2)
+                  WHERE partition = $1 RETURNING horizon_seq",
+                &[DatumWithOid::from(partition.as_str()), DatumWithOid::from(seq)],
+            )?)?
+            .ok_or_else(|| Error::Internal("locked partition row missing".into()))
+        })
+    })
+}
+
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn prune_commits_through(partition: Option<String>, log_epoch: Option<String>, through_seq: Option<i64>) -> JsonB {
+    error::run(|| {
+        let partition = args::text("partition", partition)?;
+        // Upstream validated the cursor as a whole: every defect of it is one code.
+        let cursor = || Error::bare(Code::InvalidPruneCursor);
+        let log_epoch = log_epoch.filter(|e| !e.is_empty()).ok_or_else(cursor)?;
+        let through = through_seq.filter(|t| (0..=MAX_SAFE).contains(t)).ok_or_else(cursor)?;
+        db::with_spi(|client| prune_through(client, &partition, &log_epoch, through)).map(JsonB)
+    })
+}
+
+#[pg_extern(stable, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn commit_seq_before(partition: Option<String>, before_ms: Option<i64>) -> i64 {
+    error::run(|| {
+        let partition = args::text("partition", partition)?;
+        let before_ms = args::count("before_ms", before_ms)?;
+        db::with_spi(|client| {
+            Ok(db::first::<i64>(db::read(
+                client,
+                "SELECT max(commit_seq) FROM syncular.sync_commits
+                  WHERE partition = $1 AND created_at_ms < $2",
+                &[DatumWithOid::from(partition.as_str()), DatumWithOid::from(before_ms)],
+            )?)?
+            .unwrap_or(0))
+        })
+    })
+}

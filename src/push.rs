@@ -1,0 +1,269 @@
+//! The push path around the commit append (storage-api §3): `push_begin` (partition lock, gate
+//! under the lock, idempotency re-check) and the first-writer-wins push results.
+
+use crate::args::{self, json_int, IntProblem};
+use crate::barrier;
+use crate::commit::BASE64;
+use crate::db;
+use crate::error::{self, Code, Error, Result};
+use crate::gate;
+use crate::log;
+use base64::Engine;
+use pgrx::datum::DatumWithOid;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use pgrx::JsonB;
+use serde_json::{json, Map, Value};
+
+fn cache_miss() -> Error {
+    Error::bare(Code::IdempotencyCacheMiss)
+}
+
+/// Re-encodes stored base64 (padded); `None` when it is not base64.
+fn canonical_base64(value: Option<&Value>) -> Option<Value> {
+    match value {
+        None | Some(Value::Null) => Some(json!("")),
+        Some(Value::String(s)) => BASE64.decode(s).ok().map(|b| json!(BASE64.encode(b))),
+        Some(_) => None,
+    }
+}
+
+fn text_or_empty(record: &Map<String, Value>, key: &str) -> Value {
+    match record.get(key) {
+        Some(Value::String(s)) => json!(s),
+        _ => json!(""),
+    }
+}
+
+/// The normalized reading of a stored push result (data-model §5.2); `Err` = unreadable.
+pub fn normalize(stored: Value) -> Result<Value> {
+    let Value::Object(doc) = args::unwrap_json_text(stored) else { return Err(cache_miss()) };
+    let status = match doc.get("status") {
+        Some(Value::String(s)) if s == "applied" || s == "rejected" => s.clone(),
+        _ => return Err(cache_miss()),
+    };
+    let Some(Value::Array(records)) = doc.get("results") else { return Err(cache_miss()) };
+    let mut out = Map::new();
+    out.insert("status".into(), json!(status));
+    for key in ["commitSeq", "recordedAtMs", "cacheIdentity"] {
+        if let Some(v) = doc.get(key) {
+            out.insert(key.into(), v.clone());
+        }
+    }
+    let results = records
+        .iter()
+        .map(|record| {
+            let Value::Object(record) = record else { return Err(cache_miss()) };
+            let mut r = Map::new();
+            r.insert("opIndex".into(), record.get("opIndex").cloned().unwrap_or(Value::Null));
+            match record.get("status").and_then(Value::as_str) {
+                Some("conflict") => {
+                    r.insert("status".into(), json!("conflict"));
+                    r.insert("code".into(), text_or_empty(record, "code"));
+                    r.insert("message".into(), text_or_empty(record, "message"));
+                    let version = record.get("serverVersion").and_then(|v| json_int(v).ok());
+                    r.insert("serverVersion".into(), json!(version.unwrap_or(0)));
+                    for key in ["serverRow", "conflictColumns"] {
+                        r.insert(key.into(), canonical_base64(record.get(key)).ok_or_else(cache_miss)?);
+                    }
+                }
+                Some("error") => {
+                    r.insert("status".into(), json!("error"));
+                    r.insert("code".into(), text_or_empty(record, "code"));
+                    r.insert("message".into(), text_or_empty(record, "message"));
+                    let retryable = record.get("retryable").and_then(Value::as_bool);
+                    r.insert("retryable".into(), json!(retryable.unwrap_or(false)));
+                    if let Some(details) = record.get("details") {
+                        r.insert("details".into(), details.clone());
+                    }
+                }
+                _ => {
+                    r.insert("status".into(), json!("applied"));
+                }
+            }
+            Ok(Value::Object(r))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    out.insert("results".into(), Value::Array(results));
+    Ok(Value::Object(out))
+}
+
+/// Validates a push-result document for `put_push_result` (storage-api §3).
+pub fn validate(doc: &Value) -> Result<()> {
+    let bad = |path: &str, reason: &str| Err(Error::invalid_argument(&format!("result{path}"), reason));
+    let int_at_least = |v: &Value, path: &str, min: i64| -> Result<()> {
+        match json_int(v) {
+            Ok(n) if n >= min => Ok(()),
+            Ok(_) | Err(IntProblem::Range) => bad(path, "range"),
+            Err(IntProblem::Type) => bad(path, "type"),
+        }
+    };
+    let Value::Object(obj) = doc else { return bad("", "type") };
+    let applied = match obj.get("status") {
+        None | Some(Value::Null) => return bad(".status", "missing"),
+        Some(Value::String(s)) if s == "applied" => true,
+        Some(Value::String(s)) if s == "rejected" => false,
+        Some(Value::String(_)) => return bad(".status", "range"),
+        Some(_) => return bad(".status", "type"),
+    };
+    match (applied, obj.get("commitSeq")) {
+        (true, None | Some(Value::Null)) => return bad(".commitSeq", "shape"),
+        (true, Some(v)) => int_at_least(v, ".commitSeq", 1)?,
+        (false, None) => {}
+        (false, Some(_)) => return bad(".commitSeq", "shape"),
+    }
+    if let Some(v) = obj.get("recordedAtMs") {
+        int_at_least(v, ".recordedAtMs", 0)?;
+    }
+    if let Some(v) = obj.get("cacheIdentity") {
+        if !v.is_string() {
+            return bad(".cacheIdentity", "type");
+        }
+    }
+    let records = match obj.get("results") {
+        None | Some(Value::Null) => return bad(".results", "missing"),
+        Some(Value::Array(a)) => a,
+        Some(_) => return bad(".results", "type"),
+    };
+    for (i, record) in records.iter().enumerate() {
+        let at = |key: &str| format!(".results[{i}]{key}");
+        let Value::Object(record) = record else { return bad(&at(""), "type") };
+        match record.get("opIndex") {
+            None | Some(Value::Null) => return bad(&at(".opIndex"), "missing"),
+            Some(v) => int_at_least(v, &at(".opIndex"), 0)?,
+        }
+        match record.get("status") {
+            None | Some(Value::Null) => return bad(&at(".status"), "missing"),
+            Some(Value::String(s)) if ["applied", "error", "conflict"].contains(&s.as_str()) => {}
+            Some(Value::String(_)) => return bad(&at(".status"), "range"),
+            Some(_) => return bad(&at(".status"), "type"),
+        }
+        for key in ["code", "message"] {
+            if record.get(key).is_some_and(|v| !v.is_string()) {
+                return bad(&at(&format!(".{key}")), "type");
+            }
+        }
+        if record.get("retryable").is_some_and(|v| !v.is_boolean()) {
+            return bad(&at(".retryable"), "type");
+        }
+        if let Some(v) = record.get("serverVersion") {
+            int_at_least(v, &at(".serverVersion"), 0)?;
+        }
+        if record.get("details").is_some_and(|v| !v.is_object()) {
+            return bad(&at(".details"), "type");
+        }
+        for key in ["serverRow", "conflictColumns"] {
+            match record.get(key) {
+                None => {}
+                Some(Value::String(s)) if BASE64.decode(s).is_ok() => {}
+                Some(Value::String(_)) => return bad(&at(&format!(".{key}")), "base64"),
+                Some(_) => return bad(&at(&format!(".{key}")), "type"),
+            }
+        }
+    }
+    Ok(())
+}
+
+const RESULT_SQL: &str = "SELECT result FROM syncular.sync_push_results
+  WHERE partition = $1 AND client_id = $2 AND client_commit_id = $3";
+
+/// The stored result, normalized. `fresh`: after a lock wait, with a new snapshot.
+fn stored_result(client: &SpiClient<'_>, key: &[&str; 3], fresh: bool) -> Result<Option<Value>> {
+    let params = key.map(DatumWithOid::from);
+    let table =
+        if fresh { db::write(client, RESULT_SQL, &params)? } else { db::read(client, RESULT_SQL, &params)? };
+    db::first::<JsonB>(table)?.map(|stored| normalize(stored.0)).transpose()
+}
+
+struct PushKey {
+    partition: String,
+    client_id: String,
+    client_commit_id: String,
+}
+
+impl PushKey {
+    fn new(p: Option<String>, c: Option<String>, k: Option<String>) -> Result<PushKey> {
+        Ok(PushKey {
+            partition: args::text("partition", p)?,
+            client_id: args::text("client_id", c)?,
+            client_commit_id: args::text("client_commit_id", k)?,
+        })
+    }
+    fn parts(&self) -> [&str; 3] {
+        [&self.partition, &self.client_id, &self.client_commit_id]
+    }
+}
+
+#[pg_extern(stable, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn get_push_result(
+    partition: Option<String>,
+    client_id: Option<String>,
+    client_commit_id: Option<String>,
+) -> Option<JsonB> {
+    error::run(|| {
+        let key = PushKey::new(partition, client_id, client_commit_id)?;
+        Ok(db::with_spi(|client| stored_result(client, &key.parts(), false))?.map(JsonB))
+    })
+}
+
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn push_begin(
+    partition: Option<String>,
+    client_id: Option<String>,
+    client_commit_id: Option<String>,
+    running_schema_version: Option<i64>,
+    declared: default!(Option<JsonB>, "'[]'"),
+) -> Option<JsonB> {
+    error::run(|| {
+        barrier::require_transaction(false)?;
+        let key = PushKey::new(partition, client_id, client_commit_id)?;
+        let running = args::count("running_schema_version", running_schema_version)?;
+        let declared = args::declarations(declared)?;
+        db::with_spi(|client| {
+            log::lock(client, &key.partition)?;
+            // Under the lock, with a snapshot taken after it was granted.
+            gate::read_state(client, Some(&key.partition), running, true)?
+                .assert_ready(running, &declared)?;
+            stored_result(client, &key.parts(), true)
+        })
+        .map(|r| r.map(JsonB))
+    })
+}
+
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn put_push_result(
+    partition: Option<String>,
+    client_id: Option<String>,
+    client_commit_id: Option<String>,
+    result: Option<JsonB>,
+) -> JsonB {
+    error::run(|| {
+        let key = PushKey::new(partition, client_id, client_commit_id)?;
+        let document = args::json("result", result)?;
+        validate(&document)?;
+        let [p, c, k] = key.parts();
+        db::with_spi(|client| {
+            // First writer wins; a concurrent insert of the same key is waited for.
+            let inserted = db::write(
+                client,
+                "INSERT INTO syncular.sync_push_results (partition, client_id, client_commit_id, result)
+                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING result",
+                &[
+                    DatumWithOid::from(p),
+                    DatumWithOid::from(c),
+                    DatumWithOid::from(k),
+                    DatumWithOid::from(JsonB(document)),
+                ],
+            )?;
+            match db::first::<JsonB>(inserted)? {
+                Some(stored) => normalize(stored.0),
+                None => stored_result(client, &key.parts(), true)?
+                    .ok_or_else(|| Error::Internal("push result vanished".into())),
+            }
+        })
+        .map(JsonB)
+    })
+}
