@@ -1,0 +1,376 @@
+//! Test harness for the scenarios of `spec/scenarios.md` that need real connections.
+//!
+//! Every test gets its own database, created from a fixture template (extension installed, app
+//! tables `tasks` and `docs` created and registered), so tests are independent even though the
+//! gate and the barrier look at every partition. The cluster is started by `scripts/test.sh`;
+//! `SYNCULAR_TEST_PG` holds its connection parameters (without a database name).
+
+use postgres::types::ToSql;
+use postgres::{Client, NoTls};
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+pub const P: &str = "part-1";
+pub const NOW: i64 = 1_750_000_000_000;
+pub const DAY: i64 = 86_400_000;
+pub const V: i64 = 1;
+const TEMPLATE: &str = "syncular_fixture";
+
+fn base() -> String {
+    std::env::var("SYNCULAR_TEST_PG")
+        .unwrap_or_else(|_| "host=127.0.0.1 port=55439 user=postgres".to_string())
+}
+
+fn connect_to(db: &str) -> Client {
+    Client::connect(&format!("{} dbname={db}", base()), NoTls)
+        .unwrap_or_else(|e| panic!("cannot connect to {db}: {e} (is the test cluster running?)"))
+}
+
+/// The host-owned app tables of the fixtures (scenarios.md §0).
+pub const APP_TABLES_SQL: &str = r#"
+CREATE TABLE public.tasks (
+  "_sync_partition" text NOT NULL, "_sync_row_id" text NOT NULL,
+  id text, project_id text, data bytea,
+  "_sync_server_version" bigint NOT NULL, "_sync_scopes" jsonb NOT NULL,
+  "_sync_payload" bytea NOT NULL, "_sync_column_versions" bytea,
+  PRIMARY KEY ("_sync_partition", "_sync_row_id"));
+CREATE INDEX sync_ix_tasks_by_project ON public.tasks ("_sync_partition", project_id);
+CREATE TABLE public.docs (
+  "_sync_partition" text NOT NULL, "_sync_row_id" text NOT NULL,
+  id text, org_id text, project_id text,
+  "_sync_server_version" bigint NOT NULL, "_sync_scopes" jsonb NOT NULL,
+  "_sync_payload" bytea NOT NULL, "_sync_column_versions" bytea,
+  PRIMARY KEY ("_sync_partition", "_sync_row_id"));
+"#;
+
+fn ensure_template() {
+    static READY: OnceLock<()> = OnceLock::new();
+    READY.get_or_init(|| {
+        let mut admin = connect_to("postgres");
+        // Several test binaries may start at once: serialize the template creation.
+        admin.execute("SELECT pg_advisory_lock(4242)", &[]).unwrap();
+        let exists: bool = admin
+            .query_one("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", &[&TEMPLATE])
+            .unwrap()
+            .get(0);
+        if !exists {
+            admin.batch_execute(&format!("CREATE DATABASE {TEMPLATE}")).unwrap();
+            let mut t = connect_to(TEMPLATE);
+            t.batch_execute("CREATE EXTENSION syncular").unwrap();
+            t.batch_execute(APP_TABLES_SQL).unwrap();
+            t.batch_execute(
+                "DO $$ BEGIN
+                   IF to_regprocedure('syncular.register_table(text,regclass,boolean)') IS NOT NULL THEN
+                     PERFORM syncular.register_table('tasks', 'public.tasks');
+                     PERFORM syncular.register_table('docs', 'public.docs');
+                   END IF;
+                 END $$",
+            )
+            .unwrap();
+        }
+        admin.execute("SELECT pg_advisory_unlock(4242)", &[]).unwrap();
+    });
+}
+
+/// A fresh database for one test.
+pub struct TestDb {
+    pub name: String,
+}
+
+impl TestDb {
+    pub fn new(test: &str) -> TestDb {
+        ensure_template();
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "t_{}_{}_{}",
+            test.to_lowercase().replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let mut admin = connect_to("postgres");
+        admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).unwrap();
+        admin.batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {TEMPLATE}")).unwrap();
+        TestDb { name }
+    }
+
+    pub fn connect(&self) -> Client {
+        connect_to(&self.name)
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return; // keep the database for a post-mortem
+        }
+        if let Ok(mut admin) = Client::connect(&format!("{} dbname=postgres", base()), NoTls) {
+            let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+        }
+    }
+}
+
+/// An error as a client sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SqlError {
+    pub state: String,
+    pub message: String,
+    pub detail: Option<Value>,
+}
+
+pub fn sql_error(e: &postgres::Error) -> SqlError {
+    let db = e.as_db_error().unwrap_or_else(|| panic!("not a server error: {e}"));
+    SqlError {
+        state: db.code().code().to_string(),
+        message: db.message().to_string(),
+        detail: db.detail().map(|d| serde_json::from_str(d).unwrap_or_else(|_| json!(d))),
+    }
+}
+
+/// Asserts that `result` failed with `state`/`message` and, if given, exactly `detail`.
+#[track_caller]
+pub fn expect_error<T: std::fmt::Debug>(
+    result: Result<T, postgres::Error>,
+    state: &str,
+    message: &str,
+    detail: Option<Value>,
+) -> SqlError {
+    let err = match result {
+        Ok(v) => panic!("expected {state} {message}, got Ok({v:?})"),
+        Err(e) => sql_error(&e),
+    };
+    assert_eq!((err.state.as_str(), err.message.as_str()), (state, message), "{err:?}");
+    if let Some(detail) = detail {
+        assert_eq!(err.detail.as_ref(), Some(&detail), "DETAIL of {message}");
+    }
+    err
+}
+
+/// `SELECT <expr>` with parameters, first column of the one row.
+#[track_caller]
+pub fn one<T: for<'a> postgres::types::FromSql<'a>>(
+    c: &mut Client,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> T {
+    c.query_one(sql, params).unwrap_or_else(|e| panic!("{sql}: {e:?}")).get(0)
+}
+
+pub fn try_one<T: for<'a> postgres::types::FromSql<'a>>(
+    c: &mut Client,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<T, postgres::Error> {
+    c.query_one(sql, params).map(|r| r.get(0))
+}
+
+#[track_caller]
+pub fn exec(c: &mut Client, sql: &str) {
+    c.batch_execute(sql).unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+}
+
+pub fn count(c: &mut Client, from_where: &str) -> i64 {
+    one(c, &format!("SELECT count(*) FROM {from_where}"), &[])
+}
+
+// ---- fixture shorthands (scenarios.md §0) ----------------------------------------------------
+
+pub fn l1() -> Value {
+    json!({"tasks":[{"name":"id","type":"string","nullable":false},
+                    {"name":"project_id","type":"string","nullable":false},
+                    {"name":"data","type":"bytes","nullable":true}],
+           "docs":[{"name":"id","type":"string","nullable":false},
+                   {"name":"org_id","type":"string","nullable":false},
+                   {"name":"project_id","type":"string","nullable":false}]})
+}
+
+pub fn l2() -> Value {
+    let mut l = l1();
+    l["tasks"].as_array_mut().unwrap().push(json!({"name":"note","type":"string","nullable":true}));
+    l
+}
+
+pub fn l3() -> Value {
+    let mut l = l2();
+    l["tasks"].as_array_mut().unwrap().push(json!({"name":"due","type":"string","nullable":true}));
+    l
+}
+
+pub fn decl(partition: &str, name: &str, version: i64) -> Value {
+    json!({"partition": partition, "name": name, "schemaVersion": version})
+}
+
+/// `chg(tbl, row, scopes = {"project_id":"p1"}, op = "upsert", ver = 1, payload = "AQID")`.
+pub fn chg(tbl: &str, row: &str) -> Value {
+    json!({"table": tbl, "rowId": row, "op": "upsert", "rowVersion": 1,
+           "scopes": {"project_id": "p1"}, "payload": "AQID"})
+}
+
+/// `doc(ccid, changes, wv)`; `wv = None` omits `writerVersion`.
+pub fn doc(ccid: &str, changes: Value, wv: Option<i64>) -> Value {
+    let mut d = json!({"clientId":"c1","clientCommitId":ccid,"actorId":"a1","createdAtMs":NOW,
+                       "changes":changes});
+    if let Some(wv) = wv {
+        d["writerVersion"] = json!(wv);
+    }
+    d
+}
+
+pub fn fresh_id() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!("commit-{}", N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// `append(p, tbl, row, wv)`: one change, a fresh client commit id; returns the commit_seq.
+pub fn try_append(c: &mut Client, p: &str, tbl: &str, row: &str, wv: Option<i64>) -> Result<i64, postgres::Error> {
+    let d = doc(&fresh_id(), json!([chg(tbl, row)]), wv);
+    try_one(c, "SELECT syncular.append_commit($1, $2)", &[&p, &d])
+}
+
+#[track_caller]
+pub fn append(c: &mut Client, p: &str, tbl: &str, row: &str, wv: Option<i64>) -> i64 {
+    try_append(c, p, tbl, row, wv).unwrap_or_else(|e| panic!("append: {e:?}"))
+}
+
+/// `raw_commit(p, seq, wv)`: a direct INSERT; for `wv = None` the column is left out, like an
+/// old binary.
+pub fn raw_commit(c: &mut Client, p: &str, seq: i64, wv: Option<i64>) -> Result<u64, postgres::Error> {
+    let ccid = format!("raw-{seq}");
+    match wv {
+        Some(wv) => c.execute(
+            "INSERT INTO syncular.sync_commits
+               (partition, commit_seq, client_id, client_commit_id, actor_id, created_at_ms, writer_version)
+             VALUES ($1, $2, 'c1', $3, 'a1', $4, $5)",
+            &[&p, &seq, &ccid, &NOW, &wv],
+        ),
+        None => c.execute(
+            "INSERT INTO syncular.sync_commits
+               (partition, commit_seq, client_id, client_commit_id, actor_id, created_at_ms)
+             VALUES ($1, $2, 'c1', $3, 'a1', $4)",
+            &[&p, &seq, &ccid, &NOW],
+        ),
+    }
+}
+
+/// `raw_checkpoint(p, n, v, state)`: a direct insert, no fence.
+pub fn raw_checkpoint(c: &mut Client, p: &str, name: &str, v: i64, state: &str) {
+    c.execute(
+        "INSERT INTO syncular.sync_backfill_checkpoints
+           (partition, name, schema_version, state, watermark, owner_epoch, observed_rows, updated_at_ms)
+         VALUES ($1, $2, $3, $4, 0, 0, 0, $5)",
+        &[&p, &name, &v, &state, &NOW],
+    )
+    .unwrap();
+}
+
+/// `set_fence(p, v)`: a direct upsert that may lower the fence.
+pub fn set_fence(c: &mut Client, p: &str, v: i64) {
+    c.execute(
+        "INSERT INTO syncular.sync_writer_fence (partition, required_writer_version) VALUES ($1, $2)
+         ON CONFLICT (partition) DO UPDATE SET required_writer_version = EXCLUDED.required_writer_version",
+        &[&p, &v],
+    )
+    .unwrap();
+}
+
+/// `migrate(v, layouts, declared)` = BEGIN; migrate_schema; COMMIT. Returns the previous version.
+pub fn migrate(c: &mut Client, v: i64, layouts: &Value, declared: &Value) -> i64 {
+    let mut tx = c.transaction().unwrap();
+    let prev: i64 = tx
+        .query_one("SELECT syncular.migrate_schema($1, $2, $3)", &[&v, layouts, declared])
+        .unwrap()
+        .get(0);
+    tx.commit().unwrap();
+    prev
+}
+
+/// A checkpoint row as `(partition, name, schema_version, state, watermark, owner_epoch,
+/// observed_rows, updated_at_ms)`.
+pub type CheckpointRow = (String, String, i64, String, i64, i64, i64, i64);
+
+pub fn checkpoint_row(row: &postgres::Row) -> CheckpointRow {
+    (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4), row.get(5), row.get(6), row.get(7))
+}
+
+/// Calls a function returning `sync_backfill_checkpoints` and reads the row.
+pub fn try_checkpoint_call(
+    c: &mut Client,
+    call: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<CheckpointRow, postgres::Error> {
+    c.query_one(&format!("SELECT * FROM {call}"), params).map(|r| checkpoint_row(&r))
+}
+
+#[track_caller]
+pub fn declare(c: &mut Client, p: &str, name: &str, v: i64, now: i64) -> CheckpointRow {
+    try_checkpoint_call(c, "syncular.declare_checkpoint($1, $2, $3, $4)", &[&p, &name, &v, &now]).unwrap()
+}
+
+#[track_caller]
+pub fn claim(c: &mut Client, p: &str, name: &str, v: i64, now: i64) -> CheckpointRow {
+    try_checkpoint_call(c, "syncular.claim_checkpoint($1, $2, $3, $4)", &[&p, &name, &v, &now]).unwrap()
+}
+
+pub fn read_checkpoint(c: &mut Client, p: &str, name: &str) -> Option<CheckpointRow> {
+    c.query_opt(
+        "SELECT partition, name, schema_version, state, watermark, owner_epoch, observed_rows, updated_at_ms
+           FROM syncular.sync_backfill_checkpoints WHERE partition = $1 AND name = $2",
+        &[&p, &name],
+    )
+    .unwrap()
+    .map(|r| checkpoint_row(&r))
+}
+
+pub fn try_activate(
+    c: &mut Client,
+    p: &str,
+    name: &str,
+    epoch: i64,
+    watermark: i64,
+    sources: &[&str],
+    now: i64,
+) -> Result<String, postgres::Error> {
+    let sources: Vec<String> = sources.iter().map(|s| s.to_string()).collect();
+    try_one(
+        c,
+        "SELECT syncular.activate_checkpoint($1, $2, $3, $4, $5, $6)",
+        &[&p, &name, &epoch, &watermark, &sources, &now],
+    )
+}
+
+pub fn fence_of(c: &mut Client, p: &str) -> Option<i64> {
+    c.query_opt("SELECT required_writer_version FROM syncular.sync_writer_fence WHERE partition = $1", &[&p])
+        .unwrap()
+        .map(|r| r.get(0))
+}
+
+/// Waits until session `pid` is blocked on a lock (pg_stat_activity), so a test can assert
+/// that a statement waits instead of sleeping for a guessed time.
+pub fn wait_until_blocked(observer: &mut Client, pid: i32) {
+    for _ in 0..600 {
+        let waiting: bool = one(
+            observer,
+            "SELECT coalesce((SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1), false)",
+            &[&pid],
+        );
+        if waiting {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("session {pid} never blocked on a lock");
+}
+
+pub fn backend_pid(c: &mut Client) -> i32 {
+    one(c, "SELECT pg_backend_pid()", &[])
+}
+
+/// True while `pid` is still waiting on a lock.
+pub fn is_blocked(observer: &mut Client, pid: i32) -> bool {
+    one(
+        observer,
+        "SELECT coalesce((SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1), false)",
+        &[&pid],
+    )
+}
