@@ -19,6 +19,9 @@ thread_local! {
     /// Kept plans, keyed by their SQL text (always a `'static` literal of this crate).
     static PLANS: RefCell<HashMap<(&'static str, bool), &'static OwnedPreparedStatement>> =
         RefCell::new(HashMap::new());
+    /// Kept plans of statements built per app table (quoted identifiers), keyed by their text.
+    static DYNAMIC_PLANS: RefCell<HashMap<String, &'static OwnedPreparedStatement>> =
+        RefCell::new(HashMap::new());
 }
 
 fn plan(
@@ -56,6 +59,27 @@ pub fn write<'conn>(
     args: &[DatumWithOid<'_>],
 ) -> Result<SpiTupleTable<'conn>> {
     let stmt = plan(client, sql, args, true)?;
+    Ok(client.select(stmt, None, args)?)
+}
+
+/// Like [`read`], for a statement text built at run time around an app table's quoted name.
+/// One kept plan per distinct text (a handful per registered table).
+pub fn read_dynamic<'conn>(
+    client: &SpiClient<'conn>,
+    sql: &str,
+    args: &[DatumWithOid<'_>],
+) -> Result<SpiTupleTable<'conn>> {
+    let cached = DYNAMIC_PLANS.with(|plans| plans.borrow().get(sql).copied());
+    let stmt = match cached {
+        Some(kept) => kept,
+        None => {
+            let types: Vec<PgOid> = args.iter().map(|a| PgOid::from(a.oid())).collect();
+            let kept: &'static OwnedPreparedStatement =
+                Box::leak(Box::new(client.prepare(sql, &types)?.keep()));
+            DYNAMIC_PLANS.with(|plans| plans.borrow_mut().insert(sql.to_string(), kept));
+            kept
+        }
+    };
     Ok(client.select(stmt, None, args)?)
 }
 

@@ -104,12 +104,6 @@ impl Error {
     pub fn invalid_transaction_state(reason: &str) -> Error {
         Error::new(Code::InvalidTransactionState, json!({ "reason": reason }))
     }
-    pub fn code(&self) -> Option<Code> {
-        match self {
-            Error::Sync { code, .. } => Some(*code),
-            Error::Internal(_) => None,
-        }
-    }
 }
 
 impl From<pgrx::spi::SpiError> for Error {

@@ -8,13 +8,17 @@
 //! - [`gate`]: the serve gate (core-api §3);
 //! - [`checkpoint`]: backfill checkpoints (core-api §4);
 //! - [`barrier`]: the schema barrier (core-api §5);
-//! - [`registry`], [`push`], [`prune`]: partition registry, push path and retention (storage-api).
+//! - [`registry`], [`push`], [`prune`]: partition registry, push path and retention (storage-api);
+//! - [`scope`], [`pull`]: scope filters, the commit window and the bootstrap scan;
+//! - [`tables`], [`rows`]: the app-table registry and row metadata (scopes, blobs, tombstones);
+//! - [`queue`]: the reaction outbox; [`clients`]: client records and cursors.
 
 use pgrx::prelude::*;
 
 mod args;
 mod barrier;
 mod checkpoint;
+mod clients;
 mod commit;
 mod db;
 mod error;
@@ -22,8 +26,13 @@ mod fence;
 mod gate;
 mod log;
 mod prune;
+mod pull;
 mod push;
+mod queue;
 mod registry;
+mod rows;
+mod scope;
+mod tables;
 
 ::pgrx::pg_module_magic!(name, version);
 
@@ -31,12 +40,91 @@ mod registry;
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 // The trigger and its guard need the trigger function.
 extension_sql_file!("../sql/fence_guard.sql", name = "fence_guard", requires = [fence::writer_fence_trigger]);
+// The row-meta trigger function runs with the owner's rights (it writes sync_* tables).
+extension_sql!(
+    "ALTER FUNCTION syncular.row_meta_trigger() SECURITY DEFINER SET search_path = pg_catalog, pg_temp;",
+    name = "row_meta_trigger_definer",
+    requires = [tables::row_meta_trigger]
+);
 // Privileges and comments: after everything else.
 extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
+/// In-backend tests: each runs inside one transaction that is rolled back. The scenarios that
+/// need commits, several sessions or locks live in `tests/multisession` (real client).
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
-mod tests {}
+mod tests {
+    use pgrx::prelude::*;
+
+    fn bigint(sql: &str) -> i64 {
+        Spi::get_one::<i64>(sql).expect("query").expect("a value")
+    }
+
+    const COMMIT: &str = r#"'{"clientId":"c1","clientCommitId":"k","actorId":"a1","createdAtMs":1,
+        "writerVersion":2,"changes":[{"table":"tasks","rowId":"t1","op":"upsert",
+        "scopes":{"project_id":"p1"},"payload":"AQID"}]}'"#;
+
+    #[pg_test]
+    fn appends_in_one_transaction_are_dense() {
+        for expected in 1..=3 {
+            assert_eq!(bigint(&format!("SELECT syncular.append_commit('p', {COMMIT})")), expected);
+        }
+        assert_eq!(bigint("SELECT syncular.max_commit_seq('p')"), 3);
+        assert_eq!(bigint("SELECT count(*) FROM syncular.sync_change_scopes"), 3);
+    }
+
+    /// The fence reads the latest committed state plus this transaction's own earlier writes.
+    #[pg_test]
+    fn fence_sees_the_transactions_own_raise() {
+        assert_eq!(bigint("SELECT syncular.raise_writer_fence('p', 2)"), 2);
+        assert_eq!(crate::fence::requirement("p").expect("lookup"), Some(2));
+        assert!(!crate::fence::allows(Some(2), Some(1)));
+        assert_eq!(bigint(&format!("SELECT syncular.append_commit('p', {COMMIT})")), 1);
+    }
+
+    #[pg_test(error = "sync.storage.writer_fence_rejected")]
+    fn fence_rejects_an_old_writer_in_the_same_transaction() {
+        Spi::run("SELECT syncular.raise_writer_fence('p', 3)").expect("raise");
+        Spi::run(&format!("SELECT syncular.append_commit('p', {COMMIT})")).expect("refused");
+    }
+
+    #[pg_test(error = "sync.storage.invalid_commit")]
+    fn malformed_commit_is_refused() {
+        Spi::run("SELECT syncular.append_commit('p', '{\"clientId\":\"c1\"}')").expect("refused");
+    }
+
+    #[pg_test(error = "sync.storage.invalid_argument")]
+    fn null_partition_is_refused() {
+        Spi::run("SELECT syncular.max_commit_seq(NULL)").expect("refused");
+    }
+
+    #[pg_test]
+    fn checkpoint_cas_in_one_transaction() {
+        Spi::run("SELECT syncular.declare_checkpoint('p', 'x', 1, 10)").expect("declare");
+        assert_eq!(bigint("SELECT owner_epoch FROM syncular.claim_checkpoint('p', 'x', 1, 11)"), 1);
+        assert_eq!(bigint("SELECT owner_epoch FROM syncular.claim_checkpoint('p', 'x', 1, 12)"), 2);
+        let stale = Spi::get_one::<bool>("SELECT syncular.advance_checkpoint('p', 'x', 1, 5, 5, 13)");
+        assert_eq!(stale, Ok(Some(false)));
+        let owner = Spi::get_one::<bool>("SELECT syncular.advance_checkpoint('p', 'x', 2, 5, 5, 13)");
+        assert_eq!(owner, Ok(Some(true)));
+        let outcome =
+            Spi::get_one::<&str>("SELECT syncular.activate_checkpoint('p', 'x', 2, 5, '{}', 14)");
+        assert_eq!(outcome, Ok(Some("activated")));
+    }
+
+    #[pg_test]
+    fn gate_token_lists_pending_in_order() {
+        Spi::run("SELECT syncular.declare_checkpoint('b', 'z', 1, 1)").expect("declare");
+        Spi::run("SELECT syncular.declare_checkpoint('a', 'y', 1, 1)").expect("declare");
+        let token = Spi::get_one::<pgrx::JsonB>("SELECT syncular.read_serve_gate('a', 1)")
+            .expect("query")
+            .expect("token");
+        assert_eq!(
+            token.0["pending"],
+            serde_json::json!([{"partition":"a","name":"y"},{"partition":"b","name":"z"}])
+        );
+    }
+}
 
 /// Required by `cargo pgrx test`.
 #[cfg(test)]

@@ -121,3 +121,52 @@ fn commit_seq_before(partition: Option<String>, before_ms: Option<i64>) -> i64 {
         })
     })
 }
+
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn prune_commit_log(
+    partition: Option<String>,
+    now_ms: Option<i64>,
+    active_window_ms: default!(Option<i64>, "1209600000"),
+    age_force_ms: default!(Option<i64>, "2592000000"),
+    min_retained_commits: default!(Option<i64>, "1000"),
+) -> JsonB {
+    error::run(|| {
+        let partition = args::text("partition", partition)?;
+        let now = args::count("now_ms", now_ms)?;
+        let active_window = args::count("active_window_ms", active_window_ms)?;
+        let age_force = args::count("age_force_ms", age_force_ms)?;
+        let min_retained = args::count("min_retained_commits", min_retained_commits)?;
+        db::with_spi(|client| {
+            // The policy is read under the same locks as the prune: one log generation.
+            let locked = log::lock(client, &partition)?;
+            let epoch = db::first::<String>(db::write(
+                client,
+                "SELECT log_epoch FROM syncular.sync_partition_registry WHERE partition = $1 FOR UPDATE",
+                &[DatumWithOid::from(partition.as_str())],
+            )?)?
+            .ok_or_else(|| Error::bare(Code::PartitionUnregistered))?;
+            let policy = db::write(
+                client,
+                "SELECT (SELECT min(cursor) FROM syncular.sync_clients
+                          WHERE partition = $1 AND updated_at_ms >= $2),
+                        coalesce((SELECT max(commit_seq) FROM syncular.sync_commits
+                                   WHERE partition = $1 AND created_at_ms < $3), 0)",
+                &[
+                    DatumWithOid::from(partition.as_str()),
+                    DatumWithOid::from(now - active_window),
+                    DatumWithOid::from(now - age_force),
+                ],
+            )?;
+            let row = policy.first();
+            let floor = row.get::<i64>(1)?; // NULL: no active client, no floor
+            let forced = row.get::<i64>(2)?.unwrap_or(0);
+            let keep_newest = locked.max_commit_seq - min_retained;
+            let target = floor.map_or(keep_newest, |f| f.max(forced).min(keep_newest));
+            let through = target.max(0);
+            let mut result = prune_through(client, &partition, &epoch, through)?;
+            result["throughSeq"] = serde_json::json!(through);
+            Ok(JsonB(result))
+        })
+    })
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Every test of syncular, from a fresh Debian 12 machine (as root) or a developer's:
+#  1. unit tests and in-backend #[pg_test]s: `cargo pgrx test pg15` (runs as `postgres`);
+#  2. the scenario suite (several real sessions, committed transactions, locks): installs the
+#     extension into PostgreSQL 15, starts a throwaway cluster as `postgres`, and runs
+#     tests/multisession against it with a real client.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+WORK=${SYNCULAR_TEST_DIR:-/tmp/syncular-test}
+PORT=${SYNCULAR_TEST_PORT:-55439}
+
+mkdir -p "$WORK"
+chown postgres:postgres "$WORK" 2>/dev/null || true
+
+echo "== cargo pgrx test pg15"
+cargo pgrx test pg15 --runas postgres --pgdata "$WORK/pgrx-data"
+
+echo "== scenario suite against a throwaway cluster"
+cargo pgrx install --pg-config "$PG_CONFIG" >/dev/null
+CLUSTER="$WORK/cluster"
+scripts/cluster.sh stop "$CLUSTER"
+rm -rf "$CLUSTER"
+trap 'scripts/cluster.sh stop "$CLUSTER"' EXIT
+scripts/cluster.sh start "$CLUSTER" "$PORT"
+SYNCULAR_TEST_PG="host=127.0.0.1 port=$PORT user=postgres" \
+  cargo test --manifest-path tests/multisession/Cargo.toml -- --test-threads=4

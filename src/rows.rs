@@ -1,0 +1,246 @@
+//! Row metadata of the host's app rows (storage-api §2, §3): the scope index of current rows,
+//! blob references, and delete-precedence tombstones. Only `sync_*` tables are written here;
+//! `get_row_scopes` is the one reader of an app table.
+
+use crate::args;
+use crate::db;
+use crate::error::{self, Result};
+use crate::scope;
+use crate::tables;
+use pgrx::datum::DatumWithOid;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use pgrx::JsonB;
+use serde_json::{json, Map, Value};
+
+/// Makes the row's `sync_row_scopes` entries exactly its `(var, value)` pairs: stale entries are
+/// deleted (through `sync_row_scopes_by_row`), missing ones inserted, unchanged ones untouched.
+pub fn set_scopes(
+    client: &SpiClient<'_>,
+    partition: &str,
+    tbl: &str,
+    row_id: &str,
+    scopes: &Map<String, Value>,
+) -> Result<i64> {
+    let vars: Vec<&str> = scopes.keys().map(String::as_str).collect();
+    let values: Vec<&str> = scopes.values().map(|v| v.as_str().unwrap_or_default()).collect();
+    db::write(
+        client,
+        "WITH wanted AS (
+           SELECT w.var, w.value FROM unnest($4::text[], $5::text[]) AS w(var, value)
+         ), stale AS (
+           DELETE FROM syncular.sync_row_scopes r
+            WHERE r.partition = $1 AND r.tbl = $2 AND r.row_id = $3
+              AND NOT EXISTS (SELECT 1 FROM wanted w WHERE w.var = r.var AND w.value = r.value)
+         )
+         INSERT INTO syncular.sync_row_scopes (partition, tbl, var, value, row_id)
+         SELECT $1, $2, w.var, w.value, $3 FROM wanted w
+         ON CONFLICT DO NOTHING",
+        &[
+            DatumWithOid::from(partition),
+            DatumWithOid::from(tbl),
+            DatumWithOid::from(row_id),
+            DatumWithOid::from(vars),
+            DatumWithOid::from(values),
+        ],
+    )?;
+    Ok(scopes.len() as i64)
+}
+
+/// Removes a row's scope entries and blob refs; returns how many of each.
+pub fn delete_meta(client: &SpiClient<'_>, partition: &str, tbl: &str, row_id: &str) -> Result<(i64, i64)> {
+    let table = db::write(
+        client,
+        "WITH s AS (
+           DELETE FROM syncular.sync_row_scopes
+            WHERE partition = $1 AND tbl = $2 AND row_id = $3 RETURNING 1
+         ), b AS (
+           DELETE FROM syncular.sync_blob_refs
+            WHERE partition = $1 AND tbl = $2 AND row_id = $3 RETURNING 1
+         )
+         SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM b)",
+        &[DatumWithOid::from(partition), DatumWithOid::from(tbl), DatumWithOid::from(row_id)],
+    )?;
+    let row = table.first();
+    Ok((row.get::<i64>(1)?.unwrap_or(0), row.get::<i64>(2)?.unwrap_or(0)))
+}
+
+/// Removes every scope entry and blob ref of a table, in all partitions (`retire_table`).
+pub fn delete_table_meta(client: &SpiClient<'_>, tbl: &str) -> Result<(i64, i64)> {
+    let table = db::write(
+        client,
+        "WITH s AS (DELETE FROM syncular.sync_row_scopes WHERE tbl = $1 RETURNING 1),
+              b AS (DELETE FROM syncular.sync_blob_refs WHERE tbl = $1 RETURNING 1)
+         SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM b)",
+        &[DatumWithOid::from(tbl)],
+    )?;
+    let row = table.first();
+    Ok((row.get::<i64>(1)?.unwrap_or(0), row.get::<i64>(2)?.unwrap_or(0)))
+}
+
+/// The `(partition, tbl, row_id)` arguments of the row functions: row ids may be empty.
+fn row_key(partition: Option<String>, tbl: Option<String>, row_id: Option<String>) -> Result<(String, String, String)> {
+    Ok((
+        args::text("partition", partition)?,
+        scope::log_table("tbl", tbl)?,
+        args::required("row_id", row_id)?,
+    ))
+}
+
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn set_row_scopes(partition: Option<String>, tbl: Option<String>, row_id: Option<String>, scopes: Option<JsonB>) -> i32 {
+    error::run(|| {
+        let (partition, tbl, row_id) = row_key(partition, tbl, row_id)?;
+        let scopes = scope::stored("scopes", args::required("scopes", scopes)?.0)?;
+        let held = db::with_spi(|client| set_scopes(client, &partition, &tbl, &row_id, &scopes))?;
+        Ok(held as i32)
+    })
+}
+
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn delete_row_meta(partition: Option<String>, tbl: Option<String>, row_id: Option<String>) -> JsonB {
+    error::run(|| {
+        let (partition, tbl, row_id) = row_key(partition, tbl, row_id)?;
+        let (scopes, blobs) = db::with_spi(|client| delete_meta(client, &partition, &tbl, &row_id))?;
+        Ok(JsonB(json!({"rowScopes": scopes, "blobRefs": blobs})))
+    })
+}
+
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn set_blob_refs(
+    partition: Option<String>,
+    tbl: Option<String>,
+    row_id: Option<String>,
+    blob_ids: Option<Vec<Option<String>>>,
+) -> i32 {
+    error::run(|| {
+        let (partition, tbl, row_id) = row_key(partition, tbl, row_id)?;
+        let mut blob_ids = args::text_array("blob_ids", blob_ids)?;
+        blob_ids.sort();
+        blob_ids.dedup();
+        db::with_spi(|client| {
+            db::write(
+                client,
+                "WITH wanted AS (SELECT b.blob_id FROM unnest($4::text[]) AS b(blob_id)),
+                 stale AS (
+                   DELETE FROM syncular.sync_blob_refs r
+                    WHERE r.partition = $1 AND r.tbl = $2 AND r.row_id = $3
+                      AND NOT EXISTS (SELECT 1 FROM wanted w WHERE w.blob_id = r.blob_id)
+                 )
+                 INSERT INTO syncular.sync_blob_refs (partition, tbl, row_id, blob_id)
+                 SELECT $1, $2, $3, w.blob_id FROM wanted w
+                 ON CONFLICT DO NOTHING",
+                &[
+                    DatumWithOid::from(partition.as_str()),
+                    DatumWithOid::from(tbl.as_str()),
+                    DatumWithOid::from(row_id.as_str()),
+                    DatumWithOid::from(blob_ids.clone()),
+                ],
+            )?;
+            Ok(blob_ids.len() as i32)
+        })
+    })
+}
+
+#[pg_extern(stable, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn get_row_scopes(partition: Option<String>, tbl: Option<String>, row_id: Option<String>) -> Option<JsonB> {
+    error::run(|| {
+        let partition = args::text("partition", partition)?;
+        let tbl = args::text("tbl", tbl)?;
+        let row_id = args::required("row_id", row_id)?;
+        db::with_spi(|client| {
+            let relation = tables::resolve(client, &tbl)?;
+            let sql = format!(
+                "SELECT a.\"_sync_server_version\", a.\"_sync_scopes\" FROM {} a
+                  WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = $2",
+                relation.qualified()
+            );
+            let table = db::read_dynamic(
+                client,
+                &sql,
+                &[DatumWithOid::from(partition.as_str()), DatumWithOid::from(row_id.as_str())],
+            )?;
+            if table.is_empty() {
+                return Ok(None);
+            }
+            let row = table.first();
+            let scopes = row.get::<JsonB>(2)?.map(|j| args::unwrap_json_text(j.0)).unwrap_or(json!({}));
+            Ok(Some(JsonB(json!({"serverVersion": row.get::<i64>(1)?, "scopes": scopes}))))
+        })
+    })
+}
+
+#[pg_extern(stable, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn get_tombstone_seq(partition: Option<String>, tbl: Option<String>, row_id: Option<String>) -> Option<i64> {
+    error::run(|| {
+        let (partition, tbl, row_id) = row_key(partition, tbl, row_id)?;
+        db::with_spi(|client| {
+            db::first::<i64>(db::read(
+                client,
+                "SELECT commit_seq FROM syncular.sync_tombstones
+                  WHERE partition = $1 AND tbl = $2 AND row_id = $3",
+                &[
+                    DatumWithOid::from(partition.as_str()),
+                    DatumWithOid::from(tbl.as_str()),
+                    DatumWithOid::from(row_id.as_str()),
+                ],
+            )?)
+        })
+    })
+}
+
+#[pg_extern(stable, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn tombstone_seqs(
+    partition: Option<String>,
+    tbl: Option<String>,
+    row_ids: Option<Vec<Option<String>>>,
+) -> TableIterator<'static, (name!(row_id, String), name!(commit_seq, i64))> {
+    error::run(|| {
+        let partition = args::text("partition", partition)?;
+        let tbl = scope::log_table("tbl", tbl)?;
+        let ids = args::required("row_ids", row_ids)?
+            .into_iter()
+            .map(|id| id.ok_or_else(|| crate::error::Error::invalid_argument("row_ids", "missing")))
+            .collect::<Result<Vec<String>>>()?;
+        let rows = db::with_spi(|client| {
+            db::read(
+                client,
+                "SELECT t.row_id, t.commit_seq FROM syncular.sync_tombstones t
+                  WHERE t.partition = $1 AND t.tbl = $2
+                    AND t.row_id IN (SELECT DISTINCT unnest($3::text[]))
+                  ORDER BY t.row_id",
+                &[DatumWithOid::from(partition.as_str()), DatumWithOid::from(tbl.as_str()), DatumWithOid::from(ids)],
+            )?
+            .map(|row| Ok((row.get::<String>(1)?.unwrap_or_default(), row.get::<i64>(2)?.unwrap_or_default())))
+            .collect::<Result<Vec<_>>>()
+        })?;
+        Ok(TableIterator::new(rows))
+    })
+}
+
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn clear_tombstone(partition: Option<String>, tbl: Option<String>, row_id: Option<String>) -> bool {
+    error::run(|| {
+        let (partition, tbl, row_id) = row_key(partition, tbl, row_id)?;
+        db::with_spi(|client| {
+            let deleted = db::write(
+                client,
+                "DELETE FROM syncular.sync_tombstones
+                  WHERE partition = $1 AND tbl = $2 AND row_id = $3 RETURNING 1",
+                &[
+                    DatumWithOid::from(partition.as_str()),
+                    DatumWithOid::from(tbl.as_str()),
+                    DatumWithOid::from(row_id.as_str()),
+                ],
+            )?;
+            Ok(!deleted.is_empty())
+        })
+    })
+}

@@ -1,0 +1,98 @@
+//! The scope model (data-model §5.1): stored scopes `{var: "value"}`, effective scope filters
+//! `{var: [values]}`, and the choice of the first variable that drives candidate selection.
+
+use crate::args;
+use crate::error::{Code, Error, Result};
+use pgrx::JsonB;
+use serde_json::{Map, Value};
+
+/// An effective scope filter, keys in UTF-16 code-unit order (upstream sorts JavaScript strings).
+pub struct Filter {
+    pub keys: Vec<(String, Vec<String>)>,
+    /// The filter as a jsonb object, for the SQL matching predicate.
+    pub json: Value,
+}
+
+impl Filter {
+    /// The variable and values of candidate selection; `None` selects nothing (no key, or an
+    /// empty value list for the first key).
+    pub fn first(&self) -> Option<(&str, &[String])> {
+        self.keys.first().filter(|(_, values)| !values.is_empty()).map(|(k, v)| (k.as_str(), &v[..]))
+    }
+}
+
+/// Decodes `scope_filter`: NULL counts as `{}`; values must be arrays of strings.
+pub fn filter(name: &str, value: Option<JsonB>) -> Result<Filter> {
+    let value = value.map(|v| args::unwrap_json_text(v.0)).unwrap_or(Value::Object(Map::new()));
+    let Value::Object(map) = &value else { return Err(Error::invalid_argument(name, "type")) };
+    let mut keys = Vec::with_capacity(map.len());
+    for (var, values) in map {
+        let at = format!("{name}.{var}");
+        let Value::Array(values) = values else { return Err(Error::invalid_argument(&at, "type")) };
+        let values = values
+            .iter()
+            .map(|v| v.as_str().map(str::to_string).ok_or_else(|| Error::invalid_argument(&at, "type")))
+            .collect::<Result<Vec<_>>>()?;
+        keys.push((var.clone(), values));
+    }
+    keys.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+    Ok(Filter { keys, json: value })
+}
+
+/// Decodes stored scopes `{var: "value"}` (set_row_scopes, the row-meta trigger).
+pub fn stored(name: &str, value: Value) -> Result<Map<String, Value>> {
+    let Value::Object(map) = args::unwrap_json_text(value) else {
+        return Err(Error::invalid_argument(name, "type"));
+    };
+    if let Some((var, _)) = map.iter().find(|(_, v)| !v.is_string()) {
+        return Err(Error::invalid_argument(&format!("{name}.{var}"), "type"));
+    }
+    Ok(map)
+}
+
+/// A table-name argument that addresses the sync log: non-empty, and not a reserved `sync_`
+/// name (those are `unknown_table`, core-api §0.2).
+pub fn log_table(name: &str, value: Option<String>) -> Result<String> {
+    let table = args::text(name, value)?;
+    if table.starts_with("sync_") {
+        return Err(Error::new(Code::UnknownTable, serde_json::json!({ "table": table })));
+    }
+    Ok(table)
+}
+
+/// SQL predicate (a string literal, for `concat!`): the stored scopes `$scopes` match the filter
+/// `$filter`, i.e. every key of the filter is present in the scopes as a string that is one of
+/// the key's values (data-model §5.1). Extra stored variables are ignored.
+#[macro_export]
+macro_rules! scope_matches {
+    ($scopes:literal, $filter:literal) => {
+        concat!(
+            "NOT EXISTS (SELECT 1 FROM pg_catalog.jsonb_each(", $filter, ") AS f(k, vals)",
+            " WHERE NOT coalesce(pg_catalog.jsonb_typeof(", $scopes, " -> f.k) = 'string'",
+            " AND f.vals ? (", $scopes, " ->> f.k), false))"
+        )
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn keys_sort_by_utf16_code_units() {
+        // U+FF21 (one UTF-16 unit 0xFF21) sorts after U+1F600 (surrogates 0xD83D…) in UTF-16,
+        // before it in UTF-8 byte order.
+        let f = filter("f", Some(JsonB(json!({"\u{FF21}": ["a"], "\u{1F600}": ["b"], "a": []})))).unwrap();
+        let keys: Vec<&str> = f.keys.iter().map(|k| k.0.as_str()).collect();
+        assert_eq!(keys, vec!["a", "\u{1F600}", "\u{FF21}"]);
+        assert!(f.first().is_none(), "first key has no values");
+    }
+
+    #[test]
+    fn filter_values_must_be_string_arrays() {
+        assert!(filter("f", Some(JsonB(json!({"a": "x"})))).is_err());
+        assert!(filter("f", Some(JsonB(json!({"a": [1]})))).is_err());
+        assert!(filter("f", None).unwrap().first().is_none());
+    }
+}
