@@ -11,10 +11,12 @@
 //! - [`registry`], [`push`], [`prune`]: partition registry, push path and retention (storage-api);
 //! - [`scope`], [`pull`]: scope filters, the commit window and the bootstrap scan;
 //! - [`tables`], [`rows`]: the app-table registry and row metadata (scopes, blobs, tombstones);
-//! - [`queue`]: the reaction outbox; [`clients`]: client records and cursors.
+//! - [`queue`]: the reaction outbox; [`clients`]: client records and cursors;
+//! - [`admin`]: blob-reference and admin reads, adoption of a 0.24 database.
 
 use pgrx::prelude::*;
 
+mod admin;
 mod args;
 mod barrier;
 mod checkpoint;

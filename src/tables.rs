@@ -33,10 +33,11 @@ pub fn unknown_table(tbl: &str) -> Error {
     Error::new(Code::UnknownTable, json!({ "table": tbl }))
 }
 
-/// The registered, existing relation of `tbl`; otherwise `unknown_table`.
-pub fn resolve(client: &SpiClient<'_>, tbl: &str) -> error::Result<Relation> {
+/// The registered relation of `tbl` if it exists; `None` for a reserved or unregistered name or
+/// a relation that is gone.
+pub fn lookup(client: &SpiClient<'_>, tbl: &str) -> error::Result<Option<Relation>> {
     if tbl.starts_with("sync_") {
-        return Err(unknown_table(tbl));
+        return Ok(None);
     }
     let table = db::read(
         client,
@@ -48,18 +49,23 @@ pub fn resolve(client: &SpiClient<'_>, tbl: &str) -> error::Result<Relation> {
         &[DatumWithOid::from(tbl)],
     )?;
     if table.is_empty() {
-        return Err(unknown_table(tbl));
+        return Ok(None);
     }
     let row = table.first();
-    Ok(Relation {
+    Ok(Some(Relation {
         schema: row.get::<String>(1)?.unwrap_or_default(),
         name: row.get::<String>(2)?.unwrap_or_default(),
-    })
+    }))
+}
+
+/// The registered, existing relation of `tbl`; otherwise `unknown_table`.
+pub fn resolve(client: &SpiClient<'_>, tbl: &str) -> error::Result<Relation> {
+    lookup(client, tbl)?.ok_or_else(|| unknown_table(tbl))
 }
 
 /// Runs `body` with the rights of the extension's owner (SECURITY_LOCAL_USERID_CHANGE), and
 /// switches back. An error aborts the (sub)transaction, which restores the user as well.
-fn as_extension_owner<R>(client: &SpiClient<'_>, body: impl FnOnce() -> error::Result<R>) -> error::Result<R> {
+pub fn as_extension_owner<R>(client: &SpiClient<'_>, body: impl FnOnce() -> error::Result<R>) -> error::Result<R> {
     let owner = db::first::<pg_sys::Oid>(db::read(
         client,
         "SELECT e.extowner FROM pg_catalog.pg_extension e WHERE e.extname = 'syncular'",
@@ -78,7 +84,7 @@ fn as_extension_owner<R>(client: &SpiClient<'_>, body: impl FnOnce() -> error::R
 
 /// The calling role must own the relation (directly or through membership), as
 /// `pg_class_ownercheck`; superusers pass.
-fn require_owner(client: &SpiClient<'_>, relation: pg_sys::Oid, argument: &str) -> error::Result<()> {
+pub fn require_owner(client: &SpiClient<'_>, relation: pg_sys::Oid, argument: &str) -> error::Result<()> {
     let owns = db::first::<bool>(db::read(
         client,
         "SELECT pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE')

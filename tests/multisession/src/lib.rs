@@ -374,3 +374,97 @@ pub fn is_blocked(observer: &mut Client, pid: i32) -> bool {
         &[&pid],
     )
 }
+
+// ---- host-side helpers (the test acting as a host) --------------------------------------------
+
+/// `put_row(p, tbl, id, scopes, version, payload)`: the host's upsert of the app row (meta
+/// columns and `id`) plus `set_row_scopes`.
+#[track_caller]
+pub fn put_row(c: &mut impl postgres::GenericClient, p: &str, tbl: &str, id: &str, scopes: &Value, version: i64, payload: &[u8]) {
+    let sql = format!(
+        "INSERT INTO public.{tbl} (\"_sync_partition\", \"_sync_row_id\", id, \"_sync_server_version\",
+                                   \"_sync_scopes\", \"_sync_payload\")
+         VALUES ($1, $2, $2, $3, $4, $5)
+         ON CONFLICT (\"_sync_partition\", \"_sync_row_id\") DO UPDATE
+           SET \"_sync_server_version\" = EXCLUDED.\"_sync_server_version\",
+               \"_sync_scopes\" = EXCLUDED.\"_sync_scopes\", \"_sync_payload\" = EXCLUDED.\"_sync_payload\""
+    );
+    c.execute(&sql, &[&p, &id, &version, scopes, &payload]).unwrap();
+    c.query_one("SELECT syncular.set_row_scopes($1, $2, $3, $4)", &[&p, &tbl, &id, scopes]).unwrap();
+}
+
+/// `del_row(p, tbl, id)`: the host's delete plus `delete_row_meta`.
+pub fn del_row(c: &mut impl postgres::GenericClient, p: &str, tbl: &str, id: &str) -> Value {
+    c.execute(&format!("DELETE FROM public.{tbl} WHERE \"_sync_partition\" = $1 AND \"_sync_row_id\" = $2"), &[&p, &id])
+        .unwrap();
+    c.query_one("SELECT syncular.delete_row_meta($1, $2, $3)", &[&p, &tbl, &id]).unwrap().get(0)
+}
+
+pub fn p1() -> Value {
+    json!({"project_id": "p1"})
+}
+
+/// Row ids of `scan_rows(p, tbl, filter, after, lim)`.
+pub fn scan_ids(c: &mut impl postgres::GenericClient, p: &str, tbl: &str, filter: &Value, after: Option<&str>, lim: i32) -> Vec<String> {
+    c.query("SELECT row_id FROM syncular.scan_rows($1, $2, $3, $4, $5)", &[&p, &tbl, filter, &after, &lim])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// Distinct commit_seqs of `read_commit_window`, in order.
+pub fn window_seqs(c: &mut impl postgres::GenericClient, p: &str, tbl: &str, filter: &Value, after: i64, through: i64, lim: i32) -> Vec<i64> {
+    let mut seqs: Vec<i64> = c
+        .query("SELECT commit_seq FROM syncular.read_commit_window($1, $2, $3, $4, $5, $6)", &[&p, &tbl, filter, &after, &through, &lim])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    seqs.dedup();
+    seqs
+}
+
+/// An applied push result for `commit_seq` with one record per operation.
+pub fn applied(commit_seq: i64, ops: usize, identity: &str) -> Value {
+    json!({"status":"applied","commitSeq":commit_seq,"recordedAtMs":NOW,"cacheIdentity":identity,
+           "results": (0..ops).map(|i| json!({"opIndex": i, "status": "applied"})).collect::<Vec<_>>()})
+}
+
+/// A whole accepted push of upserts (storage-api §3.1): returns the stored result, or the
+/// replayed one when `push_begin` found it.
+pub fn push_upserts(c: &mut Client, p: &str, client_id: &str, ccid: &str, rows: &[(&str, &str, Value)], declared: &Value) -> Value {
+    let mut tx = c.transaction().unwrap();
+    let replay: Option<Value> = tx
+        .query_one("SELECT syncular.push_begin($1, $2, $3, $4, $5)", &[&p, &client_id, &ccid, &V, declared])
+        .unwrap()
+        .get(0);
+    if let Some(replay) = replay {
+        tx.rollback().unwrap();
+        return replay;
+    }
+    tx.batch_execute("SAVEPOINT syncular_push_candidate").unwrap();
+    let mut changes = Vec::new();
+    for (tbl, id, scopes) in rows {
+        put_row(&mut tx, p, tbl, id, scopes, 1, &[1, 2, 3]);
+        changes.push(json!({"table": tbl, "rowId": id, "op": "upsert", "rowVersion": 1, "scopes": scopes, "payload": "AQID"}));
+    }
+    let mut d = doc(ccid, Value::Array(changes), Some(V));
+    d["clientId"] = json!(client_id);
+    let s: i64 = tx.query_one("SELECT syncular.append_commit($1, $2)", &[&p, &d]).unwrap().get(0);
+    let stored: Value = tx
+        .query_one("SELECT syncular.put_push_result($1, $2, $3, $4)", &[&p, &client_id, &ccid, &applied(s, rows.len(), ccid)])
+        .unwrap()
+        .get(0);
+    tx.commit().unwrap();
+    stored
+}
+
+/// `reaction(seq, key)` of the fixtures.
+pub fn reaction(seq: i64, key: &str) -> Value {
+    json!({"idempotencyKey":key,"type":"email.send","version":1,"payload":{"messageId":"message-1"},
+           "sourceClientId":"c1","sourceClientCommitId":"commit-1","sourceCommitSeq":seq,
+           "createdAtMs":NOW,"maxAttempts":3})
+}
+
+pub const RKEY: &str = r#"["c1","commit-1","email"]"#;
