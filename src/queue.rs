@@ -448,14 +448,16 @@ fn prune_reactions(
             // Aged terminal rows only, oldest first; strict bounds; rows locked by others skipped.
             let table = db::write(
                 client,
-                "WITH candidates AS (
-                   (SELECT r.idempotency_key, r.completed_at_ms AS at FROM syncular.sync_reactions r
-                     WHERE r.partition = $1 AND r.status = 'completed' AND r.completed_at_ms < $2
-                     ORDER BY r.completed_at_ms, r.idempotency_key LIMIT $4 FOR UPDATE SKIP LOCKED)
-                   UNION ALL
-                   (SELECT r.idempotency_key, r.available_at_ms FROM syncular.sync_reactions r
-                     WHERE r.partition = $1 AND r.status = 'dead-letter' AND r.available_at_ms < $3
-                     ORDER BY r.available_at_ms, r.idempotency_key LIMIT $4 FOR UPDATE SKIP LOCKED)
+                "WITH completed AS (
+                   SELECT r.idempotency_key, r.completed_at_ms AS at FROM syncular.sync_reactions r
+                    WHERE r.partition = $1 AND r.status = 'completed' AND r.completed_at_ms < $2
+                    ORDER BY r.completed_at_ms, r.idempotency_key LIMIT $4 FOR UPDATE SKIP LOCKED
+                 ), dead AS (
+                   SELECT r.idempotency_key, r.available_at_ms AS at FROM syncular.sync_reactions r
+                    WHERE r.partition = $1 AND r.status = 'dead-letter' AND r.available_at_ms < $3
+                    ORDER BY r.available_at_ms, r.idempotency_key LIMIT $4 FOR UPDATE SKIP LOCKED
+                 ), candidates AS (
+                   SELECT * FROM completed UNION ALL SELECT * FROM dead
                  ), victims AS (
                    SELECT idempotency_key FROM candidates ORDER BY at, idempotency_key LIMIT $4
                  ), gone AS (
