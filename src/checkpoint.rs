@@ -160,8 +160,10 @@ const SOURCE_CHANGES_SQL: &str = "\
 SELECT CASE
   WHEN cardinality($2::text[]) = 0 THEN 'clean'
   WHEN EXISTS (SELECT 1 FROM unnest($2::text[]) AS s(tbl)
-                WHERE EXISTS (SELECT 1 FROM syncular.sync_changes c
-                               WHERE c.partition = $1 AND c.tbl = s.tbl AND c.commit_seq > $3))
+                CROSS JOIN LATERAL (
+                  SELECT 1 FROM syncular.sync_changes c
+                   WHERE c.partition = $1 AND c.tbl = s.tbl COLLATE \"C\" AND c.commit_seq > $3
+                   LIMIT 1) AS probe)
     THEN 'changed'
   WHEN coalesce((SELECT p.horizon_seq FROM syncular.sync_partitions p
                   WHERE p.partition = $1), 0) > $3 THEN 'unverifiable'
@@ -420,7 +422,7 @@ fn source_coverage_seq(partition: Option<String>, tables: Option<Vec<Option<Stri
                 "SELECT coalesce(max(m.seq), 0)
                    FROM unnest($2::text[]) AS s(tbl),
                         LATERAL (SELECT max(c.commit_seq) AS seq FROM syncular.sync_changes c
-                                  WHERE c.partition = $1 AND c.tbl = s.tbl) AS m",
+                                  WHERE c.partition = $1 AND c.tbl = s.tbl COLLATE \"C\") AS m",
                 &[DatumWithOid::from(partition.as_str()), DatumWithOid::from(tables)],
             )?;
             Ok(db::first::<i64>(table)?.unwrap_or(0))

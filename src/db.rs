@@ -6,6 +6,11 @@
 //!   statement) and never assigns a transaction id, so readers work in `READ ONLY` transactions.
 //! - [`write`]: a mutating plan. Every execution takes a fresh snapshot under READ COMMITTED, so
 //!   a statement run after a lock wait sees what committed meanwhile.
+//!
+//! SQL convention: every `sync_*` text column is `COLLATE "C"`, while values unnested from a
+//! `text[]` parameter carry the database's default collation. Such comparisons are written
+//! `col = v.x COLLATE "C"`, so the collation is never ambiguous and the key stays usable as an
+//! index condition.
 
 use crate::error::Result;
 use pgrx::datum::DatumWithOid;

@@ -23,7 +23,7 @@ SELECT DISTINCT s.commit_seq
   FROM unnest($4::text[]) AS v(value)
   CROSS JOIN LATERAL (
     SELECT c.commit_seq FROM syncular.sync_change_scopes c
-     WHERE c.partition = $1 AND c.tbl = $2 AND c.var = $3 AND c.value = v.value
+     WHERE c.partition = $1 AND c.tbl = $2 AND c.var = $3 AND c.value = v.value COLLATE \"C\"
        AND c.commit_seq > $5 AND c.commit_seq <= $6
      ORDER BY c.commit_seq LIMIT $7) AS s
  ORDER BY s.commit_seq LIMIT $7";
@@ -171,7 +171,7 @@ fn latest_scoped_change_seq(partition: Option<String>, tbl: Option<String>, scop
                    FROM unnest($4::text[]) AS v(value),
                         LATERAL (SELECT max(c.commit_seq) AS seq FROM syncular.sync_change_scopes c
                                   WHERE c.partition = $1 AND c.tbl = $2 AND c.var = $3
-                                    AND c.value = v.value) AS m",
+                                    AND c.value = v.value COLLATE \"C\") AS m",
                 &[
                     DatumWithOid::from(partition.as_str()),
                     DatumWithOid::from(tbl.as_str()),
@@ -207,7 +207,7 @@ fn scan(
              FROM unnest($4::text[]) AS v(value)
              CROSS JOIN LATERAL (
                SELECT r.row_id FROM syncular.sync_row_scopes r
-                WHERE r.partition = $1 AND r.tbl = $2 AND r.var = $3 AND r.value = v.value
+                WHERE r.partition = $1 AND r.tbl = $2 AND r.var = $3 AND r.value = v.value COLLATE \"C\"
                   AND ($5::text IS NULL OR r.row_id > $5::text)
                 ORDER BY r.row_id LIMIT $6) AS s
             ORDER BY s.row_id LIMIT $6)

@@ -31,7 +31,7 @@ pub fn set_scopes(
          ), stale AS (
            DELETE FROM syncular.sync_row_scopes r
             WHERE r.partition = $1 AND r.tbl = $2 AND r.row_id = $3
-              AND NOT EXISTS (SELECT 1 FROM wanted w WHERE w.var = r.var AND w.value = r.value)
+              AND NOT EXISTS (SELECT 1 FROM wanted w WHERE w.var COLLATE \"C\" = r.var AND w.value COLLATE \"C\" = r.value)
          )
          INSERT INTO syncular.sync_row_scopes (partition, tbl, var, value, row_id)
          SELECT $1, $2, w.var, w.value, $3 FROM wanted w
@@ -128,7 +128,7 @@ fn set_blob_refs(
                  stale AS (
                    DELETE FROM syncular.sync_blob_refs r
                     WHERE r.partition = $1 AND r.tbl = $2 AND r.row_id = $3
-                      AND NOT EXISTS (SELECT 1 FROM wanted w WHERE w.blob_id = r.blob_id)
+                      AND NOT EXISTS (SELECT 1 FROM wanted w WHERE w.blob_id COLLATE \"C\" = r.blob_id)
                  )
                  INSERT INTO syncular.sync_blob_refs (partition, tbl, row_id, blob_id)
                  SELECT $1, $2, $3, w.blob_id FROM wanted w
@@ -213,7 +213,7 @@ fn tombstone_seqs(
                 client,
                 "SELECT t.row_id, t.commit_seq FROM syncular.sync_tombstones t
                   WHERE t.partition = $1 AND t.tbl = $2
-                    AND t.row_id IN (SELECT DISTINCT unnest($3::text[]))
+                    AND t.row_id IN (SELECT DISTINCT i COLLATE \"C\" FROM unnest($3::text[]) AS u(i))
                   ORDER BY t.row_id",
                 &[DatumWithOid::from(partition.as_str()), DatumWithOid::from(tbl.as_str()), DatumWithOid::from(ids)],
             )?

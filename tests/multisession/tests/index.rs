@@ -1,0 +1,121 @@
+//! scenarios.md §12: index usage (IDX-01 … IDX-07). The plans checked are those of the exact
+//! statements the functions execute, captured with auto_explain (nested statements, logged to
+//! the client as NOTICEs).
+
+use postgres::{Client, Config, NoTls};
+use serde_json::json;
+use std::sync::{Arc, Mutex};
+use syncular_multisession::*;
+
+/// A connection whose NOTICEs are collected, with auto_explain logging every nested plan.
+fn explaining(db: &TestDb) -> (Client, Arc<Mutex<Vec<String>>>) {
+    let notices = Arc::new(Mutex::new(Vec::new()));
+    let sink = notices.clone();
+    let base = std::env::var("SYNCULAR_TEST_PG").unwrap_or_else(|_| "host=127.0.0.1 port=55439 user=postgres".into());
+    let mut config: Config = format!("{base} dbname={}", db.name).parse().unwrap();
+    config.notice_callback(move |n| sink.lock().unwrap().push(n.message().to_string()));
+    let mut c = config.connect(NoTls).unwrap();
+    exec(
+        &mut c,
+        "LOAD 'auto_explain';
+         SET auto_explain.log_min_duration = 0;
+         SET auto_explain.log_nested_statements = on;
+         SET auto_explain.log_level = notice;
+         SET enable_seqscan = off;",
+    );
+    (c, notices)
+}
+
+/// Runs `sql` and returns the plans auto_explain reported for it.
+fn plans_of(c: &mut Client, notices: &Arc<Mutex<Vec<String>>>, sql: &str) -> String {
+    notices.lock().unwrap().clear();
+    c.batch_execute(sql).unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    notices.lock().unwrap().join("\n----\n")
+}
+
+fn assert_no_seq_scan(plans: &str, tables: &[&str]) {
+    for t in tables {
+        assert!(!plans.contains(&format!("Seq Scan on {t}")), "Seq Scan on {t}:\n{plans}");
+    }
+}
+
+fn setup(c: &mut Client) {
+    exec(
+        c,
+        "INSERT INTO public.tasks (\"_sync_partition\", \"_sync_row_id\", id, project_id, \"_sync_server_version\", \"_sync_scopes\", \"_sync_payload\")
+         SELECT 'part-1', 'r' || i, 'r' || i, 'p' || (i % 20), 1, jsonb_build_object('project_id', 'p' || (i % 20)), '\\x01'
+           FROM generate_series(1, 2000) i;
+         INSERT INTO syncular.sync_row_scopes
+         SELECT 'part-1', 'tasks', 'project_id', 'p' || (i % 20), 'r' || i FROM generate_series(1, 2000) i;
+         INSERT INTO syncular.sync_blob_refs
+         SELECT 'part-1', 'tasks', 'r' || i, 'sha256:' || (i % 20) FROM generate_series(1, 2000) i;",
+    );
+    exec(
+        c,
+        "SELECT syncular.append_commit('part-1', jsonb_build_object(
+            'clientId', 'c1', 'clientCommitId', 'k' || i, 'actorId', 'a1', 'createdAtMs', 1750000000000,
+            'writerVersion', 1,
+            'changes', jsonb_build_array(jsonb_build_object('table', 'tasks', 'rowId', 'r' || i, 'op', 'upsert',
+                        'rowVersion', 1, 'scopes', jsonb_build_object('project_id', 'p' || (i % 20)), 'payload', 'AQ=='))))
+           FROM generate_series(1, 2000) i;
+         SELECT syncular.declare_checkpoint('part-1', 'x', 1, 1);
+         ANALYZE;",
+    );
+}
+
+#[test]
+fn idx_01_to_07_index_usage() {
+    let db = TestDb::new("idx");
+    let mut plain = db.connect();
+    setup(&mut plain);
+    let (mut c, notices) = explaining(&db);
+    let log = ["sync_change_scopes", "sync_commits", "sync_changes"];
+
+    // IDX-01: a window page.
+    let plans = plans_of(&mut c, &notices, "SELECT * FROM syncular.read_commit_window('part-1', 'tasks', '{\"project_id\":[\"p3\"]}', 0, 2000, 64)");
+    assert!(plans.contains("sync_change_scopes_pkey"), "{plans}");
+    assert_no_seq_scan(&plans, &log);
+
+    // IDX-02: a scan_rows page, and the app-table probe uses both primary-key columns.
+    exec(&mut c, "SET enable_hashjoin = off; SET enable_mergejoin = off");
+    let plans = plans_of(&mut c, &notices, "SELECT * FROM syncular.scan_rows('part-1', 'tasks', '{\"project_id\":[\"p3\"]}', NULL, 50)");
+    assert_no_seq_scan(&plans, &["sync_row_scopes", "tasks"]);
+    assert!(plans.contains("tasks_pkey"), "{plans}");
+    assert!(plans.lines().any(|l| l.contains("Index Cond") && l.contains("_sync_row_id")), "{plans}");
+    exec(&mut c, "RESET enable_hashjoin; RESET enable_mergejoin");
+
+    // IDX-03: the lateral multi-subscription window.
+    let specs = json!([{"i":1,"scopes":{"project_id":["p3"]},"after":0},{"i":2,"scopes":{"project_id":["p4","p5"]},"after":10}]);
+    let plans = plans_of(
+        &mut c,
+        &notices,
+        &format!(
+            "SELECT s.i, w.* FROM jsonb_to_recordset('{specs}') AS s(i int, scopes jsonb, after bigint)
+               CROSS JOIN LATERAL syncular.read_commit_window('part-1', 'tasks', s.scopes, s.after, 2000, 64) AS w"
+        ),
+    );
+    assert_no_seq_scan(&plans, &log);
+
+    // IDX-04: removing a row's scope entries uses sync_row_scopes_by_row.
+    let plans = plans_of(&mut c, &notices, "SELECT syncular.set_row_scopes('part-1', 'tasks', 'r7', '{\"project_id\":\"p9\"}')");
+    assert!(plans.contains("sync_row_scopes_by_row"), "{plans}");
+    let plans = plans_of(&mut c, &notices, "SELECT syncular.delete_row_meta('part-1', 'tasks', 'r8')");
+    assert!(plans.contains("sync_row_scopes_by_row"), "{plans}");
+
+    // IDX-05: the blob lookup and the app-row probes.
+    exec(&mut c, "SET enable_hashjoin = off; SET enable_mergejoin = off");
+    let plans = plans_of(&mut c, &notices, "SELECT syncular.rows_referencing_blob('part-1', 'sha256:3')");
+    assert!(plans.contains("sync_blob_refs_by_blob"), "{plans}");
+    assert!(plans.lines().any(|l| l.contains("Index Cond") && l.contains("_sync_row_id")), "{plans}");
+    exec(&mut c, "RESET enable_hashjoin; RESET enable_mergejoin");
+
+    // IDX-06: source coverage and the source-change probe.
+    let plans = plans_of(&mut c, &notices, "SELECT syncular.source_coverage_seq('part-1', ARRAY['tasks'])");
+    assert!(plans.contains("sync_changes_by_source"), "{plans}");
+    let plans = plans_of(&mut c, &notices, "SELECT syncular.has_source_changes_above('part-1', ARRAY['tasks'], 1990)");
+    assert!(plans.contains("sync_changes_by_source"), "{plans}");
+
+    // IDX-07: the pending read of the gate.
+    let plans = plans_of(&mut c, &notices, "SELECT syncular.read_serve_gate('part-1', 1)");
+    assert!(plans.contains("sync_backfill_checkpoints_pending"), "{plans}");
+}
