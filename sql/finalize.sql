@@ -1,4 +1,152 @@
--- Privileges: the API is SECURITY DEFINER with a pinned search_path; nobody but the owner may
--- call anything until an operator grants EXECUTE (docs/API.md, "Privileges").
+-- Privileges: every API function is SECURITY DEFINER with a pinned search_path (the three
+-- administrative ones are SECURITY INVOKER and check the caller). Nobody but the extension
+-- owner may call anything until an operator grants EXECUTE (docs/API.md, "Privileges").
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA syncular FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA syncular FROM PUBLIC;
+
+-- Writer fence (core-api §1)
+COMMENT ON FUNCTION syncular.writer_fence_trigger() IS
+  'Native BEFORE INSERT trigger on sync_commits: refuses a commit whose writer_version is NULL or below the partition fence / global floor (SY001), read from the latest committed state.';
+COMMENT ON FUNCTION syncular.writer_fence_allows(text, bigint) IS
+  'The fence predicate for (partition, writer_version), evaluated exactly as the trigger does.';
+COMMENT ON FUNCTION syncular.raise_writer_fence(text, bigint) IS
+  'Raises the partition fence to at least the given version (never lowers); returns the effective requirement R(p).';
+
+-- Commit log (core-api §2)
+COMMENT ON FUNCTION syncular.lock_partition(text) IS
+  'Takes the partition write lock (creating the partition row); returns max_commit_seq.';
+COMMENT ON FUNCTION syncular.append_commit(text, jsonb) IS
+  'Appends a whole commit (row, changes, scope index, tombstones) in one call; returns its dense commit_seq. Malformed documents: SY005.';
+COMMENT ON FUNCTION syncular.max_commit_seq(text) IS
+  'The partition''s last allocated commit_seq, 0 if none.';
+
+-- Serve gate (core-api §3)
+COMMENT ON FUNCTION syncular.read_serve_gate(text, bigint) IS
+  'The gate token {storedSchemaVersion, logEpoch, pending} from one snapshot; pending ordered by partition, name.';
+COMMENT ON FUNCTION syncular.serve_gate_refusal(text, bigint, jsonb) IS
+  'The refusal for a process running the given version with its declarations, or NULL to serve.';
+COMMENT ON FUNCTION syncular.assert_serve_ready(text, bigint, jsonb) IS
+  'Returns the gate token, or raises sync.schema_not_ready (SY002) with the refusal details.';
+
+-- Checkpoints (core-api §4)
+COMMENT ON FUNCTION syncular.declare_checkpoint(text, text, bigint, bigint) IS
+  'Declares a backfill checkpoint (idempotent at the same version, SY012 at another) and raises the partition fence to its version.';
+COMMENT ON FUNCTION syncular.claim_checkpoint(text, text, bigint, bigint) IS
+  'Claims a checkpoint: owner_epoch + 1, state backfilling; the returned epoch is the caller''s CAS token.';
+COMMENT ON FUNCTION syncular.advance_checkpoint(text, text, bigint, bigint, bigint, bigint) IS
+  'Under the partition lock, records watermark and progress only if the epoch still owns the checkpoint; false otherwise.';
+COMMENT ON FUNCTION syncular.activate_checkpoint(text, text, bigint, bigint, text[], bigint) IS
+  'Activates a checkpoint under the partition lock if the fence covers it, no source changed above the watermark and the epoch matches: activated, stale or unverifiable.';
+COMMENT ON FUNCTION syncular.read_checkpoints(text) IS
+  'The partition''s checkpoints ordered by name.';
+COMMENT ON FUNCTION syncular.source_coverage_seq(text, text[]) IS
+  'The newest commit_seq with a change in one of the tables, 0 if none.';
+COMMENT ON FUNCTION syncular.has_source_changes_above(text, text[], bigint) IS
+  'clean, changed or unverifiable (history pruned) for the tables above seq, in one snapshot.';
+
+-- Schema barrier (core-api §5)
+COMMENT ON FUNCTION syncular.check_schema(bigint, jsonb, jsonb) IS
+  'Startup check: current or migrate, or raises checkpoint_incomplete / schema_newer / stored_layout_mismatch.';
+COMMENT ON FUNCTION syncular.migrate_schema(bigint, jsonb, jsonb) IS
+  'Opens a migration in the caller''s transaction under the barrier lock, re-validates, installs declarations, fences and the global floor; returns the previously stored version.';
+COMMENT ON FUNCTION syncular.previous_schema() IS
+  'The {schemaVersion, layouts} the last migrate_schema of this transaction started from, or NULL.';
+
+-- Registry and request entry (storage-api §1)
+COMMENT ON FUNCTION syncular.touch_partition(text, bigint, text) IS
+  'Registers the partition (keeping an existing epoch) and stamps the authentication time; returns the registry entry.';
+COMMENT ON FUNCTION syncular.serve_entry(text, bigint, text, bigint, jsonb) IS
+  'touch_partition and assert_serve_ready in one call: {registry, gate}; a refusal rolls the touch back.';
+COMMENT ON FUNCTION syncular.rotate_log_epoch(text, text, bigint) IS
+  'Under the partition lock, sets a new log epoch (epochRequired) and drops the partition''s client records.';
+COMMENT ON FUNCTION syncular.get_log_epoch(text) IS 'The partition''s registry epoch, or NULL.';
+COMMENT ON FUNCTION syncular.list_partition_registry() IS 'Every registry entry, ordered by partition.';
+COMMENT ON FUNCTION syncular.list_partitions() IS 'Registered partition names, sorted.';
+COMMENT ON FUNCTION syncular.partition_state(text) IS
+  '{maxCommitSeq, horizonSeq, logEpoch, epochRequired} from one snapshot.';
+
+-- App tables and row metadata (storage-api §2)
+COMMENT ON FUNCTION syncular.register_table(text, regclass, boolean) IS
+  'Registers the relation holding an app table (caller must own it); optionally installs the row-meta trigger.';
+COMMENT ON FUNCTION syncular.retire_table(text) IS
+  'Removes a retired table''s row scopes, blob refs, registration and trigger; keeps history.';
+COMMENT ON FUNCTION syncular.row_meta_trigger() IS
+  'Row trigger installed by register_table(..., true): keeps sync_row_scopes and sync_blob_refs in step with the host''s writes.';
+COMMENT ON FUNCTION syncular.set_row_scopes(text, text, text, jsonb) IS
+  'Makes a row''s scope-index entries exactly its stored scopes; returns their number.';
+COMMENT ON FUNCTION syncular.delete_row_meta(text, text, text) IS
+  'Removes a deleted row''s scope entries and blob refs: {rowScopes, blobRefs}.';
+COMMENT ON FUNCTION syncular.set_blob_refs(text, text, text, text[]) IS
+  'Replaces a row''s blob-reference set; returns its size.';
+COMMENT ON FUNCTION syncular.get_row_scopes(text, text, text) IS
+  '{serverVersion, scopes} of an app row read from its registered table, or NULL.';
+
+-- Push (storage-api §3)
+COMMENT ON FUNCTION syncular.get_push_result(text, text, text) IS
+  'The stored push result, normalized, or NULL; unreadable: SY003.';
+COMMENT ON FUNCTION syncular.push_begin(text, text, text, bigint, jsonb) IS
+  'Starts a push: partition lock, serve gate under the lock, idempotency re-check; returns the stored result or NULL.';
+COMMENT ON FUNCTION syncular.put_push_result(text, text, text, jsonb) IS
+  'Stores a push result if none exists (first writer wins); returns the canonical stored result.';
+COMMENT ON FUNCTION syncular.get_tombstone_seq(text, text, text) IS 'The row''s tombstone commit_seq, or NULL.';
+COMMENT ON FUNCTION syncular.tombstone_seqs(text, text, text[]) IS 'Tombstones of the given rows, ordered by row_id.';
+COMMENT ON FUNCTION syncular.clear_tombstone(text, text, text) IS 'Deletes a row''s tombstone; true if one existed.';
+COMMENT ON FUNCTION syncular.enqueue_reactions(text, jsonb) IS
+  'Enqueues reactions with their source commit (validated; duplicates refused with SY050); returns the number inserted.';
+
+-- Pull (storage-api §4)
+COMMENT ON FUNCTION syncular.read_commit_window(text, text, jsonb, bigint, bigint, integer) IS
+  'The commit window of a table for effective scopes, through the inverted scope index: whole commits, oldest first, up to the change limit.';
+COMMENT ON FUNCTION syncular.scan_rows(text, text, jsonb, text, integer) IS
+  'A bootstrap page of current rows matching the scopes, ordered by row_id.';
+COMMENT ON FUNCTION syncular.latest_scoped_change_seq(text, text, jsonb) IS
+  'The newest commit_seq indexed for the first scope variable''s values, 0 if none.';
+
+-- Horizon and pruning (storage-api §5)
+COMMENT ON FUNCTION syncular.horizon_seq(text) IS 'The partition''s pruning horizon, 0 if none.';
+COMMENT ON FUNCTION syncular.set_horizon_seq(text, bigint) IS 'Raises the horizon (never lowers); deletes nothing.';
+COMMENT ON FUNCTION syncular.prune_commits_through(text, text, bigint) IS
+  'Epoch-fenced prune of the log through max(horizon, seq) under the partition lock.';
+COMMENT ON FUNCTION syncular.commit_seq_before(text, bigint) IS 'The newest commit_seq created before the time, 0 if none.';
+COMMENT ON FUNCTION syncular.prune_commit_log(text, bigint, bigint, bigint, bigint) IS
+  'Upstream''s whole retention policy (active cursor floor, age force, newest commits kept) and the prune, in one call.';
+
+-- Reactions (storage-api §6)
+COMMENT ON FUNCTION syncular.claim_reactions(text, text, text[], bigint, bigint, integer) IS
+  'Leases due reactions (FOR UPDATE SKIP LOCKED); concurrent claimers never receive the same one.';
+COMMENT ON FUNCTION syncular.complete_reaction(text, text, text, bigint) IS 'Completes a reaction still leased by the owner.';
+COMMENT ON FUNCTION syncular.extend_reaction_lease(text, text, text, bigint) IS 'Extends a lease still held by the owner.';
+COMMENT ON FUNCTION syncular.fail_reaction(text, text, text, jsonb, bigint) IS
+  'Records a failure of a reaction still leased by the owner: retry at a time, or dead-letter.';
+COMMENT ON FUNCTION syncular.retry_reaction(text, text, bigint) IS 'Operator retry of a dead letter.';
+COMMENT ON FUNCTION syncular.get_reaction(text, text) IS 'The reaction object, or NULL.';
+COMMENT ON FUNCTION syncular.list_reactions(text, integer, text[], text[]) IS 'Reactions newest first, optionally filtered.';
+COMMENT ON FUNCTION syncular.prune_reactions(text, bigint, bigint, integer) IS
+  'Deletes aged completed and dead-letter reactions, oldest first, bounded: {completed, deadLetter}.';
+
+-- Clients (storage-api §7)
+COMMENT ON FUNCTION syncular.get_client(text, text) IS 'The client record, or NULL.';
+COMMENT ON FUNCTION syncular.put_client(text, jsonb) IS 'Upserts (overwrites) a client record.';
+COMMENT ON FUNCTION syncular.advance_client_cursor(text, text, text, text, bigint, bigint) IS
+  'Monotonic cursor advance guarded by actor and log epoch; true if the record matched.';
+COMMENT ON FUNCTION syncular.update_client_cursor(text, text, bigint, bigint) IS 'Monotonic cursor advance without guards.';
+COMMENT ON FUNCTION syncular.list_client_cursors(text) IS '[{clientId, cursor, updatedAtMs}] ordered by client id.';
+COMMENT ON FUNCTION syncular.list_clients(text) IS 'Client records, most recently updated first.';
+COMMENT ON FUNCTION syncular.active_cursor_floor(text, bigint) IS
+  'The lowest cursor of clients active since the cutoff, or NULL.';
+
+-- Blob references and admin reads (storage-api §8, §9)
+COMMENT ON FUNCTION syncular.rows_referencing_blob(text, text) IS '[{table, rowId, scopes}] of live rows referencing a blob.';
+COMMENT ON FUNCTION syncular.referenced_blob_ids(text) IS 'Distinct referenced blob ids, sorted (the orphan sweep keep-set).';
+COMMENT ON FUNCTION syncular.list_commit_metadata(text, bigint, integer, text) IS 'Commit metadata newest first.';
+COMMENT ON FUNCTION syncular.scope_activity(text, text, text, integer) IS 'The newest commits per table touching a scope value.';
+
+-- Administration (storage-api §10)
+COMMENT ON FUNCTION syncular.adopt_legacy_tables(name, name) IS
+  'One-time adoption of a 0.24 database''s tables into the (empty) extension tables, in the caller''s transaction.';
+
+-- Internal: the fence guard (core-api §1.5)
+COMMENT ON FUNCTION syncular._fence_guard_on_drop() IS 'Event trigger: recreates the native fence trigger dropped by a 0.24 host''s startup DDL.';
+COMMENT ON FUNCTION syncular._fence_guard_on_create() IS 'Event trigger: replaces a foreign sync_commits_writer_fence trigger with the native one.';
+COMMENT ON FUNCTION syncular._fence_guard_busy() IS 'Internal: true while the fence guard reacts to its own DDL.';
+COMMENT ON FUNCTION syncular._native_fence_triggers() IS 'Internal: number of enabled native fence triggers on sync_commits.';
