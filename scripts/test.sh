@@ -15,8 +15,11 @@ PORT=${SYNCULAR_TEST_PORT:-55439}
 mkdir -p "$WORK"
 chown postgres:postgres "$WORK" 2>/dev/null || true
 
+LOG="$WORK/test-output.log"
+: > "$LOG"
+
 echo "== cargo pgrx test pg15"
-cargo pgrx test pg15 --runas postgres --pgdata "$WORK/pgrx-data"
+cargo pgrx test pg15 --runas postgres --pgdata "$WORK/pgrx-data" 2>&1 | tee -a "$LOG"
 
 echo "== scenario suite against a throwaway cluster"
 cargo pgrx install --pg-config "$PG_CONFIG" >/dev/null
@@ -26,4 +29,7 @@ rm -rf "$CLUSTER"
 trap 'scripts/cluster.sh stop "$CLUSTER"' EXIT
 scripts/cluster.sh start "$CLUSTER" "$PORT"
 SYNCULAR_TEST_PG="host=127.0.0.1 port=$PORT user=postgres" \
-  cargo test --manifest-path tests/multisession/Cargo.toml -- --test-threads=4
+  cargo test --manifest-path tests/multisession/Cargo.toml -- --test-threads=4 2>&1 | tee -a "$LOG"
+
+# One closing line over both runners (pipefail already failed the script on any red run).
+awk '/^test result:/ { p += $4; f += $6 } END { printf "syncular: %d passed, %d failed\n", p, f; exit (f > 0 || p == 0) }' "$LOG"
