@@ -12,61 +12,83 @@ use crate::error::{self, Code, Error};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use serde_json::json;
-use std::cell::Cell;
 
-/// `F(p)` and the global floor `G` (defined iff the marker exists and holds a value > 0), in one
-/// statement: two primary-key lookups.
-const REQUIREMENT_SQL: &str = "\
-SELECT (SELECT f.required_writer_version FROM syncular.sync_writer_fence f WHERE f.partition = $1),
-       (SELECT m.required_writer_version FROM syncular.sync_schema_meta m
-         WHERE m.id = 1 AND m.required_writer_version > 0)";
-
-thread_local! {
-    static REQUIREMENT_PLAN: Cell<pg_sys::SPIPlanPtr> = const { Cell::new(std::ptr::null_mut()) };
+/// Reads one `bigint` column of the row whose primary key equals `key`, by a direct scan of the
+/// primary-key index with `snapshot`. No SPI, no executor, no privilege check: the fence lookup
+/// must not depend on the inserting role (core-api §1.2) and runs once per inserted commit row.
+unsafe fn lookup_by_key(
+    namespace: pg_sys::Oid,
+    table: &std::ffi::CStr,
+    index: &std::ffi::CStr,
+    key: pg_sys::Datum,
+    (equality, collation): (u32, pg_sys::Oid),
+    column: i32,
+    snapshot: pg_sys::Snapshot,
+) -> error::Result<Option<i64>> {
+    let relation_id = pg_sys::get_relname_relid(table.as_ptr(), namespace);
+    let index_id = pg_sys::get_relname_relid(index.as_ptr(), namespace);
+    if relation_id == pg_sys::InvalidOid || index_id == pg_sys::InvalidOid {
+        return Err(Error::Internal(format!("syncular: {table:?} or its primary key is missing")));
+    }
+    let relation = pg_sys::table_open(relation_id, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+    let mut scan_key: pg_sys::ScanKeyData = std::mem::zeroed();
+    pg_sys::ScanKeyEntryInitialize(
+        &mut scan_key,
+        0,
+        1,
+        pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+        pg_sys::InvalidOid,
+        collation,
+        pg_sys::RegProcedure::from(equality),
+        key,
+    );
+    let scan = pg_sys::systable_beginscan(relation, index_id, true, snapshot, 1, &mut scan_key);
+    let tuple = pg_sys::systable_getnext(scan);
+    let value = if tuple.is_null() {
+        None
+    } else {
+        let mut is_null = false;
+        let datum = pg_sys::heap_getattr(tuple, column, (*relation).rd_att, &mut is_null);
+        (!is_null).then(|| i64::from_datum(datum, false).expect("bigint column"))
+    };
+    pg_sys::systable_endscan(scan);
+    pg_sys::table_close(relation, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+    Ok(value)
 }
 
-/// The effective requirement `R(p)` = max of the defined values of `F(p)` and `G`, read with the
-/// latest snapshot. `None`: no barrier for this partition.
+/// The effective requirement `R(p)` = max of the defined values of `F(p)` and `G` (the marker's
+/// `required_writer_version` when > 0), read with a fresh `GetLatestSnapshot()`: the newest
+/// committed rows plus this transaction's own earlier commands. `None`: no barrier.
 pub fn requirement(partition: &str) -> error::Result<Option<i64>> {
-    db::with_spi(|_client| unsafe {
-        let mut plan = REQUIREMENT_PLAN.with(Cell::get);
-        if plan.is_null() {
-            let sql = std::ffi::CString::new(REQUIREMENT_SQL).expect("no NUL in SQL");
-            let mut types = [pg_sys::TEXTOID];
-            plan = pg_sys::SPI_prepare(sql.as_ptr(), 1, types.as_mut_ptr());
-            if plan.is_null() || pg_sys::SPI_keepplan(plan) != 0 {
-                return Err(Error::Internal("syncular: cannot prepare the fence lookup".into()));
-            }
-            REQUIREMENT_PLAN.with(|c| c.set(plan));
-        }
-        let key = partition.into_datum().expect("text is never NULL here");
-        let mut values = [key];
-        let nulls = [b' ' as std::ffi::c_char];
-        let status = pg_sys::SPI_execute_snapshot(
-            plan,
-            values.as_mut_ptr(),
-            nulls.as_ptr(),
-            pg_sys::GetLatestSnapshot(),
-            std::ptr::null_mut(),
-            true,
-            false,
-            1,
+    unsafe {
+        let namespace = pg_sys::get_namespace_oid(c"syncular".as_ptr(), false);
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let partition_key = partition.into_datum().expect("text is never NULL here");
+        let fence = lookup_by_key(
+            namespace,
+            c"sync_writer_fence",
+            c"sync_writer_fence_pkey",
+            partition_key,
+            (pg_sys::F_TEXTEQ, pg_sys::C_COLLATION_OID),
+            2,
+            snapshot,
         );
-        if status != pg_sys::SPI_OK_SELECT as i32 || pg_sys::SPI_processed != 1 {
-            return Err(Error::Internal(format!("syncular: fence lookup failed ({status})")));
-        }
-        let table = &*pg_sys::SPI_tuptable;
-        let tuple = *table.vals;
-        let column = |n: i32| -> Option<i64> {
-            let mut is_null = false;
-            let datum = pg_sys::SPI_getbinval(tuple, table.tupdesc, n, &mut is_null);
-            (!is_null).then(|| i64::from_datum(datum, false).expect("int8 column"))
-        };
-        Ok(match (column(1), column(2)) {
+        let floor = lookup_by_key(
+            namespace,
+            c"sync_schema_meta",
+            c"sync_schema_meta_pkey",
+            pg_sys::Datum::from(1i32),
+            (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
+            4,
+            snapshot,
+        );
+        pg_sys::UnregisterSnapshot(snapshot);
+        let floor = floor?.filter(|g| *g > 0);
+        Ok(match (fence?, floor) {
             (Some(f), Some(g)) => Some(f.max(g)),
             (f, g) => f.or(g),
         })
-    })
+    }
 }
 
 /// The fence predicate: allowed iff there is no requirement, or `w` is not NULL and `w >= R(p)`.

@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""Side-by-side benchmark of upstream 0.24's client-side statements and the syncular extension.
+
+Run through bench/run.sh (installs the release build, starts a throwaway cluster). Every workload
+is a pgbench script run with -M prepared over loopback TCP, upstream and extension in the same
+run, so the ratios compare like with like. Prints a table and writes docs/BENCHMARKS.md.
+"""
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = "/usr/lib/postgresql/15/bin"
+PORT = os.environ.get("BENCH_PORT", "55437")
+SECONDS = int(os.environ.get("BENCH_SECONDS", "6"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+UPSTREAM_DDL = os.path.join(ROOT, "tests", "fixtures", "upstream-0.24-ddl.sql")
+UPSTREAM_PUSH = os.environ.get("UPSTREAM_PUSH", os.path.join(HERE, "upstream-0.24-push.py"))
+WORK = tempfile.mkdtemp(prefix="syncular-bench-")
+os.chmod(WORK, 0o755)
+
+
+def psql(db, sql, quiet=True):
+    cmd = [f"{BIN}/psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-d", db]
+    out = subprocess.run(cmd + ["-At", "-c", sql], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"psql failed on {db}: {out.stderr}\n{sql[:500]}")
+    return out.stdout.strip()
+
+
+def psql_file(db, path):
+    cmd = [f"{BIN}/psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-d", db, "-f", path]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"psql -f {path} failed: {out.stderr}")
+
+
+def write_script(name, text):
+    path = os.path.join(WORK, name)
+    with open(path, "w") as f:
+        f.write(text + "\n")
+    return path
+
+
+def pgbench(db, script, clients, env_extra=None):
+    env = dict(os.environ)
+    if env_extra:
+        env.update(env_extra)
+    cmd = [f"{BIN}/pgbench", "-n", "-M", "prepared", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres",
+           "-c", str(clients), "-j", str(clients), "-T", str(SECONDS), "-f", script, db]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if out.returncode != 0 or "tps =" not in out.stdout:
+        sys.exit(f"pgbench failed ({db}, {script}): {out.stdout}\n{out.stderr}")
+    tps = float(re.search(r"tps = ([0-9.]+)", out.stdout).group(1))
+    lat = float(re.search(r"latency average = ([0-9.]+) ms", out.stdout).group(1))
+    failed = re.search(r"number of failed transactions: (\d+)", out.stdout)
+    if failed and int(failed.group(1)) > 0:
+        sys.exit(f"pgbench reported failed transactions: {out.stdout}")
+    return tps, lat
+
+
+# ---- scripts --------------------------------------------------------------------------------
+
+def upstream_push(n, shared):
+    text = subprocess.run([sys.executable, UPSTREAM_PUSH, str(n)], capture_output=True, text=True, check=True).stdout
+    if shared:
+        text = text.replace("'p-' || :client_id", "'p-shared'")
+    return text
+
+
+def ext_push(n, shared):
+    """The extension's push path with the same app-row writes (storage-api 3.1): optimistic read,
+    BEGIN, push_begin, SAVEPOINT, one read of the touched rows, per row one statement (upsert +
+    set_row_scopes), append_commit, put_push_result, COMMIT: 7 + 1 + N round trips."""
+    p = "'p-shared'" if shared else "'p-' || :client_id"
+    rows = ",".join(f"'r{i}'" for i in range(n))
+    changes = ",".join(
+        '{"table":"tasks","rowId":"r%d","op":"upsert","rowVersion":2,"scopes":{"project_id":"proj"},"payload":"AQIDBAUGBwg="}' % i
+        for i in range(n))
+    w = []
+    w.append(r"\set cc random(1, 2000000000)")
+    w.append(f"SELECT syncular.get_push_result(({p}), 'c', :cc::text);")
+    w.append("BEGIN;")
+    w.append(f"SELECT syncular.push_begin(({p}), 'c', :cc::text, 1);")
+    w.append("SAVEPOINT syncular_push_candidate;")
+    w.append(f"SELECT \"_sync_row_id\", \"_sync_server_version\", \"_sync_scopes\", \"_sync_payload\", \"_sync_column_versions\" FROM tasks WHERE \"_sync_partition\"=({p}) AND \"_sync_row_id\" = ANY(ARRAY[{rows}]);")
+    for i in range(n):
+        rid = f"'r{i}'"
+        w.append(
+            f"WITH w AS (INSERT INTO tasks(\"_sync_partition\",\"_sync_row_id\",id,project_id,title,\"_sync_server_version\",\"_sync_scopes\",\"_sync_payload\",\"_sync_column_versions\") "
+            f"VALUES (({p}),{rid},{rid},'proj','t '||:cc,1,'{{\"project_id\":\"proj\"}}','\\x0102030405060708',NULL) "
+            f"ON CONFLICT (\"_sync_partition\",\"_sync_row_id\") DO UPDATE SET id=excluded.id, project_id=excluded.project_id, title=excluded.title, "
+            f"\"_sync_server_version\"=tasks.\"_sync_server_version\"+1, \"_sync_scopes\"=excluded.\"_sync_scopes\", \"_sync_payload\"=excluded.\"_sync_payload\", "
+            f"\"_sync_column_versions\"=excluded.\"_sync_column_versions\" RETURNING 1) "
+            f"SELECT syncular.set_row_scopes(({p}), 'tasks', {rid}, '{{\"project_id\":\"proj\"}}') FROM w;")
+    w.append(
+        f"SELECT syncular.append_commit(({p}), ('{{\"clientId\":\"c\",\"clientCommitId\":\"' || :cc || '\",\"actorId\":\"actor\","
+        f"\"createdAtMs\":1750000000000,\"writerVersion\":1,\"changes\":[{changes}]}}')::jsonb) AS commit_seq \\gset")
+    w.append(
+        f"SELECT syncular.put_push_result(({p}), 'c', :cc::text, ('{{\"status\":\"applied\",\"commitSeq\":' || :commit_seq || ',\"results\":[]}}')::jsonb);")
+    w.append("COMMIT;")
+    return "\n".join(w)
+
+
+def ext_push_batched(n, shared):
+    """The same push with the app rows written in ONE multi-row upsert per table; the row-meta
+    trigger (register_table(..., true)) keeps the scope index natively: 9 round trips for any N."""
+    p = "'p-shared'" if shared else "'p-' || :client_id"
+    rows = ",".join(f"'r{i}'" for i in range(n))
+    changes = ",".join(
+        '{"table":"tasks_meta","rowId":"r%d","op":"upsert","rowVersion":2,"scopes":{"project_id":"proj"},"payload":"AQIDBAUGBwg="}' % i
+        for i in range(n))
+    values = ",".join(f"(({p}),'r{i}','r{i}','proj','t '||:cc,1,'{{\"project_id\":\"proj\"}}','\\x0102030405060708',NULL)" for i in range(n))
+    return "\n".join([
+        r"\set cc random(1, 2000000000)",
+        f"SELECT syncular.get_push_result(({p}), 'c', :cc::text);",
+        "BEGIN;",
+        f"SELECT syncular.push_begin(({p}), 'c', :cc::text, 1);",
+        "SAVEPOINT syncular_push_candidate;",
+        f"SELECT \"_sync_row_id\", \"_sync_server_version\", \"_sync_scopes\", \"_sync_payload\", \"_sync_column_versions\" FROM tasks_meta WHERE \"_sync_partition\"=({p}) AND \"_sync_row_id\" = ANY(ARRAY[{rows}]);",
+        f"INSERT INTO tasks_meta(\"_sync_partition\",\"_sync_row_id\",id,project_id,title,\"_sync_server_version\",\"_sync_scopes\",\"_sync_payload\",\"_sync_column_versions\") VALUES {values} "
+        f"ON CONFLICT (\"_sync_partition\",\"_sync_row_id\") DO UPDATE SET id=excluded.id, project_id=excluded.project_id, title=excluded.title, "
+        f"\"_sync_server_version\"=tasks_meta.\"_sync_server_version\"+1, \"_sync_scopes\"=excluded.\"_sync_scopes\", \"_sync_payload\"=excluded.\"_sync_payload\", "
+        f"\"_sync_column_versions\"=excluded.\"_sync_column_versions\";",
+        f"SELECT syncular.append_commit(({p}), ('{{\"clientId\":\"c\",\"clientCommitId\":\"' || :cc || '\",\"actorId\":\"actor\","
+        f"\"createdAtMs\":1750000000000,\"writerVersion\":1,\"changes\":[{changes}]}}')::jsonb) AS commit_seq \\gset",
+        f"SELECT syncular.put_push_result(({p}), 'c', :cc::text, ('{{\"status\":\"applied\",\"commitSeq\":' || :commit_seq || ',\"results\":[]}}')::jsonb);",
+        "COMMIT;",
+    ])
+
+
+def upstream_append(n):
+    """Upstream's append: allocation feeding the commit insert, then one statement per change."""
+    p = "'a-' || :client_id"
+    w = [r"\set cc random(1, 2000000000)", "BEGIN;"]
+    w.append(f"WITH allocated AS (INSERT INTO sync_partitions(partition, max_commit_seq) VALUES (({p}), 1) ON CONFLICT (partition) DO UPDATE SET max_commit_seq = sync_partitions.max_commit_seq + 1 RETURNING max_commit_seq) INSERT INTO sync_commits(partition, commit_seq, client_id, client_commit_id, actor_id, created_at_ms, writer_version) SELECT ({p}), max_commit_seq, 'c', :cc::text, 'actor', 1750000000000, 1 FROM allocated RETURNING commit_seq \\gset")
+    for i in range(n):
+        w.append(f"WITH inserted AS (INSERT INTO sync_changes(partition, commit_seq, idx, tbl, row_id, op, row_version, scopes, payload) VALUES (({p}), :commit_seq, {i}, 'tasks', 'r{i}', 1, 2, '{{\"project_id\":\"proj\"}}'::text::jsonb, '\\x0102030405060708') RETURNING partition, commit_seq, tbl, row_id, op, scopes), scoped AS (INSERT INTO sync_change_scopes(partition, tbl, var, value, commit_seq) SELECT partition, tbl, key, value, commit_seq FROM inserted CROSS JOIN LATERAL jsonb_each_text(scopes) ON CONFLICT DO NOTHING) INSERT INTO sync_tombstones(partition, tbl, row_id, commit_seq) SELECT partition, tbl, row_id, commit_seq FROM inserted WHERE op=2 ON CONFLICT (partition, tbl, row_id) DO UPDATE SET commit_seq = excluded.commit_seq;")
+    w.append("COMMIT;")
+    return "\n".join(w)
+
+
+def commit_doc(n):
+    changes = ",".join(
+        '{"table":"tasks","rowId":"r%d","op":"upsert","rowVersion":2,"scopes":{"project_id":"proj"},"payload":"AQIDBAUGBwg="}' % i
+        for i in range(n))
+    return ('{"clientId":"c","clientCommitId":"\' || :cc || \'","actorId":"actor","createdAtMs":1750000000000,'
+            '"writerVersion":1,"changes":[%s]}' % changes)
+
+
+def ext_append(n, partition="'a-' || :client_id"):
+    return "\n".join([
+        r"\set cc random(1, 2000000000)",
+        f"SELECT syncular.append_commit(({partition}), ('{commit_doc(n)}')::jsonb);",
+    ])
+
+
+def floor_insert():
+    return "\n".join([r"\set cc random(1, 2000000000)",
+                      "INSERT INTO floor_rows(client_id, k) VALUES (:client_id, :cc);"])
+
+
+def floor_cte(n):
+    """Hand-written set-based statement: the same allocation, commit, change and scope-index rows
+    as append_commit writes, in one writable CTE (the fence trigger fires on the commit insert)."""
+    p = "'f-' || :client_id"
+    values = ",".join(f"({i}, 'r{i}')" for i in range(n))
+    return "\n".join([
+        r"\set cc random(1, 2000000000)",
+        f"WITH alloc AS (INSERT INTO syncular.sync_partitions AS p (partition, max_commit_seq, horizon_seq) VALUES (({p}), 1, 0) "
+        f"ON CONFLICT (partition) DO UPDATE SET max_commit_seq = p.max_commit_seq + 1 RETURNING p.max_commit_seq AS seq), "
+        f"c AS (INSERT INTO syncular.sync_commits (partition, commit_seq, client_id, client_commit_id, actor_id, created_at_ms, writer_version) "
+        f"SELECT ({p}), seq, 'c', :cc::text, 'actor', 1750000000000, 1 FROM alloc RETURNING commit_seq), "
+        f"ch AS (INSERT INTO syncular.sync_changes (partition, commit_seq, idx, tbl, row_id, op, row_version, scopes, payload) "
+        f"SELECT ({p}), c.commit_seq, v.idx, 'tasks', v.row_id, 1, 2, '{{\"project_id\":\"proj\"}}'::jsonb, '\\x0102030405060708' "
+        f"FROM c, (VALUES {values}) AS v(idx, row_id)), "
+        f"sc AS (INSERT INTO syncular.sync_change_scopes (partition, tbl, var, value, commit_seq) SELECT ({p}), 'tasks', 'project_id', 'proj', c.commit_seq FROM c) "
+        f"SELECT commit_seq FROM c;",
+    ])
+
+
+def window_script(partition, after, through):
+    return f"SELECT count(*) FROM syncular.read_commit_window('{partition}', 'tasks', '{{\"project_id\":[\"p7\"]}}', {after}, {through}, 100);"
+
+
+# ---- setup ----------------------------------------------------------------------------------
+
+def setup_ext():
+    tasks_ddl = """CREATE TABLE IF NOT EXISTS tasks(
+      "_sync_partition" TEXT NOT NULL, "_sync_row_id" TEXT NOT NULL,
+      id TEXT NOT NULL, project_id TEXT NOT NULL, title TEXT,
+      "_sync_server_version" BIGINT NOT NULL, "_sync_scopes" JSONB NOT NULL,
+      "_sync_payload" BYTEA NOT NULL, "_sync_column_versions" BYTEA,
+      PRIMARY KEY ("_sync_partition", "_sync_row_id"))"""
+    psql("ext", "CREATE EXTENSION syncular")
+    psql("ext", tasks_ddl)
+    psql("ext", "CREATE TABLE floor_rows (client_id int, k bigint)")
+    psql("ext", "SELECT syncular.register_table('tasks', 'public.tasks')")
+    psql("ext", "CREATE TABLE tasks_meta (LIKE tasks INCLUDING ALL)")
+    psql("ext", "SELECT syncular.register_table('tasks_meta', 'public.tasks_meta', true)")
+    layouts = json.dumps({"tasks": [{"name": "id", "type": "string", "nullable": False}]})
+    psql("ext", f"BEGIN; SELECT syncular.migrate_schema(1, '{layouts}'); COMMIT;")
+    # Window data: 10^4 and 10^6 one-change commits, bulk-loaded (history predates the fence).
+    for part, n in (("w4", 10_000), ("w6", 1_000_000)):
+        psql("ext", f"""
+          SET session_replication_role = replica;
+          INSERT INTO syncular.sync_commits
+            SELECT '{part}', i, 'c', 'k' || i, 'actor', 1750000000000, 1 FROM generate_series(1, {n}) i;
+          INSERT INTO syncular.sync_changes
+            SELECT '{part}', i, 0, 'tasks', 'r' || i, 1, 1, jsonb_build_object('project_id', 'p' || (i % 100)), '\\x0102'
+              FROM generate_series(1, {n}) i;
+          INSERT INTO syncular.sync_change_scopes
+            SELECT '{part}', 'tasks', 'project_id', 'p' || (i % 100), i FROM generate_series(1, {n}) i;
+          INSERT INTO syncular.sync_partitions VALUES ('{part}', {n}, 0);""")
+    psql("ext", "INSERT INTO syncular.sync_writer_fence VALUES ('fenced', 1)")
+    # Steady state: every partition row exists before the clock starts. (Upstream's
+    # `SELECT … FOR UPDATE` on a missing partition row locks nothing, so concurrent first pushes
+    # to one new partition race and fail; the extension's lock_partition creates the row.)
+    partitions = ["p-shared", "fenced", "unfenced"] + [f"{k}-{c}" for k in ("p", "a", "f", "fenced-off") for c in range(8)]
+    values = ",".join(f"('{p}', 0, 0)" for p in partitions)
+    for db in ("ext", "upstream"):
+        psql(db, f"INSERT INTO {'syncular.' if db == 'ext' else ''}sync_partitions VALUES {values} ON CONFLICT DO NOTHING")
+    psql("ext", "VACUUM ANALYZE")
+    psql("upstream", "VACUUM ANALYZE")
+
+
+def machine():
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"model name\s*:\s*(.*)", f.read())
+            cpu = m.group(1) if m else cpu
+    except OSError:
+        pass
+    pg = psql("postgres", "SHOW server_version")
+    return f"{platform.node()}: {os.cpu_count()} cores, {cpu}; PostgreSQL {pg}; Linux {platform.release()}"
+
+
+# ---- run ------------------------------------------------------------------------------------
+
+def main():
+    started = time.time()
+    psql("postgres", "CREATE DATABASE upstream")
+    psql("postgres", "CREATE DATABASE ext")
+    psql_file("upstream", UPSTREAM_DDL)
+    psql("upstream", "CREATE TABLE floor_rows (client_id int, k bigint)")
+    print("setting up (bulk-loading 10^4 and 10^6 commits for the window workload)...", flush=True)
+    setup_ext()
+    results = []
+
+    only = os.environ.get("BENCH_ONLY")
+
+    def pair(label, clients, up_script, ext_script, up_db="upstream", ext_db="ext"):
+        if only and only not in label:
+            return
+        up = pgbench(up_db, write_script(f"{label}-up.sql".replace(" ", "_").replace(",", ""), up_script), clients)
+        ex = pgbench(ext_db, write_script(f"{label}-ext.sql".replace(" ", "_").replace(",", ""), ext_script), clients)
+        results.append((label, clients, up, ex))
+        print(f"{label:<44} c={clients}  baseline {up[0]:>8.0f} tps {up[1]:>7.2f} ms | syncular {ex[0]:>8.0f} tps {ex[1]:>7.2f} ms | x{ex[0] / up[0]:.2f}", flush=True)
+
+    # a) push
+    for n in (1, 10, 100):
+        pair(f"push N={n}, own partitions", 1, upstream_push(n, False), ext_push(n, False))
+        pair(f"push N={n}, own partitions", 4, upstream_push(n, False), ext_push(n, False))
+        pair(f"push N={n}, one shared partition", 4, upstream_push(n, True), ext_push(n, True))
+        pair(f"push N={n}, own partitions, batched rows", 1, upstream_push(n, False), ext_push_batched(n, False))
+    # b) append
+    for n in (1, 10, 100):
+        pair(f"append N={n}", 1, upstream_append(n), ext_append(n))
+    # c) floors (baseline column = the floor, syncular column = append_commit)
+    for n in (1, 10, 100):
+        pair(f"append N={n} vs one-statement CTE floor", 1, floor_cte(n), ext_append(n), up_db="ext")
+    pair("append N=10 vs one-row INSERT floor", 1, floor_insert(), ext_append(10), up_db="ext")
+    # d) window (baseline column = 10^4 commits, syncular column = 10^6)
+    pair("window 100 changes: 10^4 vs 10^6 commits", 1,
+         window_script("w4", 10_000 - 100 * 100, 10_000), window_script("w6", 1_000_000 - 100 * 100, 1_000_000), up_db="ext")
+    # e) fence overhead: interleaved rounds, best of three per variant (the noise of a shared
+    #    2-core machine is larger than the effect being measured).
+    variants = {
+        "off": (ext_append(1, "'fenced-off-' || :client_id"), {"PGOPTIONS": "-c session_replication_role=replica"}),
+        "row": (ext_append(1, "'fenced'"), None),
+        "norow": (ext_append(1, "'unfenced'"), None),
+    }
+    best = {}
+    if not only or "fence" in only:
+        for _ in range(3):
+            for name, (script, env) in variants.items():
+                r = pgbench("ext", write_script(f"fence-{name}.sql", script), 1, env)
+                best[name] = max(best.get(name, (0, 0)), r)
+        results.append(("append N=1: trigger off vs fence row", 1, best["off"], best["row"]))
+        results.append(("append N=1: trigger off vs no fence row", 1, best["off"], best["norow"]))
+        for r in results[-2:]:
+            print(f"{r[0]:<44} c=1  {r[2][0]:>8.0f} tps vs {r[3][0]:>8.0f} tps | x{r[3][0] / r[2][0]:.3f}", flush=True)
+
+    elapsed = time.time() - started
+    report(results, elapsed)
+
+
+def report(results, elapsed):
+    lines = []
+    lines.append("# Benchmarks\n")
+    lines.append("Generated by `bench/run.sh` (one run, all workloads side by side). Do not edit by hand.\n")
+    lines.append(f"- Machine: {machine()}")
+    lines.append(f"- Settings: pgbench `-M prepared`, loopback TCP, {SECONDS} s per workload, one `-j` thread per client; "
+                 "throwaway cluster with `fsync = off` (both sides alike: the comparison is round trips and CPU, not disk).")
+    lines.append(f"- Extension: release build. Baseline: `tests/fixtures/upstream-0.24-ddl.sql` + `bench/upstream-0.24-push.py` (the shared replay of upstream 0.24's statements).")
+    lines.append(f"- Whole run: {elapsed:.0f} s.\n")
+    lines.append("| workload | clients | baseline tps | baseline ms | syncular tps | syncular ms | ratio |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for label, clients, up, ex in results:
+        lines.append(f"| {label} | {clients} | {up[0]:.0f} | {up[1]:.3f} | {ex[0]:.0f} | {ex[1]:.3f} | {ex[0] / up[0]:.2f} |")
+    lines.append("")
+    lines.append("Columns: *baseline* is upstream 0.24's statements for `push` and `append` rows; for the floor rows it is the "
+                 "floor; for the window row it is the same window at 10^4 commits (syncular column: 10^6); for the fence rows it "
+                 "is `append_commit` with the trigger disabled (`session_replication_role = replica`).")
+    path = os.path.join(ROOT, "docs", "BENCHMARKS.md")
+    body = "\n".join(lines) + "\n"
+    extra = os.path.join(ROOT, "docs", "BENCHMARKS-notes.md")
+    if os.path.exists(extra):
+        with open(extra) as f:
+            body += "\n" + f.read()
+    with open(path, "w") as f:
+        f.write(body)
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
