@@ -4,8 +4,69 @@
 //! `sync.storage.invalid_argument` instead of a silent NULL result.
 
 use crate::error::{Error, Result};
-use pgrx::JsonB;
+use pgrx::callconv::{Arg, ArgAbi};
+use pgrx::pgrx_sql_entity_graph::metadata::{
+    ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
+};
+use pgrx::{pg_sys, FromDatum};
 use serde_json::{Map, Value};
+
+/// A `jsonb` argument, parsed without panicking. pgrx's `JsonB` panics (→ `XX000`) on documents
+/// serde cannot represent — nesting deeper than 128, numbers beyond f64 — before the function
+/// body runs; this type keeps the failure so the body can refuse it with a coded error.
+pub struct JsonArg(std::result::Result<Value, &'static str>);
+
+unsafe impl SqlTranslatable for JsonArg {
+    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonArg);
+    const TYPE_ORIGIN: TypeOrigin = TypeOrigin::External;
+    const ARGUMENT_SQL: std::result::Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
+    const RETURN_SQL: std::result::Result<ReturnsRef, ReturnsError> =
+        Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
+}
+
+impl FromDatum for JsonArg {
+    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _: pg_sys::Oid) -> Option<JsonArg> {
+        if is_null {
+            return None;
+        }
+        unsafe {
+            let detoasted = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
+            let text: *mut std::ffi::c_char = pgrx::direct_function_call_as_datum(
+                pg_sys::jsonb_out,
+                &[Some(pg_sys::Datum::from(detoasted))],
+            )?
+            .cast_mut_ptr();
+            let parsed = std::ffi::CStr::from_ptr(text).to_str().map_err(|_| "type").and_then(|t| {
+                serde_json::from_str::<Value>(t).map_err(|e| {
+                    let message = e.to_string();
+                    if message.contains("recursion limit") {
+                        "too_deep"
+                    } else if message.contains("number out of range") {
+                        "range"
+                    } else {
+                        "type"
+                    }
+                })
+            });
+            pg_sys::pfree(text.cast());
+            Some(JsonArg(parsed))
+        }
+    }
+}
+
+unsafe impl<'fcx> ArgAbi<'fcx> for JsonArg {
+    unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> Self {
+        let index = arg.index();
+        unsafe { arg.unbox_arg_using_from_datum().unwrap_or_else(|| panic!("argument {index} must not be null")) }
+    }
+}
+
+impl JsonArg {
+    /// The parsed value, or `invalid_argument` (`too_deep` / `range`) for `name`.
+    pub fn value(self, name: &str) -> Result<Value> {
+        self.0.map_err(|reason| Error::invalid_argument(name, reason))
+    }
+}
 
 /// Largest integer that round-trips through a JavaScript number.
 pub const MAX_SAFE: i64 = (1 << 53) - 1;
@@ -61,8 +122,13 @@ pub fn unwrap_json_text(value: Value) -> Value {
 }
 
 /// A required jsonb argument, unwrapped.
-pub fn json(name: &str, value: Option<JsonB>) -> Result<Value> {
-    Ok(unwrap_json_text(required(name, value)?.0))
+pub fn json(name: &str, value: Option<JsonArg>) -> Result<Value> {
+    Ok(unwrap_json_text(required(name, value)?.value(name)?))
+}
+
+/// An optional jsonb argument (NULL allowed), unwrapped.
+pub fn optional_json(name: &str, value: Option<JsonArg>) -> Result<Option<Value>> {
+    value.map(|v| v.value(name).map(unwrap_json_text)).transpose()
 }
 
 /// How an integer-valued JSON number failed, if it did.
@@ -110,9 +176,8 @@ impl Declaration {
 
 /// Decodes a `declared` argument. NULL counts as `[]`; a malformed array is `invalid_argument`
 /// with `argument` pointing into it (e.g. `declared[1].name`).
-pub fn declarations(value: Option<JsonB>) -> Result<Vec<Declaration>> {
-    let Some(value) = value else { return Ok(Vec::new()) };
-    let value = unwrap_json_text(value.0);
+pub fn declarations(value: Option<JsonArg>) -> Result<Vec<Declaration>> {
+    let Some(value) = optional_json("declared", value)? else { return Ok(Vec::new()) };
     let Value::Array(items) = value else {
         return Err(Error::invalid_argument("declared", "type"));
     };

@@ -17,7 +17,7 @@ use pgrx::JsonB;
 use serde_json::{json, Map, Value};
 
 /// Validates `layouts`: `{table: [{"name": string, "type": string, "nullable": boolean}, …]}`.
-pub fn layouts(value: Option<JsonB>) -> Result<Map<String, Value>> {
+pub fn layouts(value: Option<args::JsonArg>) -> Result<Map<String, Value>> {
     let Value::Object(tables) = args::json("layouts", value)? else {
         return Err(Error::invalid_argument("layouts", "type"));
     };
@@ -114,8 +114,8 @@ struct SchemaArgs {
 
 fn schema_args(
     schema_version: Option<i64>,
-    layouts_arg: Option<JsonB>,
-    declared: Option<JsonB>,
+    layouts_arg: Option<args::JsonArg>,
+    declared: Option<args::JsonArg>,
 ) -> Result<SchemaArgs> {
     Ok(SchemaArgs {
         version: args::at_least("schema_version", schema_version, 1)?,
@@ -205,8 +205,8 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs) -> Result<i64> {
 #[search_path(pg_catalog, pg_temp)]
 fn check_schema(
     schema_version: Option<i64>,
-    layouts: Option<JsonB>,
-    declared: default!(Option<JsonB>, "'[]'"),
+    layouts: Option<args::JsonArg>,
+    declared: default!(Option<args::JsonArg>, "'[]'"),
 ) -> &'static str {
     error::run(|| {
         let a = schema_args(schema_version, layouts, declared)?;
@@ -219,8 +219,8 @@ fn check_schema(
 #[search_path(pg_catalog, pg_temp)]
 fn migrate_schema(
     schema_version: Option<i64>,
-    layouts: Option<JsonB>,
-    declared: default!(Option<JsonB>, "'[]'"),
+    layouts: Option<args::JsonArg>,
+    declared: default!(Option<args::JsonArg>, "'[]'"),
 ) -> i64 {
     error::run(|| {
         require_transaction(true)?;

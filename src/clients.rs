@@ -103,7 +103,7 @@ fn get_client(partition: Option<String>, client_id: Option<String>) -> Option<Js
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn put_client(partition: Option<String>, record: Option<JsonB>) {
+fn put_client(partition: Option<String>, record: Option<args::JsonArg>) {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let Value::Object(obj) = args::json("record", record)? else {

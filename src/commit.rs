@@ -234,4 +234,75 @@ mod tests {
         .unwrap();
         assert_eq!(commit.changes[0].payload.as_deref(), Some(&[1u8, 2][..]));
     }
+
+    /// Hostile documents: any JSON value, and near-valid documents with one field replaced by
+    /// an arbitrary value. Decoding never panics; it returns a commit or `invalid_commit` with a
+    /// `path` and a `reason` from the fixed set.
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn any_json() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+                ".{0,12}".prop_map(Value::from),
+                "[A-Za-z0-9+/=%]{0,16}".prop_map(Value::from),
+            ];
+            leaf.prop_recursive(6, 64, 8, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                    prop::collection::btree_map("[a-zA-Z]{1,12}", inner, 0..6)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        const REASONS: &[&str] = &["missing", "type", "range", "empty", "reserved", "base64"];
+
+        fn check(doc: &Value) -> std::result::Result<(), TestCaseError> {
+            match decode(doc) {
+                Ok(commit) => {
+                    prop_assert!(!commit.client_id.is_empty());
+                    for c in &commit.changes {
+                        prop_assert!(!c.table.is_empty() && !c.table.starts_with("sync_"));
+                        if c.op == Op::Delete {
+                            prop_assert!(c.payload.is_none() && c.row_version.is_none());
+                        }
+                    }
+                }
+                Err(Error::Sync { code: Code::InvalidCommit, detail: Some(d) }) => {
+                    prop_assert!(d["path"].is_string());
+                    prop_assert!(REASONS.contains(&d["reason"].as_str().unwrap_or("")), "{d}");
+                }
+                Err(other) => prop_assert!(false, "unexpected {other:?}"),
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+            #[test]
+            fn any_value_is_decoded_or_refused(doc in any_json()) {
+                check(&doc)?;
+            }
+
+            #[test]
+            fn one_corrupted_field_is_refused_precisely(
+                key in prop::sample::select(vec!["clientId", "clientCommitId", "actorId", "createdAtMs",
+                                                 "writerVersion", "changes"]),
+                change_key in prop::sample::select(vec!["table", "rowId", "op", "rowVersion", "scopes", "payload"]),
+                value in any_json(),
+                in_change in any::<bool>(),
+            ) {
+                let mut d = doc(json!([{"table":"tasks","rowId":"t1","op":"upsert","rowVersion":1,
+                                        "scopes":{"project_id":"p1"},"payload":"AQID"}]));
+                if in_change { d["changes"][0][change_key] = value; } else { d[key] = value; }
+                check(&d)?;
+            }
+        }
+    }
 }

@@ -141,7 +141,7 @@ fn read_serve_gate(partition: Option<String>, running_schema_version: Option<i64
 fn serve_gate_refusal(
     partition: Option<String>,
     running_schema_version: Option<i64>,
-    declared: default!(Option<JsonB>, "'[]'"),
+    declared: default!(Option<args::JsonArg>, "'[]'"),
 ) -> Option<JsonB> {
     error::run(|| {
         let (partition, running) = gate_args(partition, running_schema_version)?;
@@ -155,7 +155,7 @@ fn serve_gate_refusal(
 fn assert_serve_ready(
     partition: Option<String>,
     running_schema_version: Option<i64>,
-    declared: default!(Option<JsonB>, "'[]'"),
+    declared: default!(Option<args::JsonArg>, "'[]'"),
 ) -> JsonB {
     error::run(|| {
         let (partition, running) = gate_args(partition, running_schema_version)?;

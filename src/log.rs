@@ -136,7 +136,7 @@ fn lock_partition(partition: Option<String>) -> i64 {
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn append_commit(partition: Option<String>, commit: Option<JsonB>) -> i64 {
+fn append_commit(partition: Option<String>, commit: Option<args::JsonArg>) -> i64 {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let document = args::json("commit", commit)?;

@@ -126,7 +126,7 @@ fn window(
 fn read_commit_window(
     partition: Option<String>,
     tbl: Option<String>,
-    scope_filter: Option<JsonB>,
+    scope_filter: Option<args::JsonArg>,
     after_seq: Option<i64>,
     through_seq: Option<i64>,
     limit_changes: Option<i32>,
@@ -158,7 +158,7 @@ fn read_commit_window(
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn latest_scoped_change_seq(partition: Option<String>, tbl: Option<String>, scope_filter: Option<JsonB>) -> i64 {
+fn latest_scoped_change_seq(partition: Option<String>, tbl: Option<String>, scope_filter: Option<args::JsonArg>) -> i64 {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let tbl = scope::log_table("tbl", tbl)?;
@@ -277,7 +277,7 @@ fn filter_matches(filter: &Filter, scopes: &serde_json::Value) -> bool {
 fn scan_rows(
     partition: Option<String>,
     tbl: Option<String>,
-    scope_filter: Option<JsonB>,
+    scope_filter: Option<args::JsonArg>,
     after_row_id: Option<String>,
     lim: Option<i32>,
 ) -> TableIterator<

@@ -214,7 +214,7 @@ fn push_begin(
     client_id: Option<String>,
     client_commit_id: Option<String>,
     running_schema_version: Option<i64>,
-    declared: default!(Option<JsonB>, "'[]'"),
+    declared: default!(Option<args::JsonArg>, "'[]'"),
 ) -> Option<JsonB> {
     error::run(|| {
         barrier::require_transaction(false)?;
@@ -238,7 +238,7 @@ fn put_push_result(
     partition: Option<String>,
     client_id: Option<String>,
     client_commit_id: Option<String>,
-    result: Option<JsonB>,
+    result: Option<args::JsonArg>,
 ) -> JsonB {
     error::run(|| {
         let key = PushKey::new(partition, client_id, client_commit_id)?;

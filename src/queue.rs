@@ -144,7 +144,7 @@ fn reaction(value: &Value, i: usize) -> Result<Value> {
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn enqueue_reactions(partition: Option<String>, reactions: Option<JsonB>) -> i32 {
+fn enqueue_reactions(partition: Option<String>, reactions: Option<args::JsonArg>) -> i32 {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let Value::Array(items) = args::json("reactions", reactions)? else {
@@ -328,7 +328,7 @@ fn fail_reaction(
     partition: Option<String>,
     idempotency_key: Option<String>,
     lease_owner: Option<String>,
-    failure: Option<JsonB>,
+    failure: Option<args::JsonArg>,
     retry_at_ms: default!(Option<i64>, "NULL"),
 ) -> bool {
     error::run(|| {

@@ -75,7 +75,7 @@ fn serve_entry(
     now_ms: Option<i64>,
     initial_log_epoch: Option<String>,
     running_schema_version: Option<i64>,
-    declared: default!(Option<JsonB>, "'[]'"),
+    declared: default!(Option<args::JsonArg>, "'[]'"),
 ) -> JsonB {
     error::run(|| {
         let partition = args::text("partition", partition)?;

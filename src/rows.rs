@@ -89,10 +89,10 @@ fn row_key(partition: Option<String>, tbl: Option<String>, row_id: Option<String
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn set_row_scopes(partition: Option<String>, tbl: Option<String>, row_id: Option<String>, scopes: Option<JsonB>) -> i32 {
+fn set_row_scopes(partition: Option<String>, tbl: Option<String>, row_id: Option<String>, scopes: Option<args::JsonArg>) -> i32 {
     error::run(|| {
         let (partition, tbl, row_id) = row_key(partition, tbl, row_id)?;
-        let scopes = scope::stored("scopes", args::required("scopes", scopes)?.0)?;
+        let scopes = scope::stored("scopes", args::json("scopes", scopes)?)?;
         let held = db::with_spi(|client| set_scopes(client, &partition, &tbl, &row_id, &scopes))?;
         Ok(held as i32)
     })
