@@ -23,12 +23,20 @@ cargo pgrx test pg15 --runas postgres --pgdata "$WORK/pgrx-data" 2>&1 | tee -a "
 
 echo "== scenario suite against a throwaway cluster"
 cargo pgrx install --pg-config "$PG_CONFIG" >/dev/null
+# Released install scripts, so older versions can be installed and updated (upgrade tests).
+cp sql/released/syncular--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 CLUSTER="$WORK/cluster"
 scripts/cluster.sh stop "$CLUSTER"
 rm -rf "$CLUSTER"
 trap 'scripts/cluster.sh stop "$CLUSTER"' EXIT
 scripts/cluster.sh start "$CLUSTER" "$PORT"
 SYNCULAR_TEST_PG="host=127.0.0.1 port=$PORT user=postgres" \
+  cargo test --manifest-path tests/multisession/Cargo.toml -- --test-threads=4 2>&1 | tee -a "$LOG"
+
+# The whole scenario suite again, on installs created at the first released version and updated.
+echo "== scenario suite on an install updated from 0.1.0"
+psql -X -q -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -c "DROP DATABASE IF EXISTS syncular_fixture"
+SYNCULAR_TEST_PG="host=127.0.0.1 port=$PORT user=postgres" SYNCULAR_TEST_UPGRADE_FROM=0.1.0 \
   cargo test --manifest-path tests/multisession/Cargo.toml -- --test-threads=4 2>&1 | tee -a "$LOG"
 
 # One closing line over both runners (pipefail already failed the script on any red run).

@@ -58,7 +58,15 @@ fn ensure_template() {
         if !exists {
             admin.batch_execute(&format!("CREATE DATABASE {TEMPLATE}")).unwrap();
             let mut t = connect_to(TEMPLATE);
-            t.batch_execute("CREATE EXTENSION syncular").unwrap();
+            // SYNCULAR_TEST_UPGRADE_FROM=<version>: run the whole suite against an install that
+            // was created at an older released version and updated (ALTER EXTENSION … UPDATE).
+            match std::env::var("SYNCULAR_TEST_UPGRADE_FROM") {
+                Ok(from) if !from.is_empty() => {
+                    t.batch_execute(&format!("CREATE EXTENSION syncular VERSION '{from}'")).unwrap();
+                    t.batch_execute("ALTER EXTENSION syncular UPDATE").unwrap();
+                }
+                _ => t.batch_execute("CREATE EXTENSION syncular").unwrap(),
+            }
             t.batch_execute(APP_TABLES_SQL).unwrap();
             t.batch_execute(
                 "DO $$ BEGIN

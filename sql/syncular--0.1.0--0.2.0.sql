@@ -1,0 +1,14 @@
+-- syncular 0.1.0 → 0.2.0
+--
+-- 0.2.0 changes the library only: the fence trigger reads the fence and the marker with direct
+-- primary-key index scans, jsonb arguments are parsed without panics (deep nesting and
+-- out-of-range numbers become sync.storage.invalid_argument). Exported symbols are unchanged,
+-- so the catalog of 0.1.0 is already the catalog of 0.2.0; tests/multisession/tests/upgrade.rs
+-- proves that an updated install and a fresh one are identical.
+--
+-- Conventions for every update script of this extension:
+-- - it runs in ALTER EXTENSION's single transaction, so no committed state ever lacks the fence;
+-- - before touching the fence trigger it sets the guard's flag, so the event triggers do not
+--   react to the script's own DDL:
+--     SELECT pg_catalog.set_config('syncular.fence_guard_busy', 'on', true);
+-- - released install scripts (sql/released/) and update scripts are never edited afterwards.

@@ -1,0 +1,85 @@
+//! Upgrades: an install created at the first released version (sql/released/) and updated with
+//! ALTER EXTENSION … UPDATE keeps its data, continues its sequences, and ends with exactly the
+//! catalog of a fresh install of the current version (a forgotten update script fails here).
+
+use postgres::Client;
+use serde_json::json;
+use syncular_multisession::*;
+
+const FIRST_RELEASE: &str = "0.1.0";
+
+/// Everything the extension defines, as comparable text.
+fn catalog(c: &mut Client) -> Vec<String> {
+    let queries = [
+        "SELECT 'function ' || p.proname || '(' || pg_get_function_arguments(p.oid) || ') ' || pg_get_function_result(p.oid)
+                || ' secdef=' || p.prosecdef || ' vol=' || p.provolatile::text || ' strict=' || p.proisstrict
+                || ' config=' || coalesce(array_to_string(p.proconfig, ';'), '') || ' acl=' || coalesce(p.proacl::text, '')
+                || ' comment=' || coalesce(obj_description(p.oid, 'pg_proc'), '')
+           FROM pg_proc p WHERE p.pronamespace = 'syncular'::regnamespace",
+        "SELECT 'column ' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+                || ' collation=' || coalesce(co.collname, '') || ' notnull=' || a.attnotnull
+                || ' default=' || coalesce(pg_get_expr(d.adbin, d.adrelid), '')
+           FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+           LEFT JOIN pg_collation co ON co.oid = a.attcollation
+           LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+          WHERE c.relnamespace = 'syncular'::regnamespace AND c.relkind = 'r'",
+        "SELECT 'index ' || pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid
+          WHERE c.relnamespace = 'syncular'::regnamespace",
+        "SELECT 'constraint ' || conname || ' ' || pg_get_constraintdef(oid) FROM pg_constraint
+          WHERE connamespace = 'syncular'::regnamespace",
+        "SELECT 'reloptions ' || relname || ' ' || coalesce(array_to_string(reloptions, ','), '') FROM pg_class
+          WHERE relnamespace = 'syncular'::regnamespace AND relkind = 'r'",
+        "SELECT 'trigger ' || tgname || ' ' || tgfoid::regprocedure || ' ' || tgenabled::text FROM pg_trigger
+          WHERE tgrelid = 'syncular.sync_commits'::regclass AND NOT tgisinternal",
+        "SELECT 'event trigger ' || evtname || ' ' || evtevent || ' ' || evtfoid::regprocedure || ' ' || evtenabled::text
+                || ' ' || coalesce(array_to_string(evttags, ','), '') FROM pg_event_trigger",
+        "SELECT 'config dump ' || c.relname FROM pg_extension e, unnest(e.extconfig) AS x(oid) JOIN pg_class c ON c.oid = x.oid
+          WHERE e.extname = 'syncular'",
+    ];
+    let mut out: Vec<String> = queries
+        .iter()
+        .flat_map(|q| c.query(*q, &[]).unwrap().into_iter().map(|r| r.get::<_, String>(0)))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn an_install_updated_from_the_first_release_keeps_data_and_equals_a_fresh_one() {
+    let updated = TestDb::new("upgraded");
+    let mut c = updated.connect();
+    exec(&mut c, "DROP EXTENSION syncular CASCADE");
+    exec(&mut c, &format!("CREATE EXTENSION syncular VERSION '{FIRST_RELEASE}'"));
+    // Data written by the old version.
+    migrate(&mut c, 1, &l1(), &json!([]));
+    exec(&mut c, "SELECT syncular.register_table('tasks', 'public.tasks')");
+    push_upserts(&mut c, P, "c1", "k1", &[("tasks", "t1", p1())], &json!([]));
+    push_upserts(&mut c, P, "c1", "k2", &[("tasks", "t2", p1())], &json!([]));
+    declare(&mut c, P, "proj", 2, NOW);
+    one::<i32>(&mut c, "SELECT syncular.enqueue_reactions($1, $2)", &[&P, &json!([reaction(2, RKEY)])]);
+    let before: i64 = one(&mut c, "SELECT (SELECT count(*) FROM syncular.sync_commits) + (SELECT count(*) FROM syncular.sync_changes)
+                                 + (SELECT count(*) FROM syncular.sync_push_results) + (SELECT count(*) FROM syncular.sync_reactions)", &[]);
+    exec(&mut c, "ALTER EXTENSION syncular UPDATE");
+    let (installed, default): (String, String) = {
+        let r = c.query_one("SELECT extversion, (SELECT default_version FROM pg_available_extensions WHERE name = 'syncular')
+                               FROM pg_extension WHERE extname = 'syncular'", &[]).unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!(installed, default);
+    assert_ne!(installed, FIRST_RELEASE);
+    let after: i64 = one(&mut c, "SELECT (SELECT count(*) FROM syncular.sync_commits) + (SELECT count(*) FROM syncular.sync_changes)
+                                + (SELECT count(*) FROM syncular.sync_push_results) + (SELECT count(*) FROM syncular.sync_reactions)", &[]);
+    assert_eq!(after, before);
+    assert_eq!(append(&mut c, P, "tasks", "t3", Some(2)), 3);
+    expect_error(raw_commit(&mut c, P, 4, Some(1)), "SY001", "sync.storage.writer_fence_rejected", None);
+    assert_eq!(one::<serde_json::Value>(&mut c, "SELECT syncular.get_push_result($1, 'c1', 'k1')", &[&P])["commitSeq"], json!(1));
+
+    let fresh = TestDb::new("fresh");
+    let mut f = fresh.connect();
+    exec(&mut f, "DROP EXTENSION syncular CASCADE; CREATE EXTENSION syncular");
+    let (a, b) = (catalog(&mut c), catalog(&mut f));
+    assert!(b.len() > 150, "the comparison covers the whole extension ({} items)", b.len());
+    let only_updated: Vec<&String> = a.iter().filter(|x| !b.contains(x)).collect();
+    let only_fresh: Vec<&String> = b.iter().filter(|x| !a.contains(x)).collect();
+    assert!(only_updated.is_empty() && only_fresh.is_empty(), "catalogs differ:\nupdated only: {only_updated:#?}\nfresh only: {only_fresh:#?}");
+}
