@@ -16,6 +16,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# The client examples need a Python with venv and Node.js with npm (both on the machine image;
+# installed from Debian's packages where missing).
+python3 -c 'import venv, ensurepip' 2>/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null; }
+command -v npm >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; }
+
 export PATH="$HOME/.cargo/bin:$PATH"
 if ! cargo pgrx --version 2>/dev/null | grep -q "0.18.0"; then
   echo "setup: installing cargo-pgrx 0.18.0 (about 4 minutes)"

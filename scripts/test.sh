@@ -39,5 +39,8 @@ psql -X -q -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -c "DROP DATABASE IF 
 SYNCULAR_TEST_PG="host=127.0.0.1 port=$PORT user=postgres" SYNCULAR_TEST_UPGRADE_FROM=0.1.0 \
   cargo test --manifest-path tests/multisession/Cargo.toml -- --test-threads=4 2>&1 | tee -a "$LOG"
 
-# One closing line over both runners (pipefail already failed the script on any red run).
-awk '/^test result:/ { p += $4; f += $6 } END { printf "syncular: %d passed, %d failed\n", p, f; exit (f > 0 || p == 0) }' "$LOG"
+echo "== client examples (Rust, Python, TypeScript)"
+scripts/examples.sh "$PORT" "$WORK" 2>&1 | tee -a "$LOG"
+
+# One closing line over every runner (pipefail already failed the script on any red run).
+awk '/^test result:/ { p += $4; f += $6 } /^examples:/ { p += $2; f += $4 } END { printf "syncular: %d passed, %d failed\n", p, f; exit (f > 0 || p == 0) }' "$LOG"
