@@ -28,7 +28,9 @@ fn rows_referencing_blob(partition: Option<String>, blob_id: Option<String>) -> 
             let mut out = Vec::new();
             for tbl in tables {
                 // Unregistered tables and vanished relations are skipped, not errors.
-                let Some(relation) = tables::lookup(client, &tbl)? else { continue };
+                let Some(relation) = tables::lookup(client, &tbl)? else {
+                    continue;
+                };
                 let sql = format!(
                     "SELECT b.row_id, a.\"_sync_scopes\"
                        FROM syncular.sync_blob_refs b
@@ -41,11 +43,17 @@ fn rows_referencing_blob(partition: Option<String>, blob_id: Option<String>) -> 
                 let rows = db::read_dynamic(
                     client,
                     &sql,
-                    &[partition.as_str().into(), blob_id.as_str().into(), tbl.as_str().into()],
+                    &[
+                        partition.as_str().into(),
+                        blob_id.as_str().into(),
+                        tbl.as_str().into(),
+                    ],
                 )?;
                 for row in rows {
                     let scopes = row.get::<JsonB>(2)?.map(|j| args::unwrap_json_text(j.0));
-                    out.push(json!({"table": tbl, "rowId": row.get::<String>(1)?, "scopes": scopes}));
+                    out.push(
+                        json!({"table": tbl, "rowId": row.get::<String>(1)?, "scopes": scopes}),
+                    );
                 }
             }
             Ok(JsonB(Value::Array(out)))
@@ -82,7 +90,9 @@ fn list_commit_metadata(
         let partition = args::text("partition", partition)?;
         let after = args::count("after_seq", after_seq)?;
         let lim = args::required("lim", lim)?;
-        let tbl = tbl.map(|t| crate::scope::log_table("tbl", Some(t))).transpose()?;
+        let tbl = tbl
+            .map(|t| crate::scope::log_table("tbl", Some(t)))
+            .transpose()?;
         if lim <= 0 {
             return Ok(JsonB(json!([])));
         }
@@ -123,7 +133,12 @@ fn list_commit_metadata(
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn scope_activity(partition: Option<String>, variable: Option<String>, value: Option<String>, lim: Option<i32>) -> JsonB {
+fn scope_activity(
+    partition: Option<String>,
+    variable: Option<String>,
+    value: Option<String>,
+    lim: Option<i32>,
+) -> JsonB {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let variable = args::text("variable", variable)?;
@@ -181,24 +196,163 @@ fn scope_activity(partition: Option<String>, variable: Option<String>, value: Op
 /// marker, so history is not fenced), with the columns adoption copies. JSON columns are
 /// unwrapped; the marker's floor is not copied (it stays 0).
 const ADOPTED: &[(&str, &[(&str, &str)])] = &[
-    ("sync_partitions", &[("partition", "text"), ("max_commit_seq", "bigint"), ("horizon_seq", "bigint")]),
-    ("sync_partition_registry", &[("partition", "text"), ("log_epoch", "text"), ("epoch_required", "boolean"), ("last_authenticated_at_ms", "bigint")]),
-    ("sync_row_scopes", &[("partition", "text"), ("tbl", "text"), ("var", "text"), ("value", "text"), ("row_id", "text")]),
-    ("sync_commits", &[("partition", "text"), ("commit_seq", "bigint"), ("client_id", "text"), ("client_commit_id", "text"), ("actor_id", "text"), ("created_at_ms", "bigint"), ("writer_version", "bigint")]),
-    ("sync_changes", &[("partition", "text"), ("commit_seq", "bigint"), ("idx", "integer"), ("tbl", "text"), ("row_id", "text"), ("op", "smallint"), ("row_version", "bigint"), ("scopes", "jsonb"), ("payload", "bytea")]),
-    ("sync_change_scopes", &[("partition", "text"), ("tbl", "text"), ("var", "text"), ("value", "text"), ("commit_seq", "bigint")]),
-    ("sync_push_results", &[("partition", "text"), ("client_id", "text"), ("client_commit_id", "text"), ("result", "jsonb")]),
-    ("sync_reactions", &[("partition", "text"), ("idempotency_key", "text"), ("type", "text"), ("version", "integer"), ("payload", "jsonb"), ("source_client_id", "text"), ("source_client_commit_id", "text"), ("source_commit_seq", "bigint"), ("created_at_ms", "bigint"), ("available_at_ms", "bigint"), ("status", "text"), ("attempts", "integer"), ("max_attempts", "integer"), ("lease_owner", "text"), ("lease_expires_at_ms", "bigint"), ("completed_at_ms", "bigint"), ("last_failure", "jsonb")]),
-    ("sync_clients", &[("partition", "text"), ("client_id", "text"), ("actor_id", "text"), ("wire_version", "integer"), ("cursor", "bigint"), ("subscriptions", "jsonb"), ("updated_at_ms", "bigint")]),
-    ("sync_blob_refs", &[("partition", "text"), ("tbl", "text"), ("row_id", "text"), ("blob_id", "text")]),
-    ("sync_tombstones", &[("partition", "text"), ("tbl", "text"), ("row_id", "text"), ("commit_seq", "bigint")]),
-    ("sync_backfill_checkpoints", &[("partition", "text"), ("name", "text"), ("schema_version", "bigint"), ("state", "text"), ("watermark", "bigint"), ("owner_epoch", "bigint"), ("observed_rows", "bigint"), ("updated_at_ms", "bigint")]),
-    ("sync_writer_fence", &[("partition", "text"), ("required_writer_version", "bigint")]),
-    ("sync_schema_meta", &[("id", "integer"), ("schema_version", "bigint"), ("layouts", "text")]),
+    (
+        "sync_partitions",
+        &[
+            ("partition", "text"),
+            ("max_commit_seq", "bigint"),
+            ("horizon_seq", "bigint"),
+        ],
+    ),
+    (
+        "sync_partition_registry",
+        &[
+            ("partition", "text"),
+            ("log_epoch", "text"),
+            ("epoch_required", "boolean"),
+            ("last_authenticated_at_ms", "bigint"),
+        ],
+    ),
+    (
+        "sync_row_scopes",
+        &[
+            ("partition", "text"),
+            ("tbl", "text"),
+            ("var", "text"),
+            ("value", "text"),
+            ("row_id", "text"),
+        ],
+    ),
+    (
+        "sync_commits",
+        &[
+            ("partition", "text"),
+            ("commit_seq", "bigint"),
+            ("client_id", "text"),
+            ("client_commit_id", "text"),
+            ("actor_id", "text"),
+            ("created_at_ms", "bigint"),
+            ("writer_version", "bigint"),
+        ],
+    ),
+    (
+        "sync_changes",
+        &[
+            ("partition", "text"),
+            ("commit_seq", "bigint"),
+            ("idx", "integer"),
+            ("tbl", "text"),
+            ("row_id", "text"),
+            ("op", "smallint"),
+            ("row_version", "bigint"),
+            ("scopes", "jsonb"),
+            ("payload", "bytea"),
+        ],
+    ),
+    (
+        "sync_change_scopes",
+        &[
+            ("partition", "text"),
+            ("tbl", "text"),
+            ("var", "text"),
+            ("value", "text"),
+            ("commit_seq", "bigint"),
+        ],
+    ),
+    (
+        "sync_push_results",
+        &[
+            ("partition", "text"),
+            ("client_id", "text"),
+            ("client_commit_id", "text"),
+            ("result", "jsonb"),
+        ],
+    ),
+    (
+        "sync_reactions",
+        &[
+            ("partition", "text"),
+            ("idempotency_key", "text"),
+            ("type", "text"),
+            ("version", "integer"),
+            ("payload", "jsonb"),
+            ("source_client_id", "text"),
+            ("source_client_commit_id", "text"),
+            ("source_commit_seq", "bigint"),
+            ("created_at_ms", "bigint"),
+            ("available_at_ms", "bigint"),
+            ("status", "text"),
+            ("attempts", "integer"),
+            ("max_attempts", "integer"),
+            ("lease_owner", "text"),
+            ("lease_expires_at_ms", "bigint"),
+            ("completed_at_ms", "bigint"),
+            ("last_failure", "jsonb"),
+        ],
+    ),
+    (
+        "sync_clients",
+        &[
+            ("partition", "text"),
+            ("client_id", "text"),
+            ("actor_id", "text"),
+            ("wire_version", "integer"),
+            ("cursor", "bigint"),
+            ("subscriptions", "jsonb"),
+            ("updated_at_ms", "bigint"),
+        ],
+    ),
+    (
+        "sync_blob_refs",
+        &[
+            ("partition", "text"),
+            ("tbl", "text"),
+            ("row_id", "text"),
+            ("blob_id", "text"),
+        ],
+    ),
+    (
+        "sync_tombstones",
+        &[
+            ("partition", "text"),
+            ("tbl", "text"),
+            ("row_id", "text"),
+            ("commit_seq", "bigint"),
+        ],
+    ),
+    (
+        "sync_backfill_checkpoints",
+        &[
+            ("partition", "text"),
+            ("name", "text"),
+            ("schema_version", "bigint"),
+            ("state", "text"),
+            ("watermark", "bigint"),
+            ("owner_epoch", "bigint"),
+            ("observed_rows", "bigint"),
+            ("updated_at_ms", "bigint"),
+        ],
+    ),
+    (
+        "sync_writer_fence",
+        &[("partition", "text"), ("required_writer_version", "bigint")],
+    ),
+    (
+        "sync_schema_meta",
+        &[
+            ("id", "integer"),
+            ("schema_version", "bigint"),
+            ("layouts", "text"),
+        ],
+    ),
 ];
 
 /// The columns a source table has, or `None` if the table is missing.
-fn source_columns(client: &SpiClient<'_>, schema: &str, table: &str) -> Result<Option<Vec<String>>> {
+fn source_columns(
+    client: &SpiClient<'_>,
+    schema: &str,
+    table: &str,
+) -> Result<Option<Vec<String>>> {
     let oid = db::first::<pg_sys::Oid>(db::read(
         client,
         "SELECT c.oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
@@ -218,7 +372,10 @@ fn source_columns(client: &SpiClient<'_>, schema: &str, table: &str) -> Result<O
 
 /// The copy statement of one table: the target columns the source has, JSON unwrapped.
 fn copy_sql(schema: &str, table: &str, columns: &[(&str, &str)], present: &[String]) -> String {
-    let copied: Vec<&(&str, &str)> = columns.iter().filter(|(c, _)| present.iter().any(|p| p == c)).collect();
+    let copied: Vec<&(&str, &str)> = columns
+        .iter()
+        .filter(|(c, _)| present.iter().any(|p| p == c))
+        .collect();
     let targets: Vec<String> = copied.iter().map(|(c, _)| quote_identifier(c)).collect();
     let sources: Vec<String> = copied
         .iter()
@@ -285,13 +442,18 @@ fn adopt(client: &SpiClient<'_>, source: &str, app_schema: Option<&str>) -> Resu
             return Err(Error::invalid_argument("source_schema", "privilege"));
         }
         let sql = copy_sql(source, table, columns, &present);
-        let copied = tables::as_extension_owner(client, || Ok(Spi::get_one::<i64>(&sql)?.unwrap_or(0)))?;
+        let copied =
+            tables::as_extension_owner(client, || Ok(Spi::get_one::<i64>(&sql)?.unwrap_or(0)))?;
         counts.insert(table.to_string(), json!(copied));
     }
     let mut registered = 0;
     if let Some(app_schema) = app_schema {
         let layouts = tables::as_extension_owner(client, || {
-            db::first::<String>(db::write(client, "SELECT layouts FROM syncular.sync_schema_meta WHERE id = 1", &[])?)
+            db::first::<String>(db::write(
+                client,
+                "SELECT layouts FROM syncular.sync_schema_meta WHERE id = 1",
+                &[],
+            )?)
         })?;
         let names: Vec<String> = layouts
             .and_then(|text| serde_json::from_str::<Value>(&text).ok())
@@ -325,7 +487,10 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'adopt_legacy_tables_wrapper';
 "#
 )]
 // `name` arguments arrive as pointers to NUL-terminated NameData, readable as C strings.
-fn adopt_legacy_tables(source_schema: Option<&core::ffi::CStr>, app_schema: Option<&core::ffi::CStr>) -> JsonB {
+fn adopt_legacy_tables(
+    source_schema: Option<&core::ffi::CStr>,
+    app_schema: Option<&core::ffi::CStr>,
+) -> JsonB {
     error::run(|| {
         if !unsafe { pg_sys::IsTransactionBlock() } {
             return Err(Error::invalid_transaction_state("no_transaction_block"));

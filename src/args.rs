@@ -19,13 +19,18 @@ pub struct JsonArg(std::result::Result<Value, &'static str>);
 unsafe impl SqlTranslatable for JsonArg {
     const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonArg);
     const TYPE_ORIGIN: TypeOrigin = TypeOrigin::External;
-    const ARGUMENT_SQL: std::result::Result<SqlMappingRef, ArgumentError> = Ok(SqlMappingRef::literal("jsonb"));
+    const ARGUMENT_SQL: std::result::Result<SqlMappingRef, ArgumentError> =
+        Ok(SqlMappingRef::literal("jsonb"));
     const RETURN_SQL: std::result::Result<ReturnsRef, ReturnsError> =
         Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
 }
 
 impl FromDatum for JsonArg {
-    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _: pg_sys::Oid) -> Option<JsonArg> {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _: pg_sys::Oid,
+    ) -> Option<JsonArg> {
         if is_null {
             return None;
         }
@@ -36,18 +41,21 @@ impl FromDatum for JsonArg {
                 &[Some(pg_sys::Datum::from(detoasted))],
             )?
             .cast_mut_ptr();
-            let parsed = std::ffi::CStr::from_ptr(text).to_str().map_err(|_| "type").and_then(|t| {
-                serde_json::from_str::<Value>(t).map_err(|e| {
-                    let message = e.to_string();
-                    if message.contains("recursion limit") {
-                        "too_deep"
-                    } else if message.contains("number out of range") {
-                        "range"
-                    } else {
-                        "type"
-                    }
-                })
-            });
+            let parsed = std::ffi::CStr::from_ptr(text)
+                .to_str()
+                .map_err(|_| "type")
+                .and_then(|t| {
+                    serde_json::from_str::<Value>(t).map_err(|e| {
+                        let message = e.to_string();
+                        if message.contains("recursion limit") {
+                            "too_deep"
+                        } else if message.contains("number out of range") {
+                            "range"
+                        } else {
+                            "type"
+                        }
+                    })
+                });
             pg_sys::pfree(text.cast());
             Some(JsonArg(parsed))
         }
@@ -57,14 +65,18 @@ impl FromDatum for JsonArg {
 unsafe impl<'fcx> ArgAbi<'fcx> for JsonArg {
     unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> Self {
         let index = arg.index();
-        unsafe { arg.unbox_arg_using_from_datum().unwrap_or_else(|| panic!("argument {index} must not be null")) }
+        unsafe {
+            arg.unbox_arg_using_from_datum()
+                .unwrap_or_else(|| panic!("argument {index} must not be null"))
+        }
     }
 }
 
 impl JsonArg {
     /// The parsed value, or `invalid_argument` (`too_deep` / `range`) for `name`.
     pub fn value(self, name: &str) -> Result<Value> {
-        self.0.map_err(|reason| Error::invalid_argument(name, reason))
+        self.0
+            .map_err(|reason| Error::invalid_argument(name, reason))
     }
 }
 
@@ -128,7 +140,9 @@ pub fn json(name: &str, value: Option<JsonArg>) -> Result<Value> {
 
 /// An optional jsonb argument (NULL allowed), unwrapped.
 pub fn optional_json(name: &str, value: Option<JsonArg>) -> Result<Option<Value>> {
-    value.map(|v| v.value(name).map(unwrap_json_text)).transpose()
+    value
+        .map(|v| v.value(name).map(unwrap_json_text))
+        .transpose()
 }
 
 /// How an integer-valued JSON number failed, if it did.
@@ -141,9 +155,15 @@ pub enum IntProblem {
 
 /// Reads a JSON integer within ±(2^53 − 1). `2.0` counts as integral (jsonb may keep the scale).
 pub fn json_int(value: &Value) -> std::result::Result<i64, IntProblem> {
-    let Value::Number(n) = value else { return Err(IntProblem::Type) };
+    let Value::Number(n) = value else {
+        return Err(IntProblem::Type);
+    };
     if let Some(i) = n.as_i64() {
-        return if (-MAX_SAFE..=MAX_SAFE).contains(&i) { Ok(i) } else { Err(IntProblem::Range) };
+        return if (-MAX_SAFE..=MAX_SAFE).contains(&i) {
+            Ok(i)
+        } else {
+            Err(IntProblem::Range)
+        };
     }
     if n.is_u64() {
         return Err(IntProblem::Range);
@@ -177,7 +197,9 @@ impl Declaration {
 /// Decodes a `declared` argument. NULL counts as `[]`; a malformed array is `invalid_argument`
 /// with `argument` pointing into it (e.g. `declared[1].name`).
 pub fn declarations(value: Option<JsonArg>) -> Result<Vec<Declaration>> {
-    let Some(value) = optional_json("declared", value)? else { return Ok(Vec::new()) };
+    let Some(value) = optional_json("declared", value)? else {
+        return Ok(Vec::new());
+    };
     let Value::Array(items) = value else {
         return Err(Error::invalid_argument("declared", "type"));
     };
@@ -203,7 +225,11 @@ pub fn declarations(value: Option<JsonArg>) -> Result<Vec<Declaration>> {
                     }
                 },
             };
-            Ok(Declaration { partition, name, schema_version })
+            Ok(Declaration {
+                partition,
+                name,
+                schema_version,
+            })
         })
         .collect()
 }
@@ -226,8 +252,14 @@ mod tests {
     #[test]
     fn json_int_bounds() {
         assert!(matches!(json_int(&json!(MAX_SAFE)), Ok(MAX_SAFE)));
-        assert!(matches!(json_int(&json!(MAX_SAFE + 1)), Err(IntProblem::Range)));
-        assert!(matches!(json_int(&json!(-MAX_SAFE - 1)), Err(IntProblem::Range)));
+        assert!(matches!(
+            json_int(&json!(MAX_SAFE + 1)),
+            Err(IntProblem::Range)
+        ));
+        assert!(matches!(
+            json_int(&json!(-MAX_SAFE - 1)),
+            Err(IntProblem::Range)
+        ));
         assert!(matches!(json_int(&json!(u64::MAX)), Err(IntProblem::Range)));
         assert!(matches!(json_int(&json!(1.5)), Err(IntProblem::Type)));
         assert!(matches!(json_int(&json!(2.0)), Ok(2)));

@@ -35,7 +35,10 @@ pub fn layouts(value: Option<args::JsonArg>) -> Result<Map<String, Value>> {
             match column.get("nullable") {
                 Some(Value::Bool(_)) => {}
                 None | Some(Value::Null) => {
-                    return Err(Error::invalid_argument(&format!("{at}.nullable"), "missing"))
+                    return Err(Error::invalid_argument(
+                        &format!("{at}.nullable"),
+                        "missing",
+                    ))
                 }
                 Some(_) => return Err(Error::invalid_argument(&format!("{at}.nullable"), "type")),
             }
@@ -60,7 +63,9 @@ pub fn compare_layouts(configured: &Map<String, Value>, stored: &Map<String, Val
         _ => empty.clone(),
     };
     let same = |a: &Value, b: &Value| {
-        ["name", "type", "nullable"].iter().all(|k| a.get(*k) == b.get(*k))
+        ["name", "type", "nullable"]
+            .iter()
+            .all(|k| a.get(*k) == b.get(*k))
     };
     // serde_json's Map is ordered by key bytes: byte order of table names.
     for (table, wanted) in configured {
@@ -69,7 +74,11 @@ pub fn compare_layouts(configured: &Map<String, Value>, stored: &Map<String, Val
         for i in 0..wanted.len().max(have.len()) {
             let ok = matches!((wanted.get(i), have.get(i)), (Some(a), Some(b)) if same(a, b));
             if !ok {
-                let column = wanted.get(i).or(have.get(i)).and_then(|c| c.get("name")).cloned();
+                let column = wanted
+                    .get(i)
+                    .or(have.get(i))
+                    .and_then(|c| c.get("name"))
+                    .cloned();
                 return Err(Error::new(
                     Code::StoredLayoutMismatch,
                     json!({"table": table, "column": column.unwrap_or(Value::Null)}),
@@ -78,14 +87,22 @@ pub fn compare_layouts(configured: &Map<String, Value>, stored: &Map<String, Val
         }
     }
     if let Some(extra) = stored.keys().find(|t| !configured.contains_key(*t)) {
-        return Err(Error::new(Code::StoredLayoutMismatch, json!({ "table": extra })));
+        return Err(Error::new(
+            Code::StoredLayoutMismatch,
+            json!({ "table": extra }),
+        ));
     }
     Ok(())
 }
 
 /// Steps 2–4 of `check_schema` on one state: barrier, then version, then layouts.
 /// `Ok(true)`: the stored schema equals the running one (current); `Ok(false)`: migrate.
-fn check(state: &SchemaState, running: i64, configured: &Map<String, Value>, declared: &[Declaration]) -> Result<bool> {
+fn check(
+    state: &SchemaState,
+    running: i64,
+    configured: &Map<String, Value>,
+    declared: &[Declaration],
+) -> Result<bool> {
     if let Some((partition, name)) = state.first_undeclared(declared) {
         return Err(Error::new(
             Code::CheckpointIncomplete,
@@ -143,7 +160,11 @@ pub fn require_transaction(no_prior_writes: bool) -> Result<()> {
 
 /// Remembers the schema a migration started from, for `previous_schema()`, in a
 /// transaction-local setting: gone at transaction end, undone by a rollback to a savepoint.
-fn record_previous(client: &SpiClient<'_>, version: i64, stored_layouts_text: Option<&str>) -> Result<()> {
+fn record_previous(
+    client: &SpiClient<'_>,
+    version: i64,
+    stored_layouts_text: Option<&str>,
+) -> Result<()> {
     let previous =
         json!({"schemaVersion": version, "layouts": stored_layouts(stored_layouts_text)});
     db::write(
@@ -156,7 +177,11 @@ fn record_previous(client: &SpiClient<'_>, version: i64, stored_layouts_text: Op
 
 fn migrate(client: &SpiClient<'_>, a: &SchemaArgs) -> Result<i64> {
     // L0: waits for every partition lock holder and allocator; blocks them until we end.
-    db::write(client, "LOCK TABLE syncular.sync_partitions IN EXCLUSIVE MODE", &[])?;
+    db::write(
+        client,
+        "LOCK TABLE syncular.sync_partitions IN EXCLUSIVE MODE",
+        &[],
+    )?;
     // Re-validate under the lock, with a snapshot taken after it was granted.
     let state = gate::read_state(client, None, a.version, true)?;
     let stored = state.stored_schema_version;
@@ -166,10 +191,16 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs) -> Result<i64> {
         // an older version alongside new ones, so only a version above the target is refused.
         for (i, d) in a.declared.iter().enumerate() {
             let Some(version) = d.schema_version else {
-                return Err(Error::invalid_argument(&format!("declared[{i}].schemaVersion"), "missing"));
+                return Err(Error::invalid_argument(
+                    &format!("declared[{i}].schemaVersion"),
+                    "missing",
+                ));
             };
             if version > a.version {
-                return Err(Error::invalid_argument(&format!("declared[{i}].schemaVersion"), "range"));
+                return Err(Error::invalid_argument(
+                    &format!("declared[{i}].schemaVersion"),
+                    "range",
+                ));
             }
         }
         let started_ms = db::first::<i64>(db::write(
@@ -211,7 +242,11 @@ fn check_schema(
     error::run(|| {
         let a = schema_args(schema_version, layouts, declared)?;
         let state = db::with_spi(|client| gate::read_state(client, None, a.version, false))?;
-        Ok(if check(&state, a.version, &a.layouts, &a.declared)? { "current" } else { "migrate" })
+        Ok(if check(&state, a.version, &a.layouts, &a.declared)? {
+            "current"
+        } else {
+            "migrate"
+        })
     })
 }
 
@@ -240,7 +275,10 @@ fn previous_schema() -> Option<JsonB> {
                 &[],
             )?)
         })?;
-        Ok(text.filter(|t| !t.is_empty()).and_then(|t| serde_json::from_str(&t).ok()).map(JsonB))
+        Ok(text
+            .filter(|t| !t.is_empty())
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .map(JsonB))
     })
 }
 
@@ -261,7 +299,10 @@ mod tests {
 
     fn mismatch(configured: &Map<String, Value>, stored: &Map<String, Value>) -> Value {
         match compare_layouts(configured, stored) {
-            Err(Error::Sync { code: Code::StoredLayoutMismatch, detail: Some(d) }) => d,
+            Err(Error::Sync {
+                code: Code::StoredLayoutMismatch,
+                detail: Some(d),
+            }) => d,
             other => panic!("{other:?}"),
         }
     }
@@ -272,14 +313,26 @@ mod tests {
         assert!(compare_layouts(&l1(), &stored).is_ok());
         let mut not_null = l1();
         not_null["tasks"][2]["nullable"] = json!(false);
-        assert_eq!(mismatch(&not_null, &stored), json!({"table":"tasks","column":"data"}));
+        assert_eq!(
+            mismatch(&not_null, &stored),
+            json!({"table":"tasks","column":"data"})
+        );
         let mut without_docs = l1();
         without_docs.remove("docs");
         assert_eq!(mismatch(&without_docs, &stored), json!({"table":"docs"}));
         let mut l2 = l1();
-        l2["tasks"].as_array_mut().unwrap().push(json!({"name":"note","type":"string","nullable":true}));
-        assert_eq!(mismatch(&l2, &stored), json!({"table":"tasks","column":"note"}));
+        l2["tasks"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name":"note","type":"string","nullable":true}));
+        assert_eq!(
+            mismatch(&l2, &stored),
+            json!({"table":"tasks","column":"note"})
+        );
         // A shorter configured array names the stored column.
-        assert_eq!(mismatch(&stored, &l2), json!({"table":"tasks","column":"note"}));
+        assert_eq!(
+            mismatch(&stored, &l2),
+            json!({"table":"tasks","column":"note"})
+        );
     }
 }

@@ -94,15 +94,22 @@ fn version_mismatch(partition: &str, name: &str, stored: i64, requested: i64) ->
 }
 
 fn not_declared(partition: &str, name: &str) -> Error {
-    Error::new(Code::CheckpointNotDeclared, json!({"partition": partition, "projection": name}))
+    Error::new(
+        Code::CheckpointNotDeclared,
+        json!({"partition": partition, "projection": name}),
+    )
 }
 
 /// Latest committed version of the row (a fresh snapshot; waits for nothing).
 fn current(client: &SpiClient<'_>, partition: &str, name: &str) -> Result<Option<Checkpoint>> {
     Checkpoint::one(db::write(
         client,
-        concat!("SELECT ", columns!(), " FROM syncular.sync_backfill_checkpoints
-                 WHERE partition = $1 AND name = $2"),
+        concat!(
+            "SELECT ",
+            columns!(),
+            " FROM syncular.sync_backfill_checkpoints
+                 WHERE partition = $1 AND name = $2"
+        ),
         &key(partition, name),
     )?)
 }
@@ -140,14 +147,23 @@ pub fn declare(
         // The conflict waited for a concurrent declarer; FOR SHARE reads the committed row.
         None => Checkpoint::one(db::write(
             client,
-            concat!("SELECT ", columns!(), " FROM syncular.sync_backfill_checkpoints
-                     WHERE partition = $1 AND name = $2 FOR SHARE"),
+            concat!(
+                "SELECT ",
+                columns!(),
+                " FROM syncular.sync_backfill_checkpoints
+                     WHERE partition = $1 AND name = $2 FOR SHARE"
+            ),
             &key(partition, name),
         )?)?
         .ok_or_else(|| Error::Internal("checkpoint vanished during declaration".into()))?,
     };
     if row.schema_version != version {
-        return Err(version_mismatch(partition, name, row.schema_version, version));
+        return Err(version_mismatch(
+            partition,
+            name,
+            row.schema_version,
+            version,
+        ));
     }
     fence::raise(client, partition, version)?;
     Ok(row)
@@ -177,8 +193,11 @@ fn source_changes(
     seq: i64,
     fresh: bool,
 ) -> Result<String> {
-    let params =
-        [DatumWithOid::from(partition), DatumWithOid::from(tables), DatumWithOid::from(seq)];
+    let params = [
+        DatumWithOid::from(partition),
+        DatumWithOid::from(tables),
+        DatumWithOid::from(seq),
+    ];
     let table = if fresh {
         db::write(client, SOURCE_CHANGES_SQL, &params)?
     } else {
@@ -198,7 +217,15 @@ fn activate(
 ) -> Result<&'static str> {
     // 1. Every writer that allocated before us is committed and visible from here on.
     let locked = log::lock(client, partition)?;
-    let outcome = activate_locked(client, partition, name, owner_epoch, watermark, sources, now_ms);
+    let outcome = activate_locked(
+        client,
+        partition,
+        name,
+        owner_epoch,
+        watermark,
+        sources,
+        now_ms,
+    );
     // 6. Never leave behind a partition row created only to take the lock (gap B7). On an
     //    error the whole call is rolled back anyway.
     if locked.created && outcome.is_ok() {
@@ -257,7 +284,26 @@ fn activate_locked(
             DatumWithOid::from(now_ms),
         ],
     )?;
-    Ok(if updated.is_empty() { "stale" } else { "activated" })
+    Ok(if updated.is_empty() {
+        "stale"
+    } else {
+        "activated"
+    })
+}
+
+/// The `(partition, name, schema_version, now_ms)` arguments of declare and claim.
+fn versioned_args(
+    partition: Option<String>,
+    name: Option<String>,
+    schema_version: Option<i64>,
+    now_ms: Option<i64>,
+) -> Result<(String, String, i64, i64)> {
+    Ok((
+        args::text("partition", partition)?,
+        args::text("name", name)?,
+        args::at_least("schema_version", schema_version, 1)?,
+        args::count("now_ms", now_ms)?,
+    ))
 }
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
@@ -269,10 +315,8 @@ fn declare_checkpoint(
     now_ms: Option<i64>,
 ) -> pgrx::composite_type!('static, "sync_backfill_checkpoints") {
     error::run(|| {
-        let partition = args::text("partition", partition)?;
-        let name = args::text("name", name)?;
-        let version = args::at_least("schema_version", schema_version, 1)?;
-        let now_ms = args::count("now_ms", now_ms)?;
+        let (partition, name, version, now_ms) =
+            versioned_args(partition, name, schema_version, now_ms)?;
         db::with_spi(|client| declare(client, &partition, &name, version, now_ms))?.into_row()
     })
 }
@@ -286,10 +330,8 @@ fn claim_checkpoint(
     now_ms: Option<i64>,
 ) -> pgrx::composite_type!('static, "sync_backfill_checkpoints") {
     error::run(|| {
-        let partition = args::text("partition", partition)?;
-        let name = args::text("name", name)?;
-        let version = args::at_least("schema_version", schema_version, 1)?;
-        let now_ms = args::count("now_ms", now_ms)?;
+        let (partition, name, version, now_ms) =
+            versioned_args(partition, name, schema_version, now_ms)?;
         db::with_spi(|client| {
             // Concurrent claims serialize on the row lock and see each other's epochs.
             let claimed = Checkpoint::one(db::write(
@@ -314,9 +356,12 @@ fn claim_checkpoint(
                 return Ok(row);
             }
             match current(client, &partition, &name)? {
-                Some(row) if !row.is_activated() => {
-                    Err(version_mismatch(&partition, &name, row.schema_version, version))
-                }
+                Some(row) if !row.is_activated() => Err(version_mismatch(
+                    &partition,
+                    &name,
+                    row.schema_version,
+                    version,
+                )),
                 _ => Err(not_declared(&partition, &name)),
             }
         })?
@@ -386,25 +431,42 @@ fn activate_checkpoint(
         let sources = args::text_array("sources", sources)?;
         let now_ms = args::count("now_ms", now_ms)?;
         db::with_spi(|client| {
-            activate(client, &partition, &name, owner_epoch, watermark, sources, now_ms)
+            activate(
+                client,
+                &partition,
+                &name,
+                owner_epoch,
+                watermark,
+                sources,
+                now_ms,
+            )
         })
     })
 }
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn read_checkpoints(partition: Option<String>) -> SetOfIterator<'static, pgrx::composite_type!('static, "sync_backfill_checkpoints")> {
+fn read_checkpoints(
+    partition: Option<String>,
+) -> SetOfIterator<'static, pgrx::composite_type!('static, "sync_backfill_checkpoints")> {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let rows = db::with_spi(|client| {
             Checkpoint::rows(db::read(
                 client,
-                concat!("SELECT ", columns!(), " FROM syncular.sync_backfill_checkpoints
-                         WHERE partition = $1 ORDER BY name"),
+                concat!(
+                    "SELECT ",
+                    columns!(),
+                    " FROM syncular.sync_backfill_checkpoints
+                         WHERE partition = $1 ORDER BY name"
+                ),
                 &[DatumWithOid::from(partition.as_str())],
             )?)
         })?;
-        let rows = rows.into_iter().map(Checkpoint::into_row).collect::<Result<Vec<_>>>()?;
+        let rows = rows
+            .into_iter()
+            .map(Checkpoint::into_row)
+            .collect::<Result<Vec<_>>>()?;
         Ok(SetOfIterator::new(rows))
     })
 }
@@ -423,7 +485,10 @@ fn source_coverage_seq(partition: Option<String>, tables: Option<Vec<Option<Stri
                    FROM unnest($2::text[]) AS s(tbl),
                         LATERAL (SELECT max(c.commit_seq) AS seq FROM syncular.sync_changes c
                                   WHERE c.partition = $1 AND c.tbl = s.tbl COLLATE \"C\") AS m",
-                &[DatumWithOid::from(partition.as_str()), DatumWithOid::from(tables)],
+                &[
+                    DatumWithOid::from(partition.as_str()),
+                    DatumWithOid::from(tables),
+                ],
             )?;
             Ok(db::first::<i64>(table)?.unwrap_or(0))
         })

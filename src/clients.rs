@@ -5,7 +5,6 @@
 use crate::args::{self, json_int, IntProblem, MAX_SAFE};
 use crate::db;
 use crate::error::{self, Error, Result};
-use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::{SpiClient, SpiTupleTable};
 use pgrx::JsonB;
@@ -41,7 +40,13 @@ fn cursor_arg(name: &str, value: Option<i64>) -> Result<i64> {
     Ok(cursor)
 }
 
-fn record_int(obj: &Map<String, Value>, key: &str, min: i64, max: i64, default: Option<i64>) -> Result<i64> {
+fn record_int(
+    obj: &Map<String, Value>,
+    key: &str,
+    min: i64,
+    max: i64,
+    default: Option<i64>,
+) -> Result<i64> {
     let at = format!("record.{key}");
     match obj.get(key) {
         None | Some(Value::Null) => default.ok_or_else(|| Error::invalid_argument(&at, "missing")),
@@ -58,25 +63,36 @@ fn subscriptions(value: Option<&Value>) -> Result<Value> {
     let Some(value) = value.filter(|v| !v.is_null()) else {
         return Err(Error::invalid_argument("record.subscriptions", "missing"));
     };
-    let Value::Array(items) = value else { return Err(Error::invalid_argument("record.subscriptions", "type")) };
+    let Value::Array(items) = value else {
+        return Err(Error::invalid_argument("record.subscriptions", "type"));
+    };
     for (i, item) in items.iter().enumerate() {
         let at = |key: &str| format!("record.subscriptions[{i}]{key}");
-        let Value::Object(sub) = item else { return Err(Error::invalid_argument(&at(""), "type")) };
+        let Value::Object(sub) = item else {
+            return Err(Error::invalid_argument(&at(""), "type"));
+        };
         for key in ["id", "table"] {
             match sub.get(key) {
                 Some(Value::String(_)) => {}
-                None | Some(Value::Null) => return Err(Error::invalid_argument(&at(&format!(".{key}")), "missing")),
+                None | Some(Value::Null) => {
+                    return Err(Error::invalid_argument(&at(&format!(".{key}")), "missing"))
+                }
                 Some(_) => return Err(Error::invalid_argument(&at(&format!(".{key}")), "type")),
             }
         }
         let scopes_ok = match sub.get("scopes") {
-            Some(Value::Object(scopes)) => scopes
-                .values()
-                .all(|v| v.as_array().is_some_and(|vals| vals.iter().all(Value::is_string))),
+            Some(Value::Object(scopes)) => scopes.values().all(|v| {
+                v.as_array()
+                    .is_some_and(|vals| vals.iter().all(Value::is_string))
+            }),
             _ => false,
         };
         if !scopes_ok {
-            let reason = if sub.get("scopes").is_none_or(Value::is_null) { "missing" } else { "type" };
+            let reason = if sub.get("scopes").is_none_or(Value::is_null) {
+                "missing"
+            } else {
+                "type"
+            };
             return Err(Error::invalid_argument(&at(".scopes"), reason));
         }
     }
@@ -92,8 +108,12 @@ fn get_client(partition: Option<String>, client_id: Option<String>) -> Option<Js
         db::with_spi(|client| {
             let found = records(db::read(
                 client,
-                concat!("SELECT ", client_columns!(), " FROM syncular.sync_clients
-                         WHERE partition = $1 AND client_id = $2"),
+                concat!(
+                    "SELECT ",
+                    client_columns!(),
+                    " FROM syncular.sync_clients
+                         WHERE partition = $1 AND client_id = $2"
+                ),
                 &[partition.as_str().into(), client_id.as_str().into()],
             )?)?;
             Ok(found.into_iter().next().map(JsonB))
@@ -140,10 +160,6 @@ fn put_client(partition: Option<String>, record: Option<args::JsonArg>) {
     })
 }
 
-fn cursor_update(client: &SpiClient<'_>, sql: &'static str, params: &[DatumWithOid<'_>]) -> Result<bool> {
-    Ok(!db::write(client, sql, params)?.is_empty())
-}
-
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn advance_client_cursor(
@@ -161,9 +177,7 @@ fn advance_client_cursor(
         let epoch = args::text("log_epoch", log_epoch)?;
         let cursor = cursor_arg("cursor", cursor)?;
         let at = args::count("at_ms", at_ms)?;
-        db::with_spi(|client| {
-            cursor_update(
-                client,
+        db::changed(
                 "UPDATE syncular.sync_clients c
                     SET cursor = GREATEST(c.cursor, $5), updated_at_ms = GREATEST(c.updated_at_ms, $6)
                   WHERE c.partition = $1 AND c.client_id = $2 AND c.actor_id = $3
@@ -179,28 +193,29 @@ fn advance_client_cursor(
                     at.into(),
                 ],
             )
-        })
     })
 }
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn update_client_cursor(partition: Option<String>, client_id: Option<String>, cursor: Option<i64>, at_ms: Option<i64>) -> bool {
+fn update_client_cursor(
+    partition: Option<String>,
+    client_id: Option<String>,
+    cursor: Option<i64>,
+    at_ms: Option<i64>,
+) -> bool {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let client_id = args::text("client_id", client_id)?;
         let cursor = cursor_arg("cursor", cursor)?;
         let at = args::count("at_ms", at_ms)?;
-        db::with_spi(|client| {
-            cursor_update(
-                client,
+        db::changed(
                 "UPDATE syncular.sync_clients c
                     SET cursor = GREATEST(c.cursor, $3), updated_at_ms = GREATEST(c.updated_at_ms, $4)
                   WHERE c.partition = $1 AND c.client_id = $2
                  RETURNING 1",
                 &[partition.as_str().into(), client_id.as_str().into(), cursor.into(), at.into()],
             )
-        })
     })
 }
 
@@ -217,8 +232,10 @@ fn list_client_cursors(partition: Option<String>) -> JsonB {
                 &[partition.as_str().into()],
             )?
             .map(|row| {
-                Ok(json!({"clientId": row.get::<String>(1)?, "cursor": row.get::<i64>(2)?,
-                          "updatedAtMs": row.get::<i64>(3)?}))
+                Ok(
+                    json!({"clientId": row.get::<String>(1)?, "cursor": row.get::<i64>(2)?,
+                          "updatedAtMs": row.get::<i64>(3)?}),
+                )
             })
             .collect::<Result<Vec<_>>>()?;
             Ok(JsonB(Value::Array(list)))
@@ -234,8 +251,12 @@ fn list_clients(partition: Option<String>) -> JsonB {
         db::with_spi(|client| {
             let list = records(db::read(
                 client,
-                concat!("SELECT ", client_columns!(), " FROM syncular.sync_clients
-                         WHERE partition = $1 ORDER BY updated_at_ms DESC, client_id"),
+                concat!(
+                    "SELECT ",
+                    client_columns!(),
+                    " FROM syncular.sync_clients
+                         WHERE partition = $1 ORDER BY updated_at_ms DESC, client_id"
+                ),
                 &[partition.as_str().into()],
             )?)?;
             Ok(JsonB(Value::Array(list)))
@@ -244,7 +265,11 @@ fn list_clients(partition: Option<String>) -> JsonB {
 }
 
 /// `min(cursor)` of the partition's clients active since `cutoff_ms` (inclusive), or NULL.
-pub fn cursor_floor(client: &SpiClient<'_>, partition: &str, cutoff_ms: i64) -> Result<Option<i64>> {
+pub fn cursor_floor(
+    client: &SpiClient<'_>,
+    partition: &str,
+    cutoff_ms: i64,
+) -> Result<Option<i64>> {
     db::first::<i64>(db::read(
         client,
         "SELECT min(cursor) FROM syncular.sync_clients WHERE partition = $1 AND updated_at_ms >= $2",

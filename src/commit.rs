@@ -56,7 +56,11 @@ impl Commit {
             .iter()
             .flat_map(|c| {
                 c.scopes.iter().map(move |(var, value)| {
-                    (c.table.as_str(), var.as_str(), value.as_str().expect("validated as string"))
+                    (
+                        c.table.as_str(),
+                        var.as_str(),
+                        value.as_str().expect("validated as string"),
+                    )
                 })
             })
             .collect()
@@ -98,7 +102,9 @@ fn integer(obj: &Map<String, Value>, key: &str, path: &str, min: i64) -> Result<
 }
 
 fn change(value: &Value, at: &str) -> Result<Change> {
-    let Value::Object(obj) = value else { return fail(at, "type") };
+    let Value::Object(obj) = value else {
+        return fail(at, "type");
+    };
     let path = |key: &str| format!("{at}.{key}");
     let table = string(obj, "table", &path("table"), true)?;
     if table.starts_with("sync_") {
@@ -135,12 +141,21 @@ fn change(value: &Value, at: &str) -> Result<Change> {
         Op::Upsert => (row_version, payload),
         Op::Delete => (None, None),
     };
-    Ok(Change { table, row_id, op, row_version, scopes, payload })
+    Ok(Change {
+        table,
+        row_id,
+        op,
+        row_version,
+        scopes,
+        payload,
+    })
 }
 
 /// Validates the whole document; the first violation becomes `sync.storage.invalid_commit`.
 pub fn decode(doc: &Value) -> Result<Commit> {
-    let Value::Object(obj) = doc else { return fail("", "type") };
+    let Value::Object(obj) = doc else {
+        return fail("", "type");
+    };
     let client_id = string(obj, "clientId", "clientId", true)?;
     let client_commit_id = string(obj, "clientCommitId", "clientCommitId", true)?;
     let actor_id = string(obj, "actorId", "actorId", true)?;
@@ -157,7 +172,14 @@ pub fn decode(doc: &Value) -> Result<Commit> {
             .collect::<Result<_>>()?,
         Some(_) => return fail("changes", "type"),
     };
-    Ok(Commit { client_id, client_commit_id, actor_id, created_at_ms, writer_version, changes })
+    Ok(Commit {
+        client_id,
+        client_commit_id,
+        actor_id,
+        created_at_ms,
+        writer_version,
+        changes,
+    })
 }
 
 #[cfg(test)]
@@ -173,7 +195,10 @@ mod tests {
 
     fn rejects(doc: &Value) -> Value {
         match decode(doc) {
-            Err(Error::Sync { code: Code::InvalidCommit, detail: Some(d) }) => d,
+            Err(Error::Sync {
+                code: Code::InvalidCommit,
+                detail: Some(d),
+            }) => d,
             other => panic!("expected invalid_commit, got {other:?}"),
         }
     }
@@ -189,14 +214,23 @@ mod tests {
         };
         let mut no_client = doc(json!([]));
         no_client.as_object_mut().unwrap().remove("clientId");
-        assert_eq!(rejects(&no_client), json!({"path":"clientId","reason":"missing"}));
+        assert_eq!(
+            rejects(&no_client),
+            json!({"path":"clientId","reason":"missing"})
+        );
         let mut d = doc(json!([]));
         d["createdAtMs"] = json!("x");
         assert_eq!(rejects(&d), json!({"path":"createdAtMs","reason":"type"}));
         d["createdAtMs"] = json!(1.5);
         assert_eq!(rejects(&d), json!({"path":"createdAtMs","reason":"type"}));
-        assert_eq!(rejects(&with("op", json!("merge"))), json!({"path":"changes[0].op","reason":"range"}));
-        assert_eq!(rejects(&with("table", json!(""))), json!({"path":"changes[0].table","reason":"empty"}));
+        assert_eq!(
+            rejects(&with("op", json!("merge"))),
+            json!({"path":"changes[0].op","reason":"range"})
+        );
+        assert_eq!(
+            rejects(&with("table", json!(""))),
+            json!({"path":"changes[0].table","reason":"empty"})
+        );
         assert_eq!(
             rejects(&with("table", json!("sync_commits"))),
             json!({"path":"changes[0].table","reason":"reserved"})
@@ -205,8 +239,14 @@ mod tests {
             rejects(&with("scopes", json!({"project_id":5}))),
             json!({"path":"changes[0].scopes.project_id","reason":"type"})
         );
-        assert_eq!(rejects(&with("payload", json!("%%%"))), json!({"path":"changes[0].payload","reason":"base64"}));
-        assert_eq!(rejects(&doc(json!({}))), json!({"path":"changes","reason":"type"}));
+        assert_eq!(
+            rejects(&with("payload", json!("%%%"))),
+            json!({"path":"changes[0].payload","reason":"base64"})
+        );
+        assert_eq!(
+            rejects(&doc(json!({}))),
+            json!({"path":"changes","reason":"type"})
+        );
         assert_eq!(rejects(&json!(5)), json!({"path":"","reason":"type"}));
     }
 
@@ -223,7 +263,10 @@ mod tests {
         assert_eq!(commit.changes[1].row_version, None);
         assert_eq!(commit.changes[1].payload, None);
         assert_eq!(commit.scope_index().len(), 4);
-        assert_eq!(commit.tombstones().into_iter().collect::<Vec<_>>(), vec![("tasks", "t3")]);
+        assert_eq!(
+            commit.tombstones().into_iter().collect::<Vec<_>>(),
+            vec![("tasks", "t3")]
+        );
     }
 
     #[test]
@@ -247,7 +290,9 @@ mod tests {
                 Just(Value::Null),
                 any::<bool>().prop_map(Value::from),
                 any::<i64>().prop_map(Value::from),
-                any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+                any::<f64>()
+                    .prop_filter("finite", |f| f.is_finite())
+                    .prop_map(Value::from),
                 ".{0,12}".prop_map(Value::from),
                 "[A-Za-z0-9+/=%]{0,16}".prop_map(Value::from),
             ];
@@ -273,7 +318,10 @@ mod tests {
                         }
                     }
                 }
-                Err(Error::Sync { code: Code::InvalidCommit, detail: Some(d) }) => {
+                Err(Error::Sync {
+                    code: Code::InvalidCommit,
+                    detail: Some(d),
+                }) => {
                     prop_assert!(d["path"].is_string());
                     prop_assert!(REASONS.contains(&d["reason"].as_str().unwrap_or("")), "{d}");
                 }

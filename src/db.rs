@@ -39,8 +39,11 @@ fn plan(
         return Ok(kept);
     }
     let types: Vec<PgOid> = args.iter().map(|a| PgOid::from(a.oid())).collect();
-    let prepared =
-        if mutating { client.prepare_mut(sql, &types)? } else { client.prepare(sql, &types)? };
+    let prepared = if mutating {
+        client.prepare_mut(sql, &types)?
+    } else {
+        client.prepare(sql, &types)?
+    };
     // Leaked on purpose: a kept plan lives as long as the backend, like the plan cache entry.
     let kept: &'static OwnedPreparedStatement = Box::leak(Box::new(prepared.keep()));
     PLANS.with(|plans| plans.borrow_mut().insert((sql, mutating), kept));
@@ -86,6 +89,12 @@ pub fn read_dynamic<'conn>(
         }
     };
     Ok(client.select(stmt, None, args)?)
+}
+
+/// Runs one guarded `UPDATE … RETURNING 1` in its own SPI connection; `true` iff a row changed.
+/// The explicit boolean the API returns instead of a driver's row count.
+pub fn changed(sql: &'static str, args: &[DatumWithOid<'_>]) -> Result<bool> {
+    with_spi(|client| Ok(!write(client, sql, args)?.is_empty()))
 }
 
 /// Opens an SPI connection for the duration of `body`.

@@ -40,29 +40,88 @@ pub enum Code {
 }
 
 const CATALOGUE: &[(Code, &str, &str)] = &[
-    (Code::InvalidArgument, "sync.storage.invalid_argument", "SY000"),
-    (Code::WriterFenceRejected, "sync.storage.writer_fence_rejected", "SY001"),
+    (
+        Code::InvalidArgument,
+        "sync.storage.invalid_argument",
+        "SY000",
+    ),
+    (
+        Code::WriterFenceRejected,
+        "sync.storage.writer_fence_rejected",
+        "SY001",
+    ),
     (Code::SchemaNotReady, "sync.schema_not_ready", "SY002"),
-    (Code::IdempotencyCacheMiss, "sync.idempotency_cache_miss", "SY003"),
-    (Code::InvalidTransactionState, "sync.storage.invalid_transaction_state", "SY004"),
+    (
+        Code::IdempotencyCacheMiss,
+        "sync.idempotency_cache_miss",
+        "SY003",
+    ),
+    (
+        Code::InvalidTransactionState,
+        "sync.storage.invalid_transaction_state",
+        "SY004",
+    ),
     (Code::InvalidCommit, "sync.storage.invalid_commit", "SY005"),
-    (Code::CheckpointNotDeclared, "sync.storage.checkpoint_not_declared", "SY010"),
-    (Code::CheckpointFenceMissing, "sync.storage.checkpoint_fence_missing", "SY011"),
-    (Code::CheckpointVersionMismatch, "sync.storage.checkpoint_version_mismatch", "SY012"),
-    (Code::CheckpointIncomplete, "sync.storage.checkpoint_incomplete", "SY013"),
+    (
+        Code::CheckpointNotDeclared,
+        "sync.storage.checkpoint_not_declared",
+        "SY010",
+    ),
+    (
+        Code::CheckpointFenceMissing,
+        "sync.storage.checkpoint_fence_missing",
+        "SY011",
+    ),
+    (
+        Code::CheckpointVersionMismatch,
+        "sync.storage.checkpoint_version_mismatch",
+        "SY012",
+    ),
+    (
+        Code::CheckpointIncomplete,
+        "sync.storage.checkpoint_incomplete",
+        "SY013",
+    ),
     (Code::SchemaNewer, "sync.storage.schema_newer", "SY020"),
-    (Code::StoredLayoutMismatch, "sync.storage.stored_layout_mismatch", "SY021"),
-    (Code::PruneEpochMismatch, "sync.storage.prune_epoch_mismatch", "SY030"),
-    (Code::PartitionUnregistered, "sync.storage.partition_unregistered", "SY031"),
-    (Code::InvalidPruneCursor, "sync.storage.invalid_prune_cursor", "SY032"),
-    (Code::ScanRequiresScope, "sync.storage.scan_requires_scope", "SY040"),
+    (
+        Code::StoredLayoutMismatch,
+        "sync.storage.stored_layout_mismatch",
+        "SY021",
+    ),
+    (
+        Code::PruneEpochMismatch,
+        "sync.storage.prune_epoch_mismatch",
+        "SY030",
+    ),
+    (
+        Code::PartitionUnregistered,
+        "sync.storage.partition_unregistered",
+        "SY031",
+    ),
+    (
+        Code::InvalidPruneCursor,
+        "sync.storage.invalid_prune_cursor",
+        "SY032",
+    ),
+    (
+        Code::ScanRequiresScope,
+        "sync.storage.scan_requires_scope",
+        "SY040",
+    ),
     (Code::UnknownTable, "sync.storage.unknown_table", "SY041"),
-    (Code::ReactionDuplicate, "sync.storage.reaction_duplicate", "SY050"),
+    (
+        Code::ReactionDuplicate,
+        "sync.storage.reaction_duplicate",
+        "SY050",
+    ),
 ];
 
 impl Code {
     fn entry(self) -> &'static (Code, &'static str, &'static str) {
-        CATALOGUE.iter().find(|e| e.0 == self).expect("every code is in the catalogue")
+        CATALOGUE
+            .iter()
+            .find(|e| e.0 == self)
+            .expect("every code is in the catalogue")
     }
     pub fn message(self) -> &'static str {
         self.entry().1
@@ -88,14 +147,20 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn new(code: Code, detail: Value) -> Error {
-        Error::Sync { code, detail: Some(detail) }
+        Error::Sync {
+            code,
+            detail: Some(detail),
+        }
     }
     pub fn bare(code: Code) -> Error {
         Error::Sync { code, detail: None }
     }
     /// `sync.storage.invalid_argument` with `{"argument", "reason"}`.
     pub fn invalid_argument(argument: &str, reason: &str) -> Error {
-        Error::new(Code::InvalidArgument, json!({"argument": argument, "reason": reason}))
+        Error::new(
+            Code::InvalidArgument,
+            json!({"argument": argument, "reason": reason}),
+        )
     }
     /// `sync.storage.invalid_commit` with `{"path", "reason"}`.
     pub fn invalid_commit(path: &str, reason: &str) -> Error {
@@ -133,21 +198,24 @@ pub fn run<T>(body: impl FnOnce() -> Result<T>) -> T {
     let outcome = catch_unwind(AssertUnwindSafe(body));
     let (sqlstate, message, detail): (&str, String, Option<String>) = match outcome {
         Ok(Ok(value)) => return value,
-        Ok(Err(Error::Sync { code, detail })) => {
-            (code.sqlstate(), code.message().to_string(), detail.map(|d| d.to_string()))
-        }
+        Ok(Err(Error::Sync { code, detail })) => (
+            code.sqlstate(),
+            code.message().to_string(),
+            detail.map(|d| d.to_string()),
+        ),
         Ok(Err(Error::Internal(message))) => ("XX000", message, None),
         Err(payload) => match payload.downcast::<CaughtError>() {
             Ok(caught) => match *caught {
-                CaughtError::PostgresError(ref report) => match Code::from_message(report.message())
-                {
-                    Some(code) => (
-                        code.sqlstate(),
-                        code.message().to_string(),
-                        report.detail().map(str::to_string),
-                    ),
-                    None => caught.rethrow(),
-                },
+                CaughtError::PostgresError(ref report) => {
+                    match Code::from_message(report.message()) {
+                        Some(code) => (
+                            code.sqlstate(),
+                            code.message().to_string(),
+                            report.detail().map(str::to_string),
+                        ),
+                        None => caught.rethrow(),
+                    }
+                }
                 other => other.rethrow(),
             },
             Err(other) => resume_unwind(other),
@@ -158,7 +226,9 @@ pub fn run<T>(body: impl FnOnce() -> Result<T>) -> T {
 
 fn make_sqlstate(code: &str) -> c_int {
     // PostgreSQL's MAKE_SQLSTATE: six bits per character, first character lowest.
-    code.bytes().enumerate().fold(0, |acc, (i, ch)| acc | ((((ch - b'0') & 0x3F) as c_int) << (6 * i)))
+    code.bytes().enumerate().fold(0, |acc, (i, ch)| {
+        acc | ((((ch - b'0') & 0x3F) as c_int) << (6 * i))
+    })
 }
 
 unsafe extern "C-unwind" {

@@ -28,7 +28,9 @@ unsafe fn lookup_by_key(
     let relation_id = pg_sys::get_relname_relid(table.as_ptr(), namespace);
     let index_id = pg_sys::get_relname_relid(index.as_ptr(), namespace);
     if relation_id == pg_sys::InvalidOid || index_id == pg_sys::InvalidOid {
-        return Err(Error::Internal(format!("syncular: {table:?} or its primary key is missing")));
+        return Err(Error::Internal(format!(
+            "syncular: {table:?} or its primary key is missing"
+        )));
     }
     let relation = pg_sys::table_open(relation_id, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
     let mut scan_key: pg_sys::ScanKeyData = std::mem::zeroed();
@@ -113,7 +115,11 @@ pub fn check(partition: &str, writer_version: Option<i64>) -> error::Result<()> 
 }
 
 /// `F(p) := GREATEST(F(p), v)`, creating the row; returns the new `F(p)`.
-pub fn raise(client: &pgrx::spi::SpiClient<'_>, partition: &str, version: i64) -> error::Result<i64> {
+pub fn raise(
+    client: &pgrx::spi::SpiClient<'_>,
+    partition: &str,
+    version: i64,
+) -> error::Result<i64> {
     let table = db::write(
         client,
         "INSERT INTO syncular.sync_writer_fence AS f (partition, required_writer_version)

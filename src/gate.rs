@@ -86,7 +86,9 @@ impl SchemaState {
 
     /// The first pending checkpoint (in token order) that `declared` does not name.
     pub fn first_undeclared(&self, declared: &[Declaration]) -> Option<&(String, String)> {
-        self.pending.iter().find(|(p, n)| !declared.iter().any(|d| d.matches(p, n)))
+        self.pending
+            .iter()
+            .find(|(p, n)| !declared.iter().any(|d| d.matches(p, n)))
     }
 
     /// `serve_gate_refusal`: schema refusal first, then the first undeclared pending checkpoint.
@@ -146,7 +148,9 @@ fn serve_gate_refusal(
     error::run(|| {
         let (partition, running) = gate_args(partition, running_schema_version)?;
         let declared = args::declarations(declared)?;
-        Ok(read(&partition, running)?.refusal(running, &declared).map(JsonB))
+        Ok(read(&partition, running)?
+            .refusal(running, &declared)
+            .map(JsonB))
     })
 }
 
@@ -160,6 +164,8 @@ fn assert_serve_ready(
     error::run(|| {
         let (partition, running) = gate_args(partition, running_schema_version)?;
         let declared = args::declarations(declared)?;
-        Ok(JsonB(read(&partition, running)?.assert_ready(running, &declared)?))
+        Ok(JsonB(
+            read(&partition, running)?.assert_ready(running, &declared)?,
+        ))
     })
 }

@@ -41,7 +41,11 @@ mod tables;
 // Tables first: the functions' composite return types need them.
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 // The trigger and its guard need the trigger function.
-extension_sql_file!("../sql/fence_guard.sql", name = "fence_guard", requires = [fence::writer_fence_trigger]);
+extension_sql_file!(
+    "../sql/fence_guard.sql",
+    name = "fence_guard",
+    requires = [fence::writer_fence_trigger]
+);
 // The row-meta trigger function runs with the owner's rights (it writes sync_* tables).
 extension_sql!(
     "ALTER FUNCTION syncular.row_meta_trigger() SECURITY DEFINER SET search_path = pg_catalog, pg_temp;",
@@ -69,10 +73,16 @@ mod tests {
     #[pg_test]
     fn appends_in_one_transaction_are_dense() {
         for expected in 1..=3 {
-            assert_eq!(bigint(&format!("SELECT syncular.append_commit('p', {COMMIT})")), expected);
+            assert_eq!(
+                bigint(&format!("SELECT syncular.append_commit('p', {COMMIT})")),
+                expected
+            );
         }
         assert_eq!(bigint("SELECT syncular.max_commit_seq('p')"), 3);
-        assert_eq!(bigint("SELECT count(*) FROM syncular.sync_change_scopes"), 3);
+        assert_eq!(
+            bigint("SELECT count(*) FROM syncular.sync_change_scopes"),
+            3
+        );
     }
 
     /// The fence reads the latest committed state plus this transaction's own earlier writes.
@@ -81,7 +91,10 @@ mod tests {
         assert_eq!(bigint("SELECT syncular.raise_writer_fence('p', 2)"), 2);
         assert_eq!(crate::fence::requirement("p").expect("lookup"), Some(2));
         assert!(!crate::fence::allows(Some(2), Some(1)));
-        assert_eq!(bigint(&format!("SELECT syncular.append_commit('p', {COMMIT})")), 1);
+        assert_eq!(
+            bigint(&format!("SELECT syncular.append_commit('p', {COMMIT})")),
+            1
+        );
     }
 
     #[pg_test(error = "sync.storage.writer_fence_rejected")]
@@ -103,11 +116,19 @@ mod tests {
     #[pg_test]
     fn checkpoint_cas_in_one_transaction() {
         Spi::run("SELECT syncular.declare_checkpoint('p', 'x', 1, 10)").expect("declare");
-        assert_eq!(bigint("SELECT owner_epoch FROM syncular.claim_checkpoint('p', 'x', 1, 11)"), 1);
-        assert_eq!(bigint("SELECT owner_epoch FROM syncular.claim_checkpoint('p', 'x', 1, 12)"), 2);
-        let stale = Spi::get_one::<bool>("SELECT syncular.advance_checkpoint('p', 'x', 1, 5, 5, 13)");
+        assert_eq!(
+            bigint("SELECT owner_epoch FROM syncular.claim_checkpoint('p', 'x', 1, 11)"),
+            1
+        );
+        assert_eq!(
+            bigint("SELECT owner_epoch FROM syncular.claim_checkpoint('p', 'x', 1, 12)"),
+            2
+        );
+        let stale =
+            Spi::get_one::<bool>("SELECT syncular.advance_checkpoint('p', 'x', 1, 5, 5, 13)");
         assert_eq!(stale, Ok(Some(false)));
-        let owner = Spi::get_one::<bool>("SELECT syncular.advance_checkpoint('p', 'x', 2, 5, 5, 13)");
+        let owner =
+            Spi::get_one::<bool>("SELECT syncular.advance_checkpoint('p', 'x', 2, 5, 5, 13)");
         assert_eq!(owner, Ok(Some(true)));
         let outcome =
             Spi::get_one::<&str>("SELECT syncular.activate_checkpoint('p', 'x', 2, 5, '{}', 14)");

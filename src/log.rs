@@ -32,7 +32,10 @@ pub fn lock(client: &SpiClient<'_>, partition: &str) -> Result<Locked> {
         &key(),
     )?;
     if let Some(max) = db::first::<i64>(existing)? {
-        return Ok(Locked { max_commit_seq: max, created: false });
+        return Ok(Locked {
+            max_commit_seq: max,
+            created: false,
+        });
     }
     // New partition. Our uncommitted insert is the lock: concurrent creators wait on it.
     let inserted = db::write(
@@ -42,7 +45,10 @@ pub fn lock(client: &SpiClient<'_>, partition: &str) -> Result<Locked> {
         &key(),
     )?;
     if let Some(max) = db::first::<i64>(inserted)? {
-        return Ok(Locked { max_commit_seq: max, created: true });
+        return Ok(Locked {
+            max_commit_seq: max,
+            created: true,
+        });
     }
     // Lost the creation race: the winner has committed by now. A no-op update locks its row
     // (and raises 40001 under REPEATABLE READ when the row is newer than our snapshot).
@@ -56,7 +62,10 @@ pub fn lock(client: &SpiClient<'_>, partition: &str) -> Result<Locked> {
     )?;
     let max = db::first::<i64>(raced)?
         .ok_or_else(|| Error::Internal("partition upsert returned nothing".into()))?;
-    Ok(Locked { max_commit_seq: max, created: false })
+    Ok(Locked {
+        max_commit_seq: max,
+        created: false,
+    })
 }
 
 /// Allocation, commit row, changes, scope index and tombstones in one set-based statement.
@@ -112,9 +121,17 @@ pub fn append(client: &SpiClient<'_>, partition: &str, commit: &Commit) -> Resul
         DatumWithOid::from(changes.iter().map(|c| c.op as i16).collect::<Vec<_>>()),
         DatumWithOid::from(changes.iter().map(|c| c.row_version).collect::<Vec<_>>()),
         DatumWithOid::from(
-            changes.iter().map(|c| JsonB(serde_json::Value::Object(c.scopes.clone()))).collect::<Vec<_>>(),
+            changes
+                .iter()
+                .map(|c| JsonB(serde_json::Value::Object(c.scopes.clone())))
+                .collect::<Vec<_>>(),
         ),
-        DatumWithOid::from(changes.iter().map(|c| c.payload.clone()).collect::<Vec<_>>()),
+        DatumWithOid::from(
+            changes
+                .iter()
+                .map(|c| c.payload.clone())
+                .collect::<Vec<_>>(),
+        ),
         DatumWithOid::from(scopes.iter().map(|s| s.0).collect::<Vec<_>>()),
         DatumWithOid::from(scopes.iter().map(|s| s.1).collect::<Vec<_>>()),
         DatumWithOid::from(scopes.iter().map(|s| s.2).collect::<Vec<_>>()),

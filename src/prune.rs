@@ -14,7 +14,12 @@ use serde_json::json;
 
 /// Prunes through `max(horizon, through)` if `log_epoch` is the partition's registry epoch.
 /// Caller holds nothing; takes L1 then L2.
-pub fn prune_through(client: &SpiClient<'_>, partition: &str, log_epoch: &str, through: i64) -> Result<serde_json::Value> {
+pub fn prune_through(
+    client: &SpiClient<'_>,
+    partition: &str,
+    log_epoch: &str,
+    through: i64,
+) -> Result<serde_json::Value> {
     log::lock(client, partition)?;
     let epoch = db::first::<String>(db::write(
         client,
@@ -84,7 +89,10 @@ fn set_horizon_seq(partition: Option<String>, seq: Option<i64>) -> i64 {
                 client,
                 "UPDATE syncular.sync_partitions SET horizon_seq = GREATEST(horizon_seq, $2)
                   WHERE partition = $1 RETURNING horizon_seq",
-                &[DatumWithOid::from(partition.as_str()), DatumWithOid::from(seq)],
+                &[
+                    DatumWithOid::from(partition.as_str()),
+                    DatumWithOid::from(seq),
+                ],
             )?)?
             .ok_or_else(|| Error::Internal("locked partition row missing".into()))
         })
@@ -93,13 +101,19 @@ fn set_horizon_seq(partition: Option<String>, seq: Option<i64>) -> i64 {
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn prune_commits_through(partition: Option<String>, log_epoch: Option<String>, through_seq: Option<i64>) -> JsonB {
+fn prune_commits_through(
+    partition: Option<String>,
+    log_epoch: Option<String>,
+    through_seq: Option<i64>,
+) -> JsonB {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         // Upstream validated the cursor as a whole: every defect of it is one code.
         let cursor = || Error::bare(Code::InvalidPruneCursor);
         let log_epoch = log_epoch.filter(|e| !e.is_empty()).ok_or_else(cursor)?;
-        let through = through_seq.filter(|t| (0..=MAX_SAFE).contains(t)).ok_or_else(cursor)?;
+        let through = through_seq
+            .filter(|t| (0..=MAX_SAFE).contains(t))
+            .ok_or_else(cursor)?;
         db::with_spi(|client| prune_through(client, &partition, &log_epoch, through)).map(JsonB)
     })
 }
@@ -115,7 +129,10 @@ fn commit_seq_before(partition: Option<String>, before_ms: Option<i64>) -> i64 {
                 client,
                 "SELECT max(commit_seq) FROM syncular.sync_commits
                   WHERE partition = $1 AND created_at_ms < $2",
-                &[DatumWithOid::from(partition.as_str()), DatumWithOid::from(before_ms)],
+                &[
+                    DatumWithOid::from(partition.as_str()),
+                    DatumWithOid::from(before_ms),
+                ],
             )?)?
             .unwrap_or(0))
         })

@@ -44,7 +44,17 @@ const WINDOW_CHANGES_SQL: &str = concat!(
     " ORDER BY c.commit_seq, ch.idx"
 );
 
-pub type WindowRow = (i64, i64, String, i32, String, String, Option<i64>, JsonB, Option<Vec<u8>>);
+pub type WindowRow = (
+    i64,
+    i64,
+    String,
+    i32,
+    String,
+    String,
+    Option<i64>,
+    JsonB,
+    Option<Vec<u8>>,
+);
 
 fn window(
     client: &SpiClient<'_>,
@@ -55,7 +65,9 @@ fn window(
     through_seq: i64,
     limit: i64,
 ) -> Result<Vec<WindowRow>> {
-    let Some((var, values)) = filter.first() else { return Ok(Vec::new()) };
+    let Some((var, values)) = filter.first() else {
+        return Ok(Vec::new());
+    };
     let batch = limit.max(64);
     let mut after = after_seq;
     let mut total = 0i64;
@@ -151,19 +163,27 @@ fn read_commit_window(
         let after = args::count("after_seq", after_seq)?;
         let through = args::count("through_seq", through_seq)?;
         let limit = args::at_least("limit_changes", limit_changes.map(i64::from), 1)?;
-        let rows = db::with_spi(|client| window(client, &partition, &tbl, &filter, after, through, limit))?;
+        let rows = db::with_spi(|client| {
+            window(client, &partition, &tbl, &filter, after, through, limit)
+        })?;
         Ok(TableIterator::new(rows))
     })
 }
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn latest_scoped_change_seq(partition: Option<String>, tbl: Option<String>, scope_filter: Option<args::JsonArg>) -> i64 {
+fn latest_scoped_change_seq(
+    partition: Option<String>,
+    tbl: Option<String>,
+    scope_filter: Option<args::JsonArg>,
+) -> i64 {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let tbl = scope::log_table("tbl", tbl)?;
         let filter = scope::filter("scope_filter", scope_filter)?;
-        let Some((var, values)) = filter.first() else { return Ok(0) };
+        let Some((var, values)) = filter.first() else {
+            return Ok(0);
+        };
         db::with_spi(|client| {
             let table = db::read(
                 client,
@@ -195,7 +215,9 @@ fn scan(
     after_row_id: Option<String>,
     lim: i64,
 ) -> Result<Vec<ScanRow>> {
-    let Some((var, values)) = filter.first() else { return Ok(Vec::new()) };
+    let Some((var, values)) = filter.first() else {
+        return Ok(Vec::new());
+    };
     let batch = lim.max(64);
     let mut after = after_row_id;
     let mut out: Vec<ScanRow> = Vec::new();
@@ -246,12 +268,20 @@ fn scan(
             }
             let row_id = row.get::<String>(1)?.unwrap_or_default();
             // A vanished row (deleted since its entry was read) has no server version.
-            let Some(version) = row.get::<i64>(2)? else { continue };
+            let Some(version) = row.get::<i64>(2)? else {
+                continue;
+            };
             let scopes = row.get::<JsonB>(3)?.unwrap_or(JsonB(serde_json::json!({})));
             if !filter_matches(filter, &scopes.0) {
                 continue;
             }
-            out.push((row_id, version, scopes, row.get::<Vec<u8>>(4)?.unwrap_or_default(), row.get::<Vec<u8>>(5)?));
+            out.push((
+                row_id,
+                version,
+                scopes,
+                row.get::<Vec<u8>>(4)?.unwrap_or_default(),
+                row.get::<Vec<u8>>(5)?,
+            ));
             if out.len() as i64 >= lim {
                 done = true;
             }
@@ -268,7 +298,10 @@ fn scan(
 /// The matching rule of data-model §5.1, for rows read from app tables.
 fn filter_matches(filter: &Filter, scopes: &serde_json::Value) -> bool {
     filter.keys.iter().all(|(var, values)| {
-        scopes.get(var).and_then(|v| v.as_str()).is_some_and(|v| values.iter().any(|x| x == v))
+        scopes
+            .get(var)
+            .and_then(|v| v.as_str())
+            .is_some_and(|v| values.iter().any(|x| x == v))
     })
 }
 
@@ -301,7 +334,15 @@ fn scan_rows(
         }
         let rows = db::with_spi(|client| {
             let relation = tables::resolve(client, &tbl)?;
-            scan(client, &relation, &partition, &tbl, &filter, after_row_id, lim)
+            scan(
+                client,
+                &relation,
+                &partition,
+                &tbl,
+                &filter,
+                after_row_id,
+                lim,
+            )
         })?;
         Ok(TableIterator::new(rows))
     })

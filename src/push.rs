@@ -37,12 +37,16 @@ fn text_or_empty(record: &Map<String, Value>, key: &str) -> Value {
 
 /// The normalized reading of a stored push result (data-model §5.2); `Err` = unreadable.
 pub fn normalize(stored: Value) -> Result<Value> {
-    let Value::Object(doc) = args::unwrap_json_text(stored) else { return Err(cache_miss()) };
+    let Value::Object(doc) = args::unwrap_json_text(stored) else {
+        return Err(cache_miss());
+    };
     let status = match doc.get("status") {
         Some(Value::String(s)) if s == "applied" || s == "rejected" => s.clone(),
         _ => return Err(cache_miss()),
     };
-    let Some(Value::Array(records)) = doc.get("results") else { return Err(cache_miss()) };
+    let Some(Value::Array(records)) = doc.get("results") else {
+        return Err(cache_miss());
+    };
     let mut out = Map::new();
     out.insert("status".into(), json!(status));
     for key in ["commitSeq", "recordedAtMs", "cacheIdentity"] {
@@ -53,9 +57,14 @@ pub fn normalize(stored: Value) -> Result<Value> {
     let results = records
         .iter()
         .map(|record| {
-            let Value::Object(record) = record else { return Err(cache_miss()) };
+            let Value::Object(record) = record else {
+                return Err(cache_miss());
+            };
             let mut r = Map::new();
-            r.insert("opIndex".into(), record.get("opIndex").cloned().unwrap_or(Value::Null));
+            r.insert(
+                "opIndex".into(),
+                record.get("opIndex").cloned().unwrap_or(Value::Null),
+            );
             match record.get("status").and_then(Value::as_str) {
                 Some("conflict") => {
                     r.insert("status".into(), json!("conflict"));
@@ -64,7 +73,10 @@ pub fn normalize(stored: Value) -> Result<Value> {
                     let version = record.get("serverVersion").and_then(|v| json_int(v).ok());
                     r.insert("serverVersion".into(), json!(version.unwrap_or(0)));
                     for key in ["serverRow", "conflictColumns"] {
-                        r.insert(key.into(), canonical_base64(record.get(key)).ok_or_else(cache_miss)?);
+                        r.insert(
+                            key.into(),
+                            canonical_base64(record.get(key)).ok_or_else(cache_miss)?,
+                        );
                     }
                 }
                 Some("error") => {
@@ -90,7 +102,8 @@ pub fn normalize(stored: Value) -> Result<Value> {
 
 /// Validates a push-result document for `put_push_result` (storage-api §3).
 pub fn validate(doc: &Value) -> Result<()> {
-    let bad = |path: &str, reason: &str| Err(Error::invalid_argument(&format!("result{path}"), reason));
+    let bad =
+        |path: &str, reason: &str| Err(Error::invalid_argument(&format!("result{path}"), reason));
     let int_at_least = |v: &Value, path: &str, min: i64| -> Result<()> {
         match json_int(v) {
             Ok(n) if n >= min => Ok(()),
@@ -98,7 +111,9 @@ pub fn validate(doc: &Value) -> Result<()> {
             Err(IntProblem::Type) => bad(path, "type"),
         }
     };
-    let Value::Object(obj) = doc else { return bad("", "type") };
+    let Value::Object(obj) = doc else {
+        return bad("", "type");
+    };
     let applied = match obj.get("status") {
         None | Some(Value::Null) => return bad(".status", "missing"),
         Some(Value::String(s)) if s == "applied" => true,
@@ -127,7 +142,9 @@ pub fn validate(doc: &Value) -> Result<()> {
     };
     for (i, record) in records.iter().enumerate() {
         let at = |key: &str| format!(".results[{i}]{key}");
-        let Value::Object(record) = record else { return bad(&at(""), "type") };
+        let Value::Object(record) = record else {
+            return bad(&at(""), "type");
+        };
         match record.get("opIndex") {
             None | Some(Value::Null) => return bad(&at(".opIndex"), "missing"),
             Some(v) => int_at_least(v, &at(".opIndex"), 0)?,
@@ -170,9 +187,14 @@ const RESULT_SQL: &str = "SELECT result FROM syncular.sync_push_results
 /// The stored result, normalized. `fresh`: after a lock wait, with a new snapshot.
 fn stored_result(client: &SpiClient<'_>, key: &[&str; 3], fresh: bool) -> Result<Option<Value>> {
     let params = key.map(DatumWithOid::from);
-    let table =
-        if fresh { db::write(client, RESULT_SQL, &params)? } else { db::read(client, RESULT_SQL, &params)? };
-    db::first::<JsonB>(table)?.map(|stored| normalize(stored.0)).transpose()
+    let table = if fresh {
+        db::write(client, RESULT_SQL, &params)?
+    } else {
+        db::read(client, RESULT_SQL, &params)?
+    };
+    db::first::<JsonB>(table)?
+        .map(|stored| normalize(stored.0))
+        .transpose()
 }
 
 struct PushKey {

@@ -74,7 +74,11 @@ fn too_deep(value: &Value, depth: usize) -> bool {
 
 /// Size and depth bounds of a stored JSON document (payloads, failure details).
 fn bounded(value: &Value, at: &str, max_bytes: usize) -> Result<()> {
-    if serde_json::to_string(value).map(|s| s.len()).unwrap_or(usize::MAX) > max_bytes {
+    if serde_json::to_string(value)
+        .map(|s| s.len())
+        .unwrap_or(usize::MAX)
+        > max_bytes
+    {
         return Err(Error::invalid_argument(at, "too_large"));
     }
     if too_deep(value, 0) {
@@ -83,7 +87,14 @@ fn bounded(value: &Value, at: &str, max_bytes: usize) -> Result<()> {
     Ok(())
 }
 
-fn int_field(obj: &Map<String, Value>, key: &str, at: &str, min: i64, max: i64, default: Option<i64>) -> Result<i64> {
+fn int_field(
+    obj: &Map<String, Value>,
+    key: &str,
+    at: &str,
+    min: i64,
+    max: i64,
+    default: Option<i64>,
+) -> Result<i64> {
     match obj.get(key) {
         None | Some(Value::Null) => default.ok_or_else(|| Error::invalid_argument(at, "missing")),
         Some(v) => match json_int(v) {
@@ -111,7 +122,9 @@ fn valid_type(name: &str) -> bool {
 /// Validates one reaction (keys in the spec's order) and returns it normalized for insertion.
 fn reaction(value: &Value, i: usize) -> Result<Value> {
     let at = |key: &str| format!("reactions[{i}].{key}");
-    let Value::Object(obj) = value else { return Err(Error::invalid_argument(&format!("reactions[{i}]"), "type")) };
+    let Value::Object(obj) = value else {
+        return Err(Error::invalid_argument(&format!("reactions[{i}]"), "type"));
+    };
     let key = string_field(obj, "idempotencyKey", &at("idempotencyKey"))?;
     if key.is_empty() {
         return Err(Error::invalid_argument(&at("idempotencyKey"), "empty"));
@@ -132,7 +145,14 @@ fn reaction(value: &Value, i: usize) -> Result<Value> {
     bounded(&payload, &at("payload"), MAX_PAYLOAD_BYTES)?;
     let source_client = string_field(obj, "sourceClientId", &at("sourceClientId"))?;
     let source_commit = string_field(obj, "sourceClientCommitId", &at("sourceClientCommitId"))?;
-    let source_seq = int_field(obj, "sourceCommitSeq", &at("sourceCommitSeq"), 0, MAX_SAFE, None)?;
+    let source_seq = int_field(
+        obj,
+        "sourceCommitSeq",
+        &at("sourceCommitSeq"),
+        0,
+        MAX_SAFE,
+        None,
+    )?;
     let created = int_field(obj, "createdAtMs", &at("createdAtMs"), 0, MAX_SAFE, None)?;
     let max_attempts = int_field(obj, "maxAttempts", &at("maxAttempts"), 1, 100, Some(10))?;
     Ok(json!({
@@ -150,9 +170,14 @@ fn enqueue_reactions(partition: Option<String>, reactions: Option<args::JsonArg>
         let Value::Array(items) = args::json("reactions", reactions)? else {
             return Err(Error::invalid_argument("reactions", "type"));
         };
-        let normalized = items.iter().enumerate().map(|(i, r)| reaction(r, i)).collect::<Result<Vec<_>>>()?;
+        let normalized = items
+            .iter()
+            .enumerate()
+            .map(|(i, r)| reaction(r, i))
+            .collect::<Result<Vec<_>>>()?;
         let key_of = |r: &Value| r["idempotencyKey"].as_str().unwrap_or_default().to_string();
-        let duplicate = |key: String| Error::new(Code::ReactionDuplicate, json!({ "idempotencyKey": key }));
+        let duplicate =
+            |key: String| Error::new(Code::ReactionDuplicate, json!({ "idempotencyKey": key }));
         let mut seen = HashSet::new();
         for r in &normalized {
             if !seen.insert(key_of(r)) {
@@ -181,7 +206,11 @@ fn enqueue_reactions(partition: Option<String>, reactions: Option<args::JsonArg>
             .map(|row| Ok(row.get::<String>(1)?.unwrap_or_default()))
             .collect::<Result<_>>()?;
             // The first element (array order) whose key already existed: the call fails whole.
-            if let Some(existing) = normalized.iter().map(key_of).find(|k| !inserted.contains(k)) {
+            if let Some(existing) = normalized
+                .iter()
+                .map(key_of)
+                .find(|k| !inserted.contains(k))
+            {
                 return Err(duplicate(existing));
             }
             Ok(count as i32)
@@ -249,11 +278,6 @@ fn claim_reactions(
     })
 }
 
-/// Runs a guarded single-row update; `true` iff a row changed.
-fn changed(sql: &'static str, params: &[DatumWithOid<'_>]) -> Result<bool> {
-    db::with_spi(|client| Ok(!db::write(client, sql, params)?.is_empty()))
-}
-
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn complete_reaction(
@@ -267,14 +291,19 @@ fn complete_reaction(
         let key = args::text("idempotency_key", idempotency_key)?;
         let owner = args::text("lease_owner", lease_owner)?;
         let at = args::count("at_ms", at_ms)?;
-        changed(
+        db::changed(
             "UPDATE syncular.sync_reactions
                 SET status = 'completed', completed_at_ms = $4, lease_owner = NULL,
                     lease_expires_at_ms = NULL
               WHERE partition = $1 AND idempotency_key = $2 AND status = 'leased'
                 AND lease_owner = $3
              RETURNING 1",
-            &[partition.as_str().into(), key.as_str().into(), owner.as_str().into(), at.into()],
+            &[
+                partition.as_str().into(),
+                key.as_str().into(),
+                owner.as_str().into(),
+                at.into(),
+            ],
         )
     })
 }
@@ -292,19 +321,26 @@ fn extend_reaction_lease(
         let key = args::text("idempotency_key", idempotency_key)?;
         let owner = args::text("lease_owner", lease_owner)?;
         let expires = args::count("expires_at_ms", expires_at_ms)?;
-        changed(
+        db::changed(
             "UPDATE syncular.sync_reactions SET lease_expires_at_ms = $4
               WHERE partition = $1 AND idempotency_key = $2 AND status = 'leased'
                 AND lease_owner = $3
              RETURNING 1",
-            &[partition.as_str().into(), key.as_str().into(), owner.as_str().into(), expires.into()],
+            &[
+                partition.as_str().into(),
+                key.as_str().into(),
+                owner.as_str().into(),
+                expires.into(),
+            ],
         )
     })
 }
 
 /// Validates a failure object and keeps exactly `code`, `atMs` and (when given) `details`.
 fn decode_failure(value: Value) -> Result<(Value, i64)> {
-    let Value::Object(obj) = value else { return Err(Error::invalid_argument("failure", "type")) };
+    let Value::Object(obj) = value else {
+        return Err(Error::invalid_argument("failure", "type"));
+    };
     let code = string_field(&obj, "code", "failure.code")?;
     if code.is_empty() {
         return Err(Error::invalid_argument("failure.code", "empty"));
@@ -336,8 +372,10 @@ fn fail_reaction(
         let key = args::text("idempotency_key", idempotency_key)?;
         let owner = args::text("lease_owner", lease_owner)?;
         let (failure, at) = decode_failure(args::json("failure", failure)?)?;
-        let retry = retry_at_ms.map(|r| args::count("retry_at_ms", Some(r))).transpose()?;
-        changed(
+        let retry = retry_at_ms
+            .map(|r| args::count("retry_at_ms", Some(r)))
+            .transpose()?;
+        db::changed(
             "UPDATE syncular.sync_reactions
                 SET status = CASE WHEN $5::bigint IS NULL THEN 'dead-letter' ELSE 'pending' END,
                     available_at_ms = coalesce($5::bigint, $6),
@@ -359,12 +397,16 @@ fn fail_reaction(
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn retry_reaction(partition: Option<String>, idempotency_key: Option<String>, now_ms: Option<i64>) -> bool {
+fn retry_reaction(
+    partition: Option<String>,
+    idempotency_key: Option<String>,
+    now_ms: Option<i64>,
+) -> bool {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let key = args::text("idempotency_key", idempotency_key)?;
         let now = args::count("now_ms", now_ms)?;
-        changed(
+        db::changed(
             "UPDATE syncular.sync_reactions
                 SET status = 'pending', attempts = 0, available_at_ms = $3, last_failure = NULL,
                     lease_owner = NULL, lease_expires_at_ms = NULL, completed_at_ms = NULL
@@ -384,8 +426,12 @@ fn get_reaction(partition: Option<String>, idempotency_key: Option<String>) -> O
         db::with_spi(|client| {
             let found = reactions(db::read(
                 client,
-                concat!("SELECT ", reaction_columns!(), " FROM syncular.sync_reactions
-                         WHERE partition = $1 AND idempotency_key = $2"),
+                concat!(
+                    "SELECT ",
+                    reaction_columns!(),
+                    " FROM syncular.sync_reactions
+                         WHERE partition = $1 AND idempotency_key = $2"
+                ),
                 &[partition.as_str().into(), key.as_str().into()],
             )?)?;
             Ok(found.into_iter().next().map(JsonB))
@@ -405,7 +451,9 @@ fn list_reactions(
         let partition = args::text("partition", partition)?;
         let lim = args::required("lim", lim)?;
         let filter = |name: &str, v: Option<Vec<Option<String>>>| -> Result<Option<Vec<String>>> {
-            Ok(v.map(|v| args::text_array(name, Some(v))).transpose()?.filter(|v| !v.is_empty()))
+            Ok(v.map(|v| args::text_array(name, Some(v)))
+                .transpose()?
+                .filter(|v| !v.is_empty()))
         };
         let statuses = filter("statuses", statuses)?;
         let types = filter("types", types)?;
@@ -415,13 +463,22 @@ fn list_reactions(
         db::with_spi(|client| {
             let list = reactions(db::read(
                 client,
-                concat!("SELECT ", reaction_columns!(), " FROM syncular.sync_reactions
+                concat!(
+                    "SELECT ",
+                    reaction_columns!(),
+                    " FROM syncular.sync_reactions
                          WHERE partition = $1
                            AND ($2::text[] IS NULL OR status = ANY($2))
                            AND ($3::text[] IS NULL OR type = ANY($3))
                          ORDER BY created_at_ms DESC, idempotency_key DESC
-                         LIMIT $4"),
-                &[partition.as_str().into(), statuses.into(), types.into(), (lim as i64).into()],
+                         LIMIT $4"
+                ),
+                &[
+                    partition.as_str().into(),
+                    statuses.into(),
+                    types.into(),
+                    (lim as i64).into(),
+                ],
             )?)?;
             Ok(JsonB(Value::Array(list)))
         })
@@ -468,7 +525,12 @@ fn prune_reactions(
                  SELECT count(*) FILTER (WHERE status = 'completed'),
                         count(*) FILTER (WHERE status = 'dead-letter')
                    FROM gone",
-                &[partition.as_str().into(), completed_before.into(), dead_before.into(), (lim as i64).into()],
+                &[
+                    partition.as_str().into(),
+                    completed_before.into(),
+                    dead_before.into(),
+                    (lim as i64).into(),
+                ],
             )?;
             let row = table.first();
             Ok(JsonB(json!({

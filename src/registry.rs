@@ -37,7 +37,12 @@ fn single(table: SpiTupleTable<'_>) -> Result<Value> {
 }
 
 /// Inserts the registry row (keeping an existing epoch) and stamps the authentication time.
-fn touch(client: &SpiClient<'_>, partition: &str, now_ms: i64, initial_epoch: &str) -> Result<Value> {
+fn touch(
+    client: &SpiClient<'_>,
+    partition: &str,
+    now_ms: i64,
+    initial_epoch: &str,
+) -> Result<Value> {
     single(db::write(
         client,
         concat!(
@@ -59,7 +64,11 @@ fn touch(client: &SpiClient<'_>, partition: &str, now_ms: i64, initial_epoch: &s
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn touch_partition(partition: Option<String>, now_ms: Option<i64>, initial_log_epoch: Option<String>) -> JsonB {
+fn touch_partition(
+    partition: Option<String>,
+    now_ms: Option<i64>,
+    initial_log_epoch: Option<String>,
+) -> JsonB {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let now_ms = args::count("now_ms", now_ms)?;
@@ -95,7 +104,11 @@ fn serve_entry(
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn rotate_log_epoch(partition: Option<String>, log_epoch: Option<String>, now_ms: Option<i64>) -> JsonB {
+fn rotate_log_epoch(
+    partition: Option<String>,
+    log_epoch: Option<String>,
+    now_ms: Option<i64>,
+) -> JsonB {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let epoch = args::text("log_epoch", log_epoch)?;
@@ -153,8 +166,11 @@ fn list_partition_registry() -> JsonB {
         db::with_spi(|client| {
             entries(db::read(
                 client,
-                concat!("SELECT ", entry_columns!(),
-                        " FROM syncular.sync_partition_registry ORDER BY partition"),
+                concat!(
+                    "SELECT ",
+                    entry_columns!(),
+                    " FROM syncular.sync_partition_registry ORDER BY partition"
+                ),
                 &[],
             )?)
         })
@@ -172,7 +188,9 @@ fn list_partitions() -> Vec<String> {
                 "SELECT partition FROM syncular.sync_partition_registry ORDER BY partition",
                 &[],
             )?;
-            table.map(|row| Ok(row.get::<String>(1)?.unwrap_or_default())).collect()
+            table
+                .map(|row| Ok(row.get::<String>(1)?.unwrap_or_default()))
+                .collect()
         })
     })
 }

@@ -23,7 +23,10 @@ pub fn set_scopes(
     scopes: &Map<String, Value>,
 ) -> Result<i64> {
     let vars: Vec<&str> = scopes.keys().map(String::as_str).collect();
-    let values: Vec<&str> = scopes.values().map(|v| v.as_str().unwrap_or_default()).collect();
+    let values: Vec<&str> = scopes
+        .values()
+        .map(|v| v.as_str().unwrap_or_default())
+        .collect();
     db::write(
         client,
         "WITH wanted AS (
@@ -48,7 +51,12 @@ pub fn set_scopes(
 }
 
 /// Removes a row's scope entries and blob refs; returns how many of each.
-pub fn delete_meta(client: &SpiClient<'_>, partition: &str, tbl: &str, row_id: &str) -> Result<(i64, i64)> {
+pub fn delete_meta(
+    client: &SpiClient<'_>,
+    partition: &str,
+    tbl: &str,
+    row_id: &str,
+) -> Result<(i64, i64)> {
     let table = db::write(
         client,
         "WITH s AS (
@@ -59,10 +67,17 @@ pub fn delete_meta(client: &SpiClient<'_>, partition: &str, tbl: &str, row_id: &
             WHERE partition = $1 AND tbl = $2 AND row_id = $3 RETURNING 1
          )
          SELECT (SELECT count(*) FROM s), (SELECT count(*) FROM b)",
-        &[DatumWithOid::from(partition), DatumWithOid::from(tbl), DatumWithOid::from(row_id)],
+        &[
+            DatumWithOid::from(partition),
+            DatumWithOid::from(tbl),
+            DatumWithOid::from(row_id),
+        ],
     )?;
     let row = table.first();
-    Ok((row.get::<i64>(1)?.unwrap_or(0), row.get::<i64>(2)?.unwrap_or(0)))
+    Ok((
+        row.get::<i64>(1)?.unwrap_or(0),
+        row.get::<i64>(2)?.unwrap_or(0),
+    ))
 }
 
 /// Removes every scope entry and blob ref of a table, in all partitions (`retire_table`).
@@ -75,11 +90,18 @@ pub fn delete_table_meta(client: &SpiClient<'_>, tbl: &str) -> Result<(i64, i64)
         &[DatumWithOid::from(tbl)],
     )?;
     let row = table.first();
-    Ok((row.get::<i64>(1)?.unwrap_or(0), row.get::<i64>(2)?.unwrap_or(0)))
+    Ok((
+        row.get::<i64>(1)?.unwrap_or(0),
+        row.get::<i64>(2)?.unwrap_or(0),
+    ))
 }
 
 /// The `(partition, tbl, row_id)` arguments of the row functions: row ids may be empty.
-fn row_key(partition: Option<String>, tbl: Option<String>, row_id: Option<String>) -> Result<(String, String, String)> {
+fn row_key(
+    partition: Option<String>,
+    tbl: Option<String>,
+    row_id: Option<String>,
+) -> Result<(String, String, String)> {
     Ok((
         args::text("partition", partition)?,
         scope::log_table("tbl", tbl)?,
@@ -89,7 +111,12 @@ fn row_key(partition: Option<String>, tbl: Option<String>, row_id: Option<String
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn set_row_scopes(partition: Option<String>, tbl: Option<String>, row_id: Option<String>, scopes: Option<args::JsonArg>) -> i32 {
+fn set_row_scopes(
+    partition: Option<String>,
+    tbl: Option<String>,
+    row_id: Option<String>,
+    scopes: Option<args::JsonArg>,
+) -> i32 {
     error::run(|| {
         let (partition, tbl, row_id) = row_key(partition, tbl, row_id)?;
         let scopes = scope::stored("scopes", args::json("scopes", scopes)?)?;
@@ -100,10 +127,15 @@ fn set_row_scopes(partition: Option<String>, tbl: Option<String>, row_id: Option
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn delete_row_meta(partition: Option<String>, tbl: Option<String>, row_id: Option<String>) -> JsonB {
+fn delete_row_meta(
+    partition: Option<String>,
+    tbl: Option<String>,
+    row_id: Option<String>,
+) -> JsonB {
     error::run(|| {
         let (partition, tbl, row_id) = row_key(partition, tbl, row_id)?;
-        let (scopes, blobs) = db::with_spi(|client| delete_meta(client, &partition, &tbl, &row_id))?;
+        let (scopes, blobs) =
+            db::with_spi(|client| delete_meta(client, &partition, &tbl, &row_id))?;
         Ok(JsonB(json!({"rowScopes": scopes, "blobRefs": blobs})))
     })
 }
@@ -147,7 +179,11 @@ fn set_blob_refs(
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn get_row_scopes(partition: Option<String>, tbl: Option<String>, row_id: Option<String>) -> Option<JsonB> {
+fn get_row_scopes(
+    partition: Option<String>,
+    tbl: Option<String>,
+    row_id: Option<String>,
+) -> Option<JsonB> {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let tbl = args::text("tbl", tbl)?;
@@ -162,21 +198,33 @@ fn get_row_scopes(partition: Option<String>, tbl: Option<String>, row_id: Option
             let table = db::read_dynamic(
                 client,
                 &sql,
-                &[DatumWithOid::from(partition.as_str()), DatumWithOid::from(row_id.as_str())],
+                &[
+                    DatumWithOid::from(partition.as_str()),
+                    DatumWithOid::from(row_id.as_str()),
+                ],
             )?;
             if table.is_empty() {
                 return Ok(None);
             }
             let row = table.first();
-            let scopes = row.get::<JsonB>(2)?.map(|j| args::unwrap_json_text(j.0)).unwrap_or(json!({}));
-            Ok(Some(JsonB(json!({"serverVersion": row.get::<i64>(1)?, "scopes": scopes}))))
+            let scopes = row
+                .get::<JsonB>(2)?
+                .map(|j| args::unwrap_json_text(j.0))
+                .unwrap_or(json!({}));
+            Ok(Some(JsonB(
+                json!({"serverVersion": row.get::<i64>(1)?, "scopes": scopes}),
+            )))
         })
     })
 }
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn get_tombstone_seq(partition: Option<String>, tbl: Option<String>, row_id: Option<String>) -> Option<i64> {
+fn get_tombstone_seq(
+    partition: Option<String>,
+    tbl: Option<String>,
+    row_id: Option<String>,
+) -> Option<i64> {
     error::run(|| {
         let (partition, tbl, row_id) = row_key(partition, tbl, row_id)?;
         db::with_spi(|client| {

@@ -16,7 +16,10 @@ impl Filter {
     /// The variable and values of candidate selection; `None` selects nothing (no key, or an
     /// empty value list for the first key).
     pub fn first(&self) -> Option<(&str, &[String])> {
-        self.keys.first().filter(|(_, values)| !values.is_empty()).map(|(k, v)| (k.as_str(), &v[..]))
+        self.keys
+            .first()
+            .filter(|(_, values)| !values.is_empty())
+            .map(|(k, v)| (k.as_str(), &v[..]))
     }
 }
 
@@ -27,14 +30,22 @@ pub fn filter(name: &str, value: Option<args::JsonArg>) -> Result<Filter> {
 
 fn filter_value(name: &str, value: Option<Value>) -> Result<Filter> {
     let value = value.unwrap_or(Value::Object(Map::new()));
-    let Value::Object(map) = &value else { return Err(Error::invalid_argument(name, "type")) };
+    let Value::Object(map) = &value else {
+        return Err(Error::invalid_argument(name, "type"));
+    };
     let mut keys = Vec::with_capacity(map.len());
     for (var, values) in map {
         let at = format!("{name}.{var}");
-        let Value::Array(values) = values else { return Err(Error::invalid_argument(&at, "type")) };
+        let Value::Array(values) = values else {
+            return Err(Error::invalid_argument(&at, "type"));
+        };
         let values = values
             .iter()
-            .map(|v| v.as_str().map(str::to_string).ok_or_else(|| Error::invalid_argument(&at, "type")))
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| Error::invalid_argument(&at, "type"))
+            })
             .collect::<Result<Vec<_>>>()?;
         keys.push((var.clone(), values));
     }
@@ -58,7 +69,10 @@ pub fn stored(name: &str, value: Value) -> Result<Map<String, Value>> {
 pub fn log_table(name: &str, value: Option<String>) -> Result<String> {
     let table = args::text(name, value)?;
     if table.starts_with("sync_") {
-        return Err(Error::new(Code::UnknownTable, serde_json::json!({ "table": table })));
+        return Err(Error::new(
+            Code::UnknownTable,
+            serde_json::json!({ "table": table }),
+        ));
     }
     Ok(table)
 }
@@ -70,9 +84,15 @@ pub fn log_table(name: &str, value: Option<String>) -> Result<String> {
 macro_rules! scope_matches {
     ($scopes:literal, $filter:literal) => {
         concat!(
-            "NOT EXISTS (SELECT 1 FROM pg_catalog.jsonb_each(", $filter, ") AS f(k, vals)",
-            " WHERE NOT coalesce(pg_catalog.jsonb_typeof(", $scopes, " -> f.k) = 'string'",
-            " AND f.vals ? (", $scopes, " ->> f.k), false))"
+            "NOT EXISTS (SELECT 1 FROM pg_catalog.jsonb_each(",
+            $filter,
+            ") AS f(k, vals)",
+            " WHERE NOT coalesce(pg_catalog.jsonb_typeof(",
+            $scopes,
+            " -> f.k) = 'string'",
+            " AND f.vals ? (",
+            $scopes,
+            " ->> f.k), false))"
         )
     };
 }
@@ -86,7 +106,11 @@ mod tests {
     fn keys_sort_by_utf16_code_units() {
         // U+FF21 (one UTF-16 unit 0xFF21) sorts after U+1F600 (surrogates 0xD83D…) in UTF-16,
         // before it in UTF-8 byte order.
-        let f = filter_value("f", Some(json!({"\u{FF21}": ["a"], "\u{1F600}": ["b"], "a": []}))).unwrap();
+        let f = filter_value(
+            "f",
+            Some(json!({"\u{FF21}": ["a"], "\u{1F600}": ["b"], "a": []})),
+        )
+        .unwrap();
         let keys: Vec<&str> = f.keys.iter().map(|k| k.0.as_str()).collect();
         assert_eq!(keys, vec!["a", "\u{1F600}", "\u{FF21}"]);
         assert!(f.first().is_none(), "first key has no values");

@@ -25,7 +25,11 @@ pub struct Relation {
 impl Relation {
     /// The quoted, schema-qualified name, safe to splice into SQL.
     pub fn qualified(&self) -> String {
-        format!("{}.{}", quote_identifier(&self.schema), quote_identifier(&self.name))
+        format!(
+            "{}.{}",
+            quote_identifier(&self.schema),
+            quote_identifier(&self.name)
+        )
     }
 }
 
@@ -65,7 +69,10 @@ pub fn resolve(client: &SpiClient<'_>, tbl: &str) -> error::Result<Relation> {
 
 /// Runs `body` with the rights of the extension's owner (SECURITY_LOCAL_USERID_CHANGE), and
 /// switches back. An error aborts the (sub)transaction, which restores the user as well.
-pub fn as_extension_owner<R>(client: &SpiClient<'_>, body: impl FnOnce() -> error::Result<R>) -> error::Result<R> {
+pub fn as_extension_owner<R>(
+    client: &SpiClient<'_>,
+    body: impl FnOnce() -> error::Result<R>,
+) -> error::Result<R> {
     let owner = db::first::<pg_sys::Oid>(db::read(
         client,
         "SELECT e.extowner FROM pg_catalog.pg_extension e WHERE e.extname = 'syncular'",
@@ -75,7 +82,10 @@ pub fn as_extension_owner<R>(client: &SpiClient<'_>, body: impl FnOnce() -> erro
     let (mut user, mut context) = (pg_sys::InvalidOid, 0);
     unsafe {
         pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
-        pg_sys::SetUserIdAndSecContext(owner, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
+        pg_sys::SetUserIdAndSecContext(
+            owner,
+            context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
+        );
     }
     let outcome = body();
     unsafe { pg_sys::SetUserIdAndSecContext(user, context) };
@@ -84,7 +94,11 @@ pub fn as_extension_owner<R>(client: &SpiClient<'_>, body: impl FnOnce() -> erro
 
 /// The calling role must own the relation (directly or through membership), as
 /// `pg_class_ownercheck`; superusers pass.
-pub fn require_owner(client: &SpiClient<'_>, relation: pg_sys::Oid, argument: &str) -> error::Result<()> {
+pub fn require_owner(
+    client: &SpiClient<'_>,
+    relation: pg_sys::Oid,
+    argument: &str,
+) -> error::Result<()> {
     let owns = db::first::<bool>(db::read(
         client,
         "SELECT pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE')
@@ -127,7 +141,10 @@ fn drop_row_meta_trigger(client: &SpiClient<'_>, relation: &Relation) -> error::
         &[DatumWithOid::from(relation.schema.as_str()), DatumWithOid::from(relation.name.as_str())],
     )?)?;
     if exists == Some(true) {
-        Spi::run(&format!("DROP TRIGGER IF EXISTS syncular_row_meta ON {}", relation.qualified()))?;
+        Spi::run(&format!(
+            "DROP TRIGGER IF EXISTS syncular_row_meta ON {}",
+            relation.qualified()
+        ))?;
     }
     Ok(())
 }
@@ -152,7 +169,12 @@ fn registration(client: &SpiClient<'_>, tbl: &str) -> error::Result<Option<(Rela
 }
 
 /// `register_table` for an already validated name; shared with `adopt_legacy_tables`.
-pub fn register(client: &SpiClient<'_>, tbl: &str, relation: pg_sys::Oid, maintain_row_meta: bool) -> error::Result<()> {
+pub fn register(
+    client: &SpiClient<'_>,
+    tbl: &str,
+    relation: pg_sys::Oid,
+    maintain_row_meta: bool,
+) -> error::Result<()> {
     if tbl.starts_with("sync_") {
         return Err(Error::invalid_argument("tbl", "reserved"));
     }
@@ -216,7 +238,11 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c AS 'MODULE_PATHNAME', 'register_table_wrapper';
 "#
 )]
-fn register_table(tbl: Option<String>, relation: Option<pg_sys::Oid>, maintain_row_meta: Option<bool>) {
+fn register_table(
+    tbl: Option<String>,
+    relation: Option<pg_sys::Oid>,
+    maintain_row_meta: Option<bool>,
+) {
     error::run(|| {
         let tbl = args::text("tbl", tbl)?;
         let relation = args::required("relation", relation)?;
@@ -255,7 +281,9 @@ fn retire_table(tbl: Option<String>) -> JsonB {
                         &[DatumWithOid::from(tbl.as_str())],
                     )?;
                 }
-                Ok(JsonB(json!({"rowScopes": row_scopes, "blobRefs": blob_refs, "registered": previous.is_some()})))
+                Ok(JsonB(
+                    json!({"rowScopes": row_scopes, "blobRefs": blob_refs, "registered": previous.is_some()}),
+                ))
             })
         })
     })
@@ -275,8 +303,10 @@ fn row_meta_trigger<'a>(
             .ok_or_else(|| Error::Internal("syncular_row_meta needs the table name".into()))?;
         let key = |row: &PgHeapTuple<'_, AllocatedByPostgres>| -> error::Result<(String, String)> {
             Ok((
-                row.get_by_name::<String>("_sync_partition")?.unwrap_or_default(),
-                row.get_by_name::<String>("_sync_row_id")?.unwrap_or_default(),
+                row.get_by_name::<String>("_sync_partition")?
+                    .unwrap_or_default(),
+                row.get_by_name::<String>("_sync_row_id")?
+                    .unwrap_or_default(),
             ))
         };
         db::with_spi(|client| {
@@ -292,7 +322,10 @@ fn row_meta_trigger<'a>(
             }
             if let Some(new) = trigger.new() {
                 let (partition, row_id) = key(&new)?;
-                let scopes = new.get_by_name::<JsonB>("_sync_scopes")?.map(|j| j.0).unwrap_or_default();
+                let scopes = new
+                    .get_by_name::<JsonB>("_sync_scopes")?
+                    .map(|j| j.0)
+                    .unwrap_or_default();
                 let scopes = crate::scope::stored("_sync_scopes", scopes)?;
                 rows::set_scopes(client, &partition, &tbl, &row_id, &scopes)?;
             }

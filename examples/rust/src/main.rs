@@ -17,7 +17,11 @@ const NOW: i64 = 1_750_000_000_000;
 /// Errors of this host: a syncular refusal (SQLSTATE class SY), or anything else.
 #[derive(Debug)]
 enum HostError {
-    Refused { sqlstate: String, code: String, details: Value },
+    Refused {
+        sqlstate: String,
+        code: String,
+        details: Value,
+    },
     Other(String),
 }
 
@@ -27,7 +31,10 @@ impl From<tokio_postgres::Error> for HostError {
             Some(db) if db.code().code().starts_with("SY") => HostError::Refused {
                 sqlstate: db.code().code().to_string(),
                 code: db.message().to_string(),
-                details: db.detail().and_then(|d| serde_json::from_str(d).ok()).unwrap_or(Value::Null),
+                details: db
+                    .detail()
+                    .and_then(|d| serde_json::from_str(d).ok())
+                    .unwrap_or(Value::Null),
             },
             _ => HostError::Other(e.to_string()),
         }
@@ -37,15 +44,26 @@ impl From<tokio_postgres::Error> for HostError {
 type Result<T> = std::result::Result<T, HostError>;
 
 fn check(condition: bool, message: &str) -> Result<()> {
-    if condition { Ok(()) } else { Err(HostError::Other(format!("rust example: FAILED: {message}"))) }
+    if condition {
+        Ok(())
+    } else {
+        Err(HostError::Other(format!("rust example: FAILED: {message}")))
+    }
 }
 
 fn identity() -> String {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     format!("{}-{nanos}", std::process::id())
 }
 
-async fn one<T: for<'a> tokio_postgres::types::FromSql<'a>>(db: &Client, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<T> {
+async fn one<T: for<'a> tokio_postgres::types::FromSql<'a>>(
+    db: &Client,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<T> {
     Ok(db.query_one(sql, params).await?.get(0))
 }
 
@@ -65,38 +83,84 @@ async fn setup(db: &Client) -> Result<()> {
              PRIMARY KEY ("_sync_partition", "_sync_row_id"))"#,
     )
     .await?;
-    db.execute("SELECT syncular.register_table('tasks', 'public.tasks')", &[]).await?;
-    let state: String = one(db, "SELECT syncular.check_schema($1, $2)", &[&VERSION, &layouts()]).await?;
+    db.execute(
+        "SELECT syncular.register_table('tasks', 'public.tasks')",
+        &[],
+    )
+    .await?;
+    let state: String = one(
+        db,
+        "SELECT syncular.check_schema($1, $2)",
+        &[&VERSION, &layouts()],
+    )
+    .await?;
     if state == "migrate" {
         db.batch_execute("BEGIN").await?;
-        let previous: i64 = one(db, "SELECT syncular.migrate_schema($1, $2)", &[&VERSION, &layouts()]).await?;
+        let previous: i64 = one(
+            db,
+            "SELECT syncular.migrate_schema($1, $2)",
+            &[&VERSION, &layouts()],
+        )
+        .await?;
         db.batch_execute("COMMIT").await?;
         println!("migrated schema {previous} -> {VERSION}");
     }
-    let state: String = one(db, "SELECT syncular.check_schema($1, $2)", &[&VERSION, &layouts()]).await?;
+    let state: String = one(
+        db,
+        "SELECT syncular.check_schema($1, $2)",
+        &[&VERSION, &layouts()],
+    )
+    .await?;
     check(state == "current", "schema current")
 }
 
 /// One push (storage-api 3.1). An empty title is refused by this host's rule (rejection path).
-async fn push(db: &Client, client_id: &str, commit_id: &str, ops: &[(&str, &str, &str)], declared: Value) -> Result<(&'static str, Value)> {
-    let replay: Option<Value> = one(db, "SELECT syncular.get_push_result($1, $2, $3)", &[&PARTITION, &client_id, &commit_id]).await?;
+async fn push(
+    db: &Client,
+    client_id: &str,
+    commit_id: &str,
+    ops: &[(&str, &str, &str)],
+    declared: Value,
+) -> Result<(&'static str, Value)> {
+    let replay: Option<Value> = one(
+        db,
+        "SELECT syncular.get_push_result($1, $2, $3)",
+        &[&PARTITION, &client_id, &commit_id],
+    )
+    .await?;
     if let Some(replay) = replay {
         return Ok(("replay", replay));
     }
     db.batch_execute("BEGIN").await?;
     let outcome = push_in_transaction(db, client_id, commit_id, ops, declared).await;
     // On any error (including sync.storage.writer_fence_rejected) nothing may persist.
-    let end = if matches!(outcome, Ok(("applied", _)) | Ok(("rejected", _))) { "COMMIT" } else { "ROLLBACK" };
+    let end = if matches!(outcome, Ok(("applied", _)) | Ok(("rejected", _))) {
+        "COMMIT"
+    } else {
+        "ROLLBACK"
+    };
     db.batch_execute(end).await?;
     outcome
 }
 
-async fn push_in_transaction(db: &Client, client_id: &str, commit_id: &str, ops: &[(&str, &str, &str)], declared: Value) -> Result<(&'static str, Value)> {
-    let stored: Option<Value> = one(db, "SELECT syncular.push_begin($1, $2, $3, $4, $5)", &[&PARTITION, &client_id, &commit_id, &VERSION, &declared]).await?;
+async fn push_in_transaction(
+    db: &Client,
+    client_id: &str,
+    commit_id: &str,
+    ops: &[(&str, &str, &str)],
+    declared: Value,
+) -> Result<(&'static str, Value)> {
+    let stored: Option<Value> = one(
+        db,
+        "SELECT syncular.push_begin($1, $2, $3, $4, $5)",
+        &[&PARTITION, &client_id, &commit_id, &VERSION, &declared],
+    )
+    .await?;
     if let Some(stored) = stored {
         return Ok(("replay", stored));
     }
-    db.batch_execute("SAVEPOINT syncular_push_candidate").await?;
+    db.batch_execute("SAVEPOINT syncular_push_candidate")
+        .await?;
     let ids: Vec<&str> = ops.iter().map(|op| op.0).collect();
     let current = db
         .query(
@@ -108,7 +172,11 @@ async fn push_in_transaction(db: &Client, client_id: &str, commit_id: &str, ops:
         )
         .await?;
     let version_of = |id: &str| -> i64 {
-        current.iter().find(|r| r.get::<_, String>(0) == id).and_then(|r| r.get::<_, Option<i64>>(1)).unwrap_or(0)
+        current
+            .iter()
+            .find(|r| r.get::<_, String>(0) == id)
+            .and_then(|r| r.get::<_, Option<i64>>(1))
+            .unwrap_or(0)
     };
     let mut changes = Vec::new();
     for (index, (row_id, project, title)) in ops.iter().enumerate() {
@@ -117,11 +185,18 @@ async fn push_in_transaction(db: &Client, client_id: &str, commit_id: &str, ops:
             let rejected = json!({"status":"rejected","recordedAtMs":NOW,"cacheIdentity":identity(),
                                   "results":[{"opIndex":index,"status":"error","code":"app.title_required",
                                               "message":"a task needs a title","retryable":false}]});
-            let canonical: Value = one(db, "SELECT syncular.put_push_result($1, $2, $3, $4)", &[&PARTITION, &client_id, &commit_id, &rejected]).await?;
+            let canonical: Value = one(
+                db,
+                "SELECT syncular.put_push_result($1, $2, $3, $4)",
+                &[&PARTITION, &client_id, &commit_id, &rejected],
+            )
+            .await?;
             return Ok(("rejected", canonical));
         }
         let scopes = json!({"project_id": project});
-        let payload = serde_json::to_vec(&json!({"id": row_id, "project_id": project, "title": title})).unwrap();
+        let payload =
+            serde_json::to_vec(&json!({"id": row_id, "project_id": project, "title": title}))
+                .unwrap();
         let version = version_of(row_id) + 1;
         db.execute(
             r#"WITH w AS (
@@ -139,21 +214,47 @@ async fn push_in_transaction(db: &Client, client_id: &str, commit_id: &str, ops:
     }
     let commit = json!({"clientId":client_id,"clientCommitId":commit_id,"actorId":"alice","createdAtMs":NOW,
                         "writerVersion":VERSION,"changes":changes});
-    let seq: i64 = one(db, "SELECT syncular.append_commit($1, $2)", &[&PARTITION, &commit]).await?;
+    let seq: i64 = one(
+        db,
+        "SELECT syncular.append_commit($1, $2)",
+        &[&PARTITION, &commit],
+    )
+    .await?;
     let key = serde_json::to_string(&json!([PARTITION, client_id, commit_id, "notify"])).unwrap();
     let reaction = json!([{"idempotencyKey":key,"type":"email.send","version":1,"payload":{"rows":ids},
                            "sourceClientId":client_id,"sourceClientCommitId":commit_id,"sourceCommitSeq":seq,"createdAtMs":NOW}]);
-    db.execute("SELECT syncular.enqueue_reactions($1, $2)", &[&PARTITION, &reaction]).await?;
-    let results: Vec<Value> = (0..ops.len()).map(|i| json!({"opIndex": i, "status": "applied"})).collect();
+    db.execute(
+        "SELECT syncular.enqueue_reactions($1, $2)",
+        &[&PARTITION, &reaction],
+    )
+    .await?;
+    let results: Vec<Value> = (0..ops.len())
+        .map(|i| json!({"opIndex": i, "status": "applied"}))
+        .collect();
     let applied = json!({"status":"applied","commitSeq":seq,"recordedAtMs":NOW,"cacheIdentity":identity(),"results":results});
-    let canonical: Value = one(db, "SELECT syncular.put_push_result($1, $2, $3, $4)", &[&PARTITION, &client_id, &commit_id, &applied]).await?;
+    let canonical: Value = one(
+        db,
+        "SELECT syncular.put_push_result($1, $2, $3, $4)",
+        &[&PARTITION, &client_id, &commit_id, &applied],
+    )
+    .await?;
     Ok(("applied", canonical))
 }
 
 /// One incremental pull of `tasks` for one project (storage-api 4.1).
-async fn pull(db: &Client, client_id: &str, project: &str, cursor: i64) -> Result<Vec<(i64, String)>> {
-    db.execute("SELECT syncular.serve_entry($1, $2, $3, $4)", &[&PARTITION, &NOW, &identity(), &VERSION]).await?;
-    db.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?;
+async fn pull(
+    db: &Client,
+    client_id: &str,
+    project: &str,
+    cursor: i64,
+) -> Result<Vec<(i64, String)>> {
+    db.execute(
+        "SELECT syncular.serve_entry($1, $2, $3, $4)",
+        &[&PARTITION, &NOW, &identity(), &VERSION],
+    )
+    .await?;
+    db.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .await?;
     let window = async {
         db.execute("SELECT syncular.assert_serve_ready($1, $2)", &[&PARTITION, &VERSION]).await?;
         let state: Value = one(db, "SELECT syncular.partition_state($1)", &[&PARTITION]).await?;
@@ -167,58 +268,148 @@ async fn pull(db: &Client, client_id: &str, project: &str, cursor: i64) -> Resul
         Ok::<_, HostError>((max, rows.iter().map(|r| (r.get(0), r.get(1))).collect::<Vec<_>>()))
     }
     .await;
-    db.batch_execute(if window.is_ok() { "COMMIT" } else { "ROLLBACK" }).await?;
+    db.batch_execute(if window.is_ok() { "COMMIT" } else { "ROLLBACK" })
+        .await?;
     let (max, rows) = window?;
     let record = json!({"clientId":client_id,"actorId":"alice","cursor":max,"updatedAtMs":NOW,
                         "subscriptions":[{"id":"s1","table":"tasks","scopes":{"project_id":[project]}}]});
-    db.execute("SELECT syncular.put_client($1, $2)", &[&PARTITION, &record]).await?;
+    db.execute("SELECT syncular.put_client($1, $2)", &[&PARTITION, &record])
+        .await?;
     Ok(rows)
 }
 
 async fn run(db: &Client) -> Result<()> {
     setup(db).await?;
-    let ops = [("t1", "p1", "write the spec"), ("t2", "p1", "ship it"), ("t3", "p2", "celebrate")];
+    let ops = [
+        ("t1", "p1", "write the spec"),
+        ("t2", "p1", "ship it"),
+        ("t3", "p2", "celebrate"),
+    ];
     let (outcome, result) = push(db, "device-rs", "commit-1", &ops, json!([])).await?;
-    check(outcome == "applied" && result["commitSeq"] == json!(1), &format!("push applied: {result}"))?;
+    check(
+        outcome == "applied" && result["commitSeq"] == json!(1),
+        &format!("push applied: {result}"),
+    )?;
     println!("push applied as commit {}", result["commitSeq"]);
 
     let (outcome, replay) = push(db, "device-rs", "commit-1", &ops, json!([])).await?;
-    check(outcome == "replay" && replay == result, "replay returns the stored result")?;
+    check(
+        outcome == "replay" && replay == result,
+        "replay returns the stored result",
+    )?;
     println!("replay answered from the stored result");
 
-    let (outcome, rejected) = push(db, "device-rs", "commit-2", &[("t4", "p1", "fine"), ("t5", "p1", "")], json!([])).await?;
-    check(outcome == "rejected" && rejected["results"][0]["opIndex"] == json!(1), &format!("rejected: {rejected}"))?;
-    check(one::<i64>(db, "SELECT syncular.max_commit_seq($1)", &[&PARTITION]).await? == 1, "a rejection consumes no number")?;
+    let (outcome, rejected) = push(
+        db,
+        "device-rs",
+        "commit-2",
+        &[("t4", "p1", "fine"), ("t5", "p1", "")],
+        json!([]),
+    )
+    .await?;
+    check(
+        outcome == "rejected" && rejected["results"][0]["opIndex"] == json!(1),
+        &format!("rejected: {rejected}"),
+    )?;
+    check(
+        one::<i64>(db, "SELECT syncular.max_commit_seq($1)", &[&PARTITION]).await? == 1,
+        "a rejection consumes no number",
+    )?;
     println!("rejected push stored, no commit consumed");
 
     let rows = pull(db, "device-rs-2", "p1", 0).await?;
-    check(rows == vec![(1, "t1".to_string()), (1, "t2".to_string())], &format!("window for p1: {rows:?}"))?;
+    check(
+        rows == vec![(1, "t1".to_string()), (1, "t2".to_string())],
+        &format!("window for p1: {rows:?}"),
+    )?;
     println!("pulled {} changes of project p1", rows.len());
 
-    let claimed: Value = one(db, "SELECT syncular.claim_reactions($1, 'worker-rs', ARRAY['email.send'], $2, 30000, 10)", &[&PARTITION, &NOW]).await?;
-    check(claimed.as_array().map(Vec::len) == Some(1) && claimed[0]["attempts"] == json!(1), &format!("claimed: {claimed}"))?;
-    let key = claimed[0]["idempotencyKey"].as_str().unwrap_or_default().to_string();
-    let done: bool = one(db, "SELECT syncular.complete_reaction($1, $2, 'worker-rs', $3)", &[&PARTITION, &key, &(NOW + 1)]).await?;
+    let claimed: Value = one(
+        db,
+        "SELECT syncular.claim_reactions($1, 'worker-rs', ARRAY['email.send'], $2, 30000, 10)",
+        &[&PARTITION, &NOW],
+    )
+    .await?;
+    check(
+        claimed.as_array().map(Vec::len) == Some(1) && claimed[0]["attempts"] == json!(1),
+        &format!("claimed: {claimed}"),
+    )?;
+    let key = claimed[0]["idempotencyKey"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let done: bool = one(
+        db,
+        "SELECT syncular.complete_reaction($1, $2, 'worker-rs', $3)",
+        &[&PARTITION, &key, &(NOW + 1)],
+    )
+    .await?;
     check(done, "reaction completed")?;
     println!("reaction claimed and completed");
 
-    db.execute("SELECT syncular.declare_checkpoint($1, 'titles', $2, $3)", &[&PARTITION, &VERSION, &NOW]).await?;
+    db.execute(
+        "SELECT syncular.declare_checkpoint($1, 'titles', $2, $3)",
+        &[&PARTITION, &VERSION, &NOW],
+    )
+    .await?;
     match pull(db, "device-rs-2", "p1", 1).await {
-        Err(HostError::Refused { sqlstate, code, details }) => {
-            check(sqlstate == "SY002" && code == "sync.schema_not_ready", &format!("refusal: {code}"))?;
-            check(details == json!({"partition": PARTITION, "projection": "titles"}), &format!("details: {details}"))?;
+        Err(HostError::Refused {
+            sqlstate,
+            code,
+            details,
+        }) => {
+            check(
+                sqlstate == "SY002" && code == "sync.schema_not_ready",
+                &format!("refusal: {code}"),
+            )?;
+            check(
+                details == json!({"partition": PARTITION, "projection": "titles"}),
+                &format!("details: {details}"),
+            )?;
             println!("refused while backfilling: {code} {details}");
         }
-        other => return Err(HostError::Other(format!("expected a refusal, got {other:?}"))),
+        other => {
+            return Err(HostError::Other(format!(
+                "expected a refusal, got {other:?}"
+            )))
+        }
     }
     let declared = json!([{"partition": PARTITION, "name": "titles", "schemaVersion": VERSION}]);
-    let (batch, _) = push(db, "backfill-client", "titles-batch-1", &[("t1", "p1", "write the spec v2")], declared).await?;
+    let (batch, _) = push(
+        db,
+        "backfill-client",
+        "titles-batch-1",
+        &[("t1", "p1", "write the spec v2")],
+        declared,
+    )
+    .await?;
     check(batch == "applied", "the declaring worker is served")?;
-    let epoch: i64 = one(db, "SELECT owner_epoch FROM syncular.claim_checkpoint($1, 'titles', $2, $3)", &[&PARTITION, &VERSION, &NOW]).await?;
-    let seq: i64 = one(db, "SELECT syncular.source_coverage_seq($1, ARRAY['tasks'])", &[&PARTITION]).await?;
-    let activated: String = one(db, "SELECT syncular.activate_checkpoint($1, 'titles', $2, $3, ARRAY['tasks'], $4)", &[&PARTITION, &epoch, &seq, &NOW]).await?;
-    check(activated == "activated", &format!("activation: {activated}"))?;
-    check(pull(db, "device-rs-2", "p1", 1).await?.len() == 1, "served again after activation")?;
+    let epoch: i64 = one(
+        db,
+        "SELECT owner_epoch FROM syncular.claim_checkpoint($1, 'titles', $2, $3)",
+        &[&PARTITION, &VERSION, &NOW],
+    )
+    .await?;
+    let seq: i64 = one(
+        db,
+        "SELECT syncular.source_coverage_seq($1, ARRAY['tasks'])",
+        &[&PARTITION],
+    )
+    .await?;
+    let activated: String = one(
+        db,
+        "SELECT syncular.activate_checkpoint($1, 'titles', $2, $3, ARRAY['tasks'], $4)",
+        &[&PARTITION, &epoch, &seq, &NOW],
+    )
+    .await?;
+    check(
+        activated == "activated",
+        &format!("activation: {activated}"),
+    )?;
+    check(
+        pull(db, "device-rs-2", "p1", 1).await?.len() == 1,
+        "served again after activation",
+    )?;
     println!("rust example: ok");
     Ok(())
 }

@@ -93,13 +93,18 @@ impl TestDb {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let name = format!(
             "t_{}_{}_{}",
-            test.to_lowercase().replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
+            test.to_lowercase()
+                .replace(|c: char| !c.is_ascii_alphanumeric(), "_"),
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         );
         let mut admin = connect_to("postgres");
-        admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).unwrap();
-        admin.batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {TEMPLATE}")).unwrap();
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+            .unwrap();
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {TEMPLATE}"))
+            .unwrap();
         TestDb { name }
     }
 
@@ -114,7 +119,10 @@ impl Drop for TestDb {
             return; // keep the database for a post-mortem
         }
         if let Ok(mut admin) = Client::connect(&format!("{} dbname=postgres", base()), NoTls) {
-            let _ = admin.batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
+            let _ = admin.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
         }
     }
 }
@@ -128,11 +136,15 @@ pub struct SqlError {
 }
 
 pub fn sql_error(e: &postgres::Error) -> SqlError {
-    let db = e.as_db_error().unwrap_or_else(|| panic!("not a server error: {e}"));
+    let db = e
+        .as_db_error()
+        .unwrap_or_else(|| panic!("not a server error: {e}"));
     SqlError {
         state: db.code().code().to_string(),
         message: db.message().to_string(),
-        detail: db.detail().map(|d| serde_json::from_str(d).unwrap_or_else(|_| json!(d))),
+        detail: db
+            .detail()
+            .map(|d| serde_json::from_str(d).unwrap_or_else(|_| json!(d))),
     }
 }
 
@@ -148,7 +160,11 @@ pub fn expect_error<T: std::fmt::Debug>(
         Ok(v) => panic!("expected {state} {message}, got Ok({v:?})"),
         Err(e) => sql_error(&e),
     };
-    assert_eq!((err.state.as_str(), err.message.as_str()), (state, message), "{err:?}");
+    assert_eq!(
+        (err.state.as_str(), err.message.as_str()),
+        (state, message),
+        "{err:?}"
+    );
     if let Some(detail) = detail {
         assert_eq!(err.detail.as_ref(), Some(&detail), "DETAIL of {message}");
     }
@@ -162,7 +178,9 @@ pub fn one<T: for<'a> postgres::types::FromSql<'a>>(
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
 ) -> T {
-    c.query_one(sql, params).unwrap_or_else(|e| panic!("{sql}: {e:?}")).get(0)
+    c.query_one(sql, params)
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+        .get(0)
 }
 
 pub fn try_one<T: for<'a> postgres::types::FromSql<'a>>(
@@ -175,7 +193,8 @@ pub fn try_one<T: for<'a> postgres::types::FromSql<'a>>(
 
 #[track_caller]
 pub fn exec(c: &mut Client, sql: &str) {
-    c.batch_execute(sql).unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    c.batch_execute(sql)
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
 }
 
 pub fn count(c: &mut Client, from_where: &str) -> i64 {
@@ -195,13 +214,19 @@ pub fn l1() -> Value {
 
 pub fn l2() -> Value {
     let mut l = l1();
-    l["tasks"].as_array_mut().unwrap().push(json!({"name":"note","type":"string","nullable":true}));
+    l["tasks"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name":"note","type":"string","nullable":true}));
     l
 }
 
 pub fn l3() -> Value {
     let mut l = l2();
-    l["tasks"].as_array_mut().unwrap().push(json!({"name":"due","type":"string","nullable":true}));
+    l["tasks"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name":"due","type":"string","nullable":true}));
     l
 }
 
@@ -231,7 +256,13 @@ pub fn fresh_id() -> String {
 }
 
 /// `append(p, tbl, row, wv)`: one change, a fresh client commit id; returns the commit_seq.
-pub fn try_append(c: &mut Client, p: &str, tbl: &str, row: &str, wv: Option<i64>) -> Result<i64, postgres::Error> {
+pub fn try_append(
+    c: &mut Client,
+    p: &str,
+    tbl: &str,
+    row: &str,
+    wv: Option<i64>,
+) -> Result<i64, postgres::Error> {
     let d = doc(&fresh_id(), json!([chg(tbl, row)]), wv);
     try_one(c, "SELECT syncular.append_commit($1, $2)", &[&p, &d])
 }
@@ -243,7 +274,12 @@ pub fn append(c: &mut Client, p: &str, tbl: &str, row: &str, wv: Option<i64>) ->
 
 /// `raw_commit(p, seq, wv)`: a direct INSERT; for `wv = None` the column is left out, like an
 /// old binary.
-pub fn raw_commit(c: &mut Client, p: &str, seq: i64, wv: Option<i64>) -> Result<u64, postgres::Error> {
+pub fn raw_commit(
+    c: &mut Client,
+    p: &str,
+    seq: i64,
+    wv: Option<i64>,
+) -> Result<u64, postgres::Error> {
     let ccid = format!("raw-{seq}");
     match wv {
         Some(wv) => c.execute(
@@ -286,7 +322,10 @@ pub fn set_fence(c: &mut Client, p: &str, v: i64) {
 pub fn migrate(c: &mut Client, v: i64, layouts: &Value, declared: &Value) -> i64 {
     let mut tx = c.transaction().unwrap();
     let prev: i64 = tx
-        .query_one("SELECT syncular.migrate_schema($1, $2, $3)", &[&v, layouts, declared])
+        .query_one(
+            "SELECT syncular.migrate_schema($1, $2, $3)",
+            &[&v, layouts, declared],
+        )
         .unwrap()
         .get(0);
     tx.commit().unwrap();
@@ -298,7 +337,16 @@ pub fn migrate(c: &mut Client, v: i64, layouts: &Value, declared: &Value) -> i64
 pub type CheckpointRow = (String, String, i64, String, i64, i64, i64, i64);
 
 pub fn checkpoint_row(row: &postgres::Row) -> CheckpointRow {
-    (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4), row.get(5), row.get(6), row.get(7))
+    (
+        row.get(0),
+        row.get(1),
+        row.get(2),
+        row.get(3),
+        row.get(4),
+        row.get(5),
+        row.get(6),
+        row.get(7),
+    )
 }
 
 /// Calls a function returning `sync_backfill_checkpoints` and reads the row.
@@ -307,17 +355,28 @@ pub fn try_checkpoint_call(
     call: &str,
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<CheckpointRow, postgres::Error> {
-    c.query_one(&format!("SELECT * FROM {call}"), params).map(|r| checkpoint_row(&r))
+    c.query_one(&format!("SELECT * FROM {call}"), params)
+        .map(|r| checkpoint_row(&r))
 }
 
 #[track_caller]
 pub fn declare(c: &mut Client, p: &str, name: &str, v: i64, now: i64) -> CheckpointRow {
-    try_checkpoint_call(c, "syncular.declare_checkpoint($1, $2, $3, $4)", &[&p, &name, &v, &now]).unwrap()
+    try_checkpoint_call(
+        c,
+        "syncular.declare_checkpoint($1, $2, $3, $4)",
+        &[&p, &name, &v, &now],
+    )
+    .unwrap()
 }
 
 #[track_caller]
 pub fn claim(c: &mut Client, p: &str, name: &str, v: i64, now: i64) -> CheckpointRow {
-    try_checkpoint_call(c, "syncular.claim_checkpoint($1, $2, $3, $4)", &[&p, &name, &v, &now]).unwrap()
+    try_checkpoint_call(
+        c,
+        "syncular.claim_checkpoint($1, $2, $3, $4)",
+        &[&p, &name, &v, &now],
+    )
+    .unwrap()
 }
 
 pub fn read_checkpoint(c: &mut Client, p: &str, name: &str) -> Option<CheckpointRow> {
@@ -348,9 +407,12 @@ pub fn try_activate(
 }
 
 pub fn fence_of(c: &mut Client, p: &str) -> Option<i64> {
-    c.query_opt("SELECT required_writer_version FROM syncular.sync_writer_fence WHERE partition = $1", &[&p])
-        .unwrap()
-        .map(|r| r.get(0))
+    c.query_opt(
+        "SELECT required_writer_version FROM syncular.sync_writer_fence WHERE partition = $1",
+        &[&p],
+    )
+    .unwrap()
+    .map(|r| r.get(0))
 }
 
 /// Waits until session `pid` is blocked on a lock (pg_stat_activity), so a test can assert
@@ -388,7 +450,15 @@ pub fn is_blocked(observer: &mut Client, pid: i32) -> bool {
 /// `put_row(p, tbl, id, scopes, version, payload)`: the host's upsert of the app row (meta
 /// columns and `id`) plus `set_row_scopes`.
 #[track_caller]
-pub fn put_row(c: &mut impl postgres::GenericClient, p: &str, tbl: &str, id: &str, scopes: &Value, version: i64, payload: &[u8]) {
+pub fn put_row(
+    c: &mut impl postgres::GenericClient,
+    p: &str,
+    tbl: &str,
+    id: &str,
+    scopes: &Value,
+    version: i64,
+    payload: &[u8],
+) {
     let sql = format!(
         "INSERT INTO public.{tbl} (\"_sync_partition\", \"_sync_row_id\", id, \"_sync_server_version\",
                                    \"_sync_scopes\", \"_sync_payload\")
@@ -397,15 +467,30 @@ pub fn put_row(c: &mut impl postgres::GenericClient, p: &str, tbl: &str, id: &st
            SET \"_sync_server_version\" = EXCLUDED.\"_sync_server_version\",
                \"_sync_scopes\" = EXCLUDED.\"_sync_scopes\", \"_sync_payload\" = EXCLUDED.\"_sync_payload\""
     );
-    c.execute(&sql, &[&p, &id, &version, scopes, &payload]).unwrap();
-    c.query_one("SELECT syncular.set_row_scopes($1, $2, $3, $4)", &[&p, &tbl, &id, scopes]).unwrap();
+    c.execute(&sql, &[&p, &id, &version, scopes, &payload])
+        .unwrap();
+    c.query_one(
+        "SELECT syncular.set_row_scopes($1, $2, $3, $4)",
+        &[&p, &tbl, &id, scopes],
+    )
+    .unwrap();
 }
 
 /// `del_row(p, tbl, id)`: the host's delete plus `delete_row_meta`.
 pub fn del_row(c: &mut impl postgres::GenericClient, p: &str, tbl: &str, id: &str) -> Value {
-    c.execute(&format!("DELETE FROM public.{tbl} WHERE \"_sync_partition\" = $1 AND \"_sync_row_id\" = $2"), &[&p, &id])
-        .unwrap();
-    c.query_one("SELECT syncular.delete_row_meta($1, $2, $3)", &[&p, &tbl, &id]).unwrap().get(0)
+    c.execute(
+        &format!(
+            "DELETE FROM public.{tbl} WHERE \"_sync_partition\" = $1 AND \"_sync_row_id\" = $2"
+        ),
+        &[&p, &id],
+    )
+    .unwrap();
+    c.query_one(
+        "SELECT syncular.delete_row_meta($1, $2, $3)",
+        &[&p, &tbl, &id],
+    )
+    .unwrap()
+    .get(0)
 }
 
 pub fn p1() -> Value {
@@ -413,18 +498,39 @@ pub fn p1() -> Value {
 }
 
 /// Row ids of `scan_rows(p, tbl, filter, after, lim)`.
-pub fn scan_ids(c: &mut impl postgres::GenericClient, p: &str, tbl: &str, filter: &Value, after: Option<&str>, lim: i32) -> Vec<String> {
-    c.query("SELECT row_id FROM syncular.scan_rows($1, $2, $3, $4, $5)", &[&p, &tbl, filter, &after, &lim])
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
+pub fn scan_ids(
+    c: &mut impl postgres::GenericClient,
+    p: &str,
+    tbl: &str,
+    filter: &Value,
+    after: Option<&str>,
+    lim: i32,
+) -> Vec<String> {
+    c.query(
+        "SELECT row_id FROM syncular.scan_rows($1, $2, $3, $4, $5)",
+        &[&p, &tbl, filter, &after, &lim],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
 }
 
 /// Distinct commit_seqs of `read_commit_window`, in order.
-pub fn window_seqs(c: &mut impl postgres::GenericClient, p: &str, tbl: &str, filter: &Value, after: i64, through: i64, lim: i32) -> Vec<i64> {
+pub fn window_seqs(
+    c: &mut impl postgres::GenericClient,
+    p: &str,
+    tbl: &str,
+    filter: &Value,
+    after: i64,
+    through: i64,
+    lim: i32,
+) -> Vec<i64> {
     let mut seqs: Vec<i64> = c
-        .query("SELECT commit_seq FROM syncular.read_commit_window($1, $2, $3, $4, $5, $6)", &[&p, &tbl, filter, &after, &through, &lim])
+        .query(
+            "SELECT commit_seq FROM syncular.read_commit_window($1, $2, $3, $4, $5, $6)",
+            &[&p, &tbl, filter, &after, &through, &lim],
+        )
         .unwrap()
         .iter()
         .map(|r| r.get(0))
@@ -441,17 +547,28 @@ pub fn applied(commit_seq: i64, ops: usize, identity: &str) -> Value {
 
 /// A whole accepted push of upserts (storage-api §3.1): returns the stored result, or the
 /// replayed one when `push_begin` found it.
-pub fn push_upserts(c: &mut Client, p: &str, client_id: &str, ccid: &str, rows: &[(&str, &str, Value)], declared: &Value) -> Value {
+pub fn push_upserts(
+    c: &mut Client,
+    p: &str,
+    client_id: &str,
+    ccid: &str,
+    rows: &[(&str, &str, Value)],
+    declared: &Value,
+) -> Value {
     let mut tx = c.transaction().unwrap();
     let replay: Option<Value> = tx
-        .query_one("SELECT syncular.push_begin($1, $2, $3, $4, $5)", &[&p, &client_id, &ccid, &V, declared])
+        .query_one(
+            "SELECT syncular.push_begin($1, $2, $3, $4, $5)",
+            &[&p, &client_id, &ccid, &V, declared],
+        )
         .unwrap()
         .get(0);
     if let Some(replay) = replay {
         tx.rollback().unwrap();
         return replay;
     }
-    tx.batch_execute("SAVEPOINT syncular_push_candidate").unwrap();
+    tx.batch_execute("SAVEPOINT syncular_push_candidate")
+        .unwrap();
     let mut changes = Vec::new();
     for (tbl, id, scopes) in rows {
         put_row(&mut tx, p, tbl, id, scopes, 1, &[1, 2, 3]);
@@ -459,9 +576,15 @@ pub fn push_upserts(c: &mut Client, p: &str, client_id: &str, ccid: &str, rows: 
     }
     let mut d = doc(ccid, Value::Array(changes), Some(V));
     d["clientId"] = json!(client_id);
-    let s: i64 = tx.query_one("SELECT syncular.append_commit($1, $2)", &[&p, &d]).unwrap().get(0);
+    let s: i64 = tx
+        .query_one("SELECT syncular.append_commit($1, $2)", &[&p, &d])
+        .unwrap()
+        .get(0);
     let stored: Value = tx
-        .query_one("SELECT syncular.put_push_result($1, $2, $3, $4)", &[&p, &client_id, &ccid, &applied(s, rows.len(), ccid)])
+        .query_one(
+            "SELECT syncular.put_push_result($1, $2, $3, $4)",
+            &[&p, &client_id, &ccid, &applied(s, rows.len(), ccid)],
+        )
         .unwrap()
         .get(0);
     tx.commit().unwrap();

@@ -6,26 +6,54 @@ use syncular_multisession::*;
 
 const TP: &str = "tasks-projection";
 
-fn advance(c: &mut postgres::Client, p: &str, name: &str, epoch: i64, wm: i64, rows: i64, now: i64) -> bool {
-    one(c, "SELECT syncular.advance_checkpoint($1, $2, $3, $4, $5, $6)", &[&p, &name, &epoch, &wm, &rows, &now])
+fn advance(
+    c: &mut postgres::Client,
+    p: &str,
+    name: &str,
+    epoch: i64,
+    wm: i64,
+    rows: i64,
+    now: i64,
+) -> bool {
+    one(
+        c,
+        "SELECT syncular.advance_checkpoint($1, $2, $3, $4, $5, $6)",
+        &[&p, &name, &epoch, &wm, &rows, &now],
+    )
 }
 
 fn above(c: &mut postgres::Client, p: &str, tables: &[&str], seq: i64) -> String {
     let tables: Vec<String> = tables.iter().map(|t| t.to_string()).collect();
-    one(c, "SELECT syncular.has_source_changes_above($1, $2, $3)", &[&p, &tables, &seq])
+    one(
+        c,
+        "SELECT syncular.has_source_changes_above($1, $2, $3)",
+        &[&p, &tables, &seq],
+    )
 }
 
 fn coverage(c: &mut postgres::Client, p: &str, tables: &[&str]) -> i64 {
     let tables: Vec<String> = tables.iter().map(|t| t.to_string()).collect();
-    one(c, "SELECT syncular.source_coverage_seq($1, $2)", &[&p, &tables])
+    one(
+        c,
+        "SELECT syncular.source_coverage_seq($1, $2)",
+        &[&p, &tables],
+    )
 }
 
 fn touch(c: &mut postgres::Client, p: &str, epoch: &str) {
-    one::<serde_json::Value>(c, "SELECT syncular.touch_partition($1, $2, $3)", &[&p, &NOW, &epoch]);
+    one::<serde_json::Value>(
+        c,
+        "SELECT syncular.touch_partition($1, $2, $3)",
+        &[&p, &NOW, &epoch],
+    );
 }
 
 fn prune_through(c: &mut postgres::Client, p: &str, epoch: &str, seq: i64) -> serde_json::Value {
-    one(c, "SELECT syncular.prune_commits_through($1, $2, $3)", &[&p, &epoch, &seq])
+    one(
+        c,
+        "SELECT syncular.prune_commits_through($1, $2, $3)",
+        &[&p, &epoch, &seq],
+    )
 }
 
 #[test]
@@ -46,13 +74,24 @@ fn ckp_01_concurrent_claims_get_distinct_epochs() {
     let mut epochs = vec![first.5, second.5];
     epochs.sort();
     assert_eq!(epochs, vec![1, 2]);
-    assert_eq!((first.3.as_str(), second.3.as_str()), ("backfilling", "backfilling"));
-    let rows: Vec<CheckpointRow> =
-        c.query("SELECT * FROM syncular.read_checkpoints($1)", &[&P]).unwrap().iter().map(checkpoint_row).collect();
+    assert_eq!(
+        (first.3.as_str(), second.3.as_str()),
+        ("backfilling", "backfilling")
+    );
+    let rows: Vec<CheckpointRow> = c
+        .query("SELECT * FROM syncular.read_checkpoints($1)", &[&P])
+        .unwrap()
+        .iter()
+        .map(checkpoint_row)
+        .collect();
     assert_eq!(rows.len(), 1);
     assert_eq!((rows[0].5, rows[0].3.as_str()), (2, "backfilling"));
     expect_error(
-        try_checkpoint_call(&mut c, "syncular.claim_checkpoint($1, 'absent', 7, $2)", &[&P, &NOW]),
+        try_checkpoint_call(
+            &mut c,
+            "syncular.claim_checkpoint($1, 'absent', 7, $2)",
+            &[&P, &NOW],
+        ),
         "SY010",
         "sync.storage.checkpoint_not_declared",
         Some(json!({"partition":"part-1","projection":"absent"})),
@@ -72,7 +111,10 @@ fn ckp_02_a_superseded_epoch_cannot_advance() {
     assert_eq!(read_checkpoint(&mut c, P, "p"), before);
     assert!(advance(&mut c, P, "p", winner.5, 9, 3, NOW + 4));
     let row = read_checkpoint(&mut c, P, "p").unwrap();
-    assert_eq!((row.4, row.6, row.7, row.3.as_str()), (9, 3, NOW + 4, "backfilling"));
+    assert_eq!(
+        (row.4, row.6, row.7, row.3.as_str()),
+        (9, 3, NOW + 4, "backfilling")
+    );
 }
 
 #[test]
@@ -101,7 +143,10 @@ fn ckp_04_a_pruned_window_is_unverifiable_never_clean() {
     let s1 = append(&mut c, P, "tasks", "t1", Some(V));
     assert_eq!(above(&mut c, P, &["tasks"], 0), "changed");
     prune_through(&mut c, P, "epoch", s1);
-    assert_eq!(one::<i64>(&mut c, "SELECT syncular.horizon_seq($1)", &[&P]), s1);
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT syncular.horizon_seq($1)", &[&P]),
+        s1
+    );
     assert_eq!(above(&mut c, P, &["tasks"], 0), "unverifiable");
     assert_eq!(above(&mut c, P, &["tasks"], s1), "clean");
     assert_eq!(above(&mut c, P, &[], 0), "clean");
@@ -117,7 +162,10 @@ fn ckp_05_a_pruned_window_never_activates() {
     prune_through(&mut c, P, "epoch", s);
     declare(&mut c, P, TP, V, NOW);
     let owner = claim(&mut c, P, TP, V, NOW);
-    assert_eq!(try_activate(&mut c, P, TP, owner.5, 0, &["tasks"], NOW).unwrap(), "unverifiable");
+    assert_eq!(
+        try_activate(&mut c, P, TP, owner.5, 0, &["tasks"], NOW).unwrap(),
+        "unverifiable"
+    );
     let row = read_checkpoint(&mut c, P, TP).unwrap();
     assert_eq!((row.3.as_str(), row.4), ("backfilling", 0));
 }
@@ -130,11 +178,17 @@ fn ckp_06_a_superseded_owner_cannot_activate() {
     declare(&mut c, P, TP, V, NOW);
     let stale = claim(&mut c, P, TP, V, NOW);
     let owner = claim(&mut c, P, TP, V, NOW);
-    assert_eq!(try_activate(&mut c, P, TP, stale.5, s, &["tasks"], NOW + 1).unwrap(), "stale");
+    assert_eq!(
+        try_activate(&mut c, P, TP, stale.5, s, &["tasks"], NOW + 1).unwrap(),
+        "stale"
+    );
     assert!(!advance(&mut c, P, TP, stale.5, 999, 1, NOW + 1));
     let row = read_checkpoint(&mut c, P, TP).unwrap();
     assert_eq!((row.3.as_str(), row.4), ("backfilling", 0));
-    assert_eq!(try_activate(&mut c, P, TP, owner.5, s, &["tasks"], NOW + 2).unwrap(), "activated");
+    assert_eq!(
+        try_activate(&mut c, P, TP, owner.5, s, &["tasks"], NOW + 2).unwrap(),
+        "activated"
+    );
     let row = read_checkpoint(&mut c, P, TP).unwrap();
     assert_eq!((row.3.as_str(), row.4, row.7), ("activated", s, NOW + 2));
 }
@@ -145,9 +199,7 @@ fn ckp_07_activation_requires_a_sufficient_fence() {
     let mut c = db.connect();
     raw_checkpoint(&mut c, P, TP, V, "declared");
     let owner = claim(&mut c, P, TP, V, NOW);
-    let missing = |required: serde_json::Value| {
-        json!({"partition":"part-1","projection":TP,"schemaVersion":1,"requiredWriterVersion":required})
-    };
+    let missing = |required: serde_json::Value| json!({"partition":"part-1","projection":TP,"schemaVersion":1,"requiredWriterVersion":required});
     expect_error(
         try_activate(&mut c, P, TP, owner.5, 0, &["tasks"], NOW),
         "SY011",
@@ -162,7 +214,10 @@ fn ckp_07_activation_requires_a_sufficient_fence() {
         Some(missing(json!(0))),
     );
     set_fence(&mut c, P, 1);
-    assert_eq!(try_activate(&mut c, P, TP, owner.5, 0, &["tasks"], NOW).unwrap(), "activated");
+    assert_eq!(
+        try_activate(&mut c, P, TP, owner.5, 0, &["tasks"], NOW).unwrap(),
+        "activated"
+    );
 }
 
 #[test]
@@ -175,18 +230,28 @@ fn ckp_08_a_superseded_batch_lands_nothing() {
     let declared = json!([decl(P, TP, 1)]);
     let mut tx = c.transaction().unwrap();
     let replay: Option<serde_json::Value> = tx
-        .query_one("SELECT syncular.push_begin($1, 'backfill-client', 'batch-stale', $2, $3)", &[&P, &V, &declared])
+        .query_one(
+            "SELECT syncular.push_begin($1, 'backfill-client', 'batch-stale', $2, $3)",
+            &[&P, &V, &declared],
+        )
         .unwrap()
         .get(0);
     assert_eq!(replay, None);
-    tx.batch_execute("SAVEPOINT syncular_push_candidate").unwrap();
+    tx.batch_execute("SAVEPOINT syncular_push_candidate")
+        .unwrap();
     let advanced: bool = tx
-        .query_one("SELECT syncular.advance_checkpoint($1, $2, $3, 0, 1, $4)", &[&P, &TP, &stale.5, &(NOW + 1)])
+        .query_one(
+            "SELECT syncular.advance_checkpoint($1, $2, $3, 0, 1, $4)",
+            &[&P, &TP, &stale.5, &(NOW + 1)],
+        )
         .unwrap()
         .get(0);
     assert!(!advanced);
     tx.rollback().unwrap();
-    assert_eq!(count(&mut c, "public.tasks WHERE \"_sync_row_id\" = 'proj-stale'"), 0);
+    assert_eq!(
+        count(&mut c, "public.tasks WHERE \"_sync_row_id\" = 'proj-stale'"),
+        0
+    );
     assert_eq!(count(&mut c, "syncular.sync_commits"), 0);
     assert_eq!(count(&mut c, "syncular.sync_push_results"), 0);
     let row = read_checkpoint(&mut c, P, TP).unwrap();
@@ -211,17 +276,27 @@ fn ckp_10_claim_at_another_version_is_refused() {
     let mut c = db.connect();
     declare(&mut c, P, "x", 2, NOW);
     expect_error(
-        try_checkpoint_call(&mut c, "syncular.claim_checkpoint($1, 'x', 3, $2)", &[&P, &(NOW + 1)]),
+        try_checkpoint_call(
+            &mut c,
+            "syncular.claim_checkpoint($1, 'x', 3, $2)",
+            &[&P, &(NOW + 1)],
+        ),
         "SY012",
         "sync.storage.checkpoint_version_mismatch",
-        Some(json!({"partition":"part-1","projection":"x","storedSchemaVersion":2,"requestedSchemaVersion":3})),
+        Some(
+            json!({"partition":"part-1","projection":"x","storedSchemaVersion":2,"requestedSchemaVersion":3}),
+        ),
     );
     let row = read_checkpoint(&mut c, P, "x").unwrap();
     assert_eq!((row.3.as_str(), row.5, row.2), ("declared", 0, 2));
     let pending = |c: &mut postgres::Client, v: i64| -> serde_json::Value {
-        one::<serde_json::Value>(c, "SELECT syncular.read_serve_gate($1, $2)", &[&P, &v])["pending"].clone()
+        one::<serde_json::Value>(c, "SELECT syncular.read_serve_gate($1, $2)", &[&P, &v])["pending"]
+            .clone()
     };
-    assert_eq!(pending(&mut c, 2), json!([{"partition":"part-1","name":"x"}]));
+    assert_eq!(
+        pending(&mut c, 2),
+        json!([{"partition":"part-1","name":"x"}])
+    );
     assert_eq!(pending(&mut c, 3), json!([]));
 }
 
@@ -231,10 +306,16 @@ fn ckp_11_declare_at_another_version_is_refused() {
     let mut c = db.connect();
     let original = declare(&mut c, P, "x", 2, NOW);
     expect_error(
-        try_checkpoint_call(&mut c, "syncular.declare_checkpoint($1, 'x', 3, $2)", &[&P, &(NOW + 1)]),
+        try_checkpoint_call(
+            &mut c,
+            "syncular.declare_checkpoint($1, 'x', 3, $2)",
+            &[&P, &(NOW + 1)],
+        ),
         "SY012",
         "sync.storage.checkpoint_version_mismatch",
-        Some(json!({"partition":"part-1","projection":"x","storedSchemaVersion":2,"requestedSchemaVersion":3})),
+        Some(
+            json!({"partition":"part-1","projection":"x","storedSchemaVersion":2,"requestedSchemaVersion":3}),
+        ),
     );
     assert_eq!(read_checkpoint(&mut c, P, "x"), Some(original));
     assert_eq!(fence_of(&mut c, P), Some(2));
@@ -246,17 +327,28 @@ fn ckp_12_advance_after_activation_changes_nothing() {
     let mut c = db.connect();
     declare(&mut c, P, "x", V, NOW);
     let owner = claim(&mut c, P, "x", V, NOW);
-    assert_eq!(try_activate(&mut c, P, "x", owner.5, 0, &[], NOW + 1).unwrap(), "activated");
+    assert_eq!(
+        try_activate(&mut c, P, "x", owner.5, 0, &[], NOW + 1).unwrap(),
+        "activated"
+    );
     assert!(!advance(&mut c, P, "x", owner.5, 5, 5, NOW + 2));
     let row = read_checkpoint(&mut c, P, "x").unwrap();
-    assert_eq!((row.3.as_str(), row.4, row.6, row.7), ("activated", 0, 0, NOW + 1));
+    assert_eq!(
+        (row.3.as_str(), row.4, row.6, row.7),
+        ("activated", 0, 0, NOW + 1)
+    );
 }
 
 #[test]
 fn ckp_13_activation_of_a_missing_checkpoint_leaves_no_partition_row() {
     let db = TestDb::new("ckp13");
     let mut c = db.connect();
-    let partition_rows = |c: &mut postgres::Client, p: &str| count(c, &format!("syncular.sync_partitions WHERE partition = '{p}'"));
+    let partition_rows = |c: &mut postgres::Client, p: &str| {
+        count(
+            c,
+            &format!("syncular.sync_partitions WHERE partition = '{p}'"),
+        )
+    };
     expect_error(
         try_activate(&mut c, "fresh", "nope", 0, 0, &["tasks"], NOW),
         "SY010",
@@ -265,7 +357,10 @@ fn ckp_13_activation_of_a_missing_checkpoint_leaves_no_partition_row() {
     );
     assert_eq!(partition_rows(&mut c, "fresh"), 0);
     declare(&mut c, "fresh2", "x", V, NOW);
-    assert_eq!(try_activate(&mut c, "fresh2", "x", 99, 0, &["tasks"], NOW).unwrap(), "stale");
+    assert_eq!(
+        try_activate(&mut c, "fresh2", "x", 99, 0, &["tasks"], NOW).unwrap(),
+        "stale"
+    );
     assert_eq!(partition_rows(&mut c, "fresh2"), 0);
     raw_checkpoint(&mut c, "fresh3", "y", V, "declared");
     expect_error(
@@ -275,7 +370,10 @@ fn ckp_13_activation_of_a_missing_checkpoint_leaves_no_partition_row() {
         None,
     );
     assert_eq!(partition_rows(&mut c, "fresh3"), 0);
-    assert_eq!(try_activate(&mut c, "fresh2", "x", 0, 0, &["tasks"], NOW).unwrap(), "activated");
+    assert_eq!(
+        try_activate(&mut c, "fresh2", "x", 0, 0, &["tasks"], NOW).unwrap(),
+        "activated"
+    );
     assert_eq!(partition_rows(&mut c, "fresh2"), 0);
 }
 
@@ -305,18 +403,28 @@ fn ckp_15_an_advance_before_push_begin_does_not_deadlock_with_an_activation() {
     let mut s2 = db.connect();
     let pid = backend_pid(&mut s2);
     let epoch = owner.5;
-    let activation = thread::spawn(move || try_activate(&mut s2, P, "x", epoch, 0, &["tasks"], NOW).map_err(|e| sql_error(&e)));
+    let activation = thread::spawn(move || {
+        try_activate(&mut s2, P, "x", epoch, 0, &["tasks"], NOW).map_err(|e| sql_error(&e))
+    });
     wait_until_blocked(&mut c, pid);
     let declared = json!([decl(P, "x", 1)]);
-    let replay: Option<serde_json::Value> =
-        one(&mut s1, "SELECT syncular.push_begin($1, 'bf', 'b1', $2, $3)", &[&P, &V, &declared]);
+    let replay: Option<serde_json::Value> = one(
+        &mut s1,
+        "SELECT syncular.push_begin($1, 'bf', 'b1', $2, $3)",
+        &[&P, &V, &declared],
+    );
     assert_eq!(replay, None);
     let mut docs_change = chg("docs", "d1");
     docs_change["scopes"] = json!({"org_id":"o1","project_id":"p1"});
     let d = doc("b1", json!([docs_change]), Some(V));
     let s: i64 = one(&mut s1, "SELECT syncular.append_commit($1, $2)", &[&P, &d]);
-    let result = json!({"status":"applied","commitSeq":s,"results":[{"opIndex":0,"status":"applied"}]});
-    one::<serde_json::Value>(&mut s1, "SELECT syncular.put_push_result($1, 'bf', 'b1', $2)", &[&P, &result]);
+    let result =
+        json!({"status":"applied","commitSeq":s,"results":[{"opIndex":0,"status":"applied"}]});
+    one::<serde_json::Value>(
+        &mut s1,
+        "SELECT syncular.put_push_result($1, 'bf', 'b1', $2)",
+        &[&P, &result],
+    );
     exec(&mut s1, "COMMIT");
     assert_eq!(activation.join().unwrap(), Ok("activated".to_string()));
     let row = read_checkpoint(&mut c, P, "x").unwrap();
@@ -330,11 +438,22 @@ fn ckp_16_read_checkpoints_order_and_shape() {
     declare(&mut c, P, "b", V, NOW);
     declare(&mut c, P, "a", V, NOW);
     declare(&mut c, "other", "c", V, NOW);
-    let rows = c.query("SELECT * FROM syncular.read_checkpoints($1)", &[&P]).unwrap();
+    let rows = c
+        .query("SELECT * FROM syncular.read_checkpoints($1)", &[&P])
+        .unwrap();
     let columns: Vec<&str> = rows[0].columns().iter().map(|c| c.name()).collect();
     assert_eq!(
         columns,
-        vec!["partition", "name", "schema_version", "state", "watermark", "owner_epoch", "observed_rows", "updated_at_ms"]
+        vec![
+            "partition",
+            "name",
+            "schema_version",
+            "state",
+            "watermark",
+            "owner_epoch",
+            "observed_rows",
+            "updated_at_ms"
+        ]
     );
     let names: Vec<String> = rows.iter().map(|r| r.get(1)).collect();
     assert_eq!(names, vec!["a", "b"]);

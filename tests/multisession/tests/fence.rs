@@ -60,9 +60,24 @@ fn fen_04_declaration_raises_the_fence_at_once() {
     let db = TestDb::new("fen04");
     let mut c = db.connect();
     let row = declare(&mut c, P, "tasks-projection", V, NOW);
-    assert_eq!(row, (P.into(), "tasks-projection".into(), 1, "declared".into(), 0, 0, 0, NOW));
+    assert_eq!(
+        row,
+        (
+            P.into(),
+            "tasks-projection".into(),
+            1,
+            "declared".into(),
+            0,
+            0,
+            0,
+            NOW
+        )
+    );
     assert_eq!(fence_of(&mut c, P), Some(V));
-    assert_eq!(claim(&mut c, P, "tasks-projection", V, NOW).3, "backfilling");
+    assert_eq!(
+        claim(&mut c, P, "tasks-projection", V, NOW).3,
+        "backfilling"
+    );
     expect_error(raw_commit(&mut c, P, 1, None), "SY001", REJECTED, None);
 }
 
@@ -84,7 +99,10 @@ fn fen_06_old_writers_stay_fenced_after_activation() {
     let mut s2 = db.connect();
     declare(&mut s1, P, "tasks-projection", 1, NOW);
     assert_eq!(claim(&mut s1, P, "tasks-projection", 1, NOW).5, 1);
-    assert_eq!(try_activate(&mut s1, P, "tasks-projection", 1, 0, &["tasks"], NOW).unwrap(), "activated");
+    assert_eq!(
+        try_activate(&mut s1, P, "tasks-projection", 1, 0, &["tasks"], NOW).unwrap(),
+        "activated"
+    );
     expect_error(raw_commit(&mut s2, P, 98, Some(0)), "SY001", REJECTED, None);
     append(&mut s2, P, "tasks", "r2", Some(1));
 }
@@ -122,11 +140,19 @@ fn fen_08_fenced_append_aborts_and_consumes_no_number() {
     for wv in [Some(1), None] {
         let mut sp = tx.transaction().unwrap(); // a savepoint
         let d = doc(&fresh_id(), json!([chg("tasks", "t1")]), wv);
-        expect_error(sp.query_one("SELECT syncular.append_commit($1, $2)", &[&P, &d]), "SY001", REJECTED, None);
+        expect_error(
+            sp.query_one("SELECT syncular.append_commit($1, $2)", &[&P, &d]),
+            "SY001",
+            REJECTED,
+            None,
+        );
         sp.rollback().unwrap();
     }
     tx.commit().unwrap();
-    assert_eq!(one::<i64>(&mut c, "SELECT syncular.max_commit_seq($1)", &[&P]), 1);
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT syncular.max_commit_seq($1)", &[&P]),
+        1
+    );
     assert_eq!(count(&mut c, "syncular.sync_commits"), 1);
     assert_eq!(count(&mut c, "syncular.sync_changes"), 1);
     assert_eq!(append(&mut c, P, "tasks", "t1", Some(2)), 2);
@@ -151,7 +177,10 @@ fn fence_triggers(c: &mut postgres::Client) -> Vec<(String, bool)> {
 fn fen_09_native_fence_survives_a_024_hosts_startup_ddl() {
     let db = TestDb::new("fen09");
     let mut c = db.connect();
-    assert_eq!(fence_triggers(&mut c), vec![("sync_commits_writer_fence".into(), true)]);
+    assert_eq!(
+        fence_triggers(&mut c),
+        vec![("sync_commits_writer_fence".into(), true)]
+    );
     migrate(&mut c, 2, &l1(), &json!([]));
     exec(&mut c, "SET search_path = syncular, public");
     let host_statements = [
@@ -175,7 +204,12 @@ fn fen_09_native_fence_survives_a_024_hosts_startup_ddl() {
         for (i, statement) in host_statements.iter().enumerate() {
             exec(&mut c, statement);
             let triggers = fence_triggers(&mut c);
-            assert_eq!(triggers.len(), 1, "round {round}, statement {}: {triggers:?}", i + 1);
+            assert_eq!(
+                triggers.len(),
+                1,
+                "round {round}, statement {}: {triggers:?}",
+                i + 1
+            );
             assert!(triggers[0].1, "round {round}, statement {}", i + 1);
             if i == 3 {
                 assert_eq!(triggers[0].0, "sync_commits_writer_fence");
@@ -183,7 +217,12 @@ fn fen_09_native_fence_survives_a_024_hosts_startup_ddl() {
             if i >= 2 {
                 // `fresh` has no fence row: only the global floor (native) refuses this.
                 seq += 1;
-                expect_error(raw_commit(&mut c, "fresh", seq, Some(1)), "SY001", REJECTED, None);
+                expect_error(
+                    raw_commit(&mut c, "fresh", seq, Some(1)),
+                    "SY001",
+                    REJECTED,
+                    None,
+                );
             }
         }
     }
@@ -195,15 +234,36 @@ fn fen_10_after_a_migration_every_partition_is_fenced() {
     let mut c = db.connect();
     migrate(&mut c, 2, &l1(), &json!([]));
     let allows = |c: &mut postgres::Client, w: Option<i64>| -> bool {
-        one(c, "SELECT syncular.writer_fence_allows('never-written', $1)", &[&w])
+        one(
+            c,
+            "SELECT syncular.writer_fence_allows('never-written', $1)",
+            &[&w],
+        )
     };
     assert!(!allows(&mut c, Some(1)));
     assert!(!allows(&mut c, None));
     assert!(allows(&mut c, Some(2)));
-    expect_error(raw_commit(&mut c, "never-written", 1, None), "SY001", REJECTED, None);
-    expect_error(raw_commit(&mut c, "never-written", 1, Some(1)), "SY001", REJECTED, None);
+    expect_error(
+        raw_commit(&mut c, "never-written", 1, None),
+        "SY001",
+        REJECTED,
+        None,
+    );
+    expect_error(
+        raw_commit(&mut c, "never-written", 1, Some(1)),
+        "SY001",
+        REJECTED,
+        None,
+    );
     assert_eq!(append(&mut c, "never-written", "tasks", "t1", Some(2)), 1);
-    assert_eq!(one::<i64>(&mut c, "SELECT required_writer_version FROM syncular.sync_schema_meta", &[]), 2);
+    assert_eq!(
+        one::<i64>(
+            &mut c,
+            "SELECT required_writer_version FROM syncular.sync_schema_meta",
+            &[]
+        ),
+        2
+    );
     assert_eq!(fence_of(&mut c, "never-written"), None);
 }
 
@@ -223,10 +283,15 @@ fn fen_11_an_old_snapshot_does_not_let_an_old_writer_append() {
                 declare(&mut s1, P, "proj", 2, NOW);
             }
             let err = sql_error(&raw_commit(&mut s2, target, 1, Some(1)).unwrap_err());
-            let acceptable = err.state == "SY001" || (level != "READ COMMITTED" && err.state == "40001");
+            let acceptable =
+                err.state == "SY001" || (level != "READ COMMITTED" && err.state == "40001");
             assert!(acceptable, "{level}, migration={via_migration}: {err:?}");
             exec(&mut s2, "ROLLBACK");
-            let n: i64 = one(&mut s1, "SELECT count(*) FROM syncular.sync_commits WHERE partition = $1", &[&target]);
+            let n: i64 = one(
+                &mut s1,
+                "SELECT count(*) FROM syncular.sync_commits WHERE partition = $1",
+                &[&target],
+            );
             assert_eq!(n, 0, "{level}, migration={via_migration}");
         }
     }

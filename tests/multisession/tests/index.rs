@@ -11,7 +11,8 @@ use syncular_multisession::*;
 fn explaining(db: &TestDb) -> (Client, Arc<Mutex<Vec<String>>>) {
     let notices = Arc::new(Mutex::new(Vec::new()));
     let sink = notices.clone();
-    let base = std::env::var("SYNCULAR_TEST_PG").unwrap_or_else(|_| "host=127.0.0.1 port=55439 user=postgres".into());
+    let base = std::env::var("SYNCULAR_TEST_PG")
+        .unwrap_or_else(|_| "host=127.0.0.1 port=55439 user=postgres".into());
     let mut config: Config = format!("{base} dbname={}", db.name).parse().unwrap();
     config.notice_callback(move |n| sink.lock().unwrap().push(n.message().to_string()));
     let mut c = config.connect(NoTls).unwrap();
@@ -29,13 +30,17 @@ fn explaining(db: &TestDb) -> (Client, Arc<Mutex<Vec<String>>>) {
 /// Runs `sql` and returns the plans auto_explain reported for it.
 fn plans_of(c: &mut Client, notices: &Arc<Mutex<Vec<String>>>, sql: &str) -> String {
     notices.lock().unwrap().clear();
-    c.batch_execute(sql).unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    c.batch_execute(sql)
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
     notices.lock().unwrap().join("\n----\n")
 }
 
 fn assert_no_seq_scan(plans: &str, tables: &[&str]) {
     for t in tables {
-        assert!(!plans.contains(&format!("Seq Scan on {t}")), "Seq Scan on {t}:\n{plans}");
+        assert!(
+            !plans.contains(&format!("Seq Scan on {t}")),
+            "Seq Scan on {t}:\n{plans}"
+        );
     }
 }
 
@@ -77,11 +82,19 @@ fn idx_01_to_07_index_usage() {
     assert_no_seq_scan(&plans, &log);
 
     // IDX-02: a scan_rows page, and the app-table probe uses both primary-key columns.
-    exec(&mut c, "SET enable_hashjoin = off; SET enable_mergejoin = off");
+    exec(
+        &mut c,
+        "SET enable_hashjoin = off; SET enable_mergejoin = off",
+    );
     let plans = plans_of(&mut c, &notices, "SELECT * FROM syncular.scan_rows('part-1', 'tasks', '{\"project_id\":[\"p3\"]}', NULL, 50)");
     assert_no_seq_scan(&plans, &["sync_row_scopes", "tasks"]);
     assert!(plans.contains("tasks_pkey"), "{plans}");
-    assert!(plans.lines().any(|l| l.contains("Index Cond") && l.contains("_sync_row_id")), "{plans}");
+    assert!(
+        plans
+            .lines()
+            .any(|l| l.contains("Index Cond") && l.contains("_sync_row_id")),
+        "{plans}"
+    );
     exec(&mut c, "RESET enable_hashjoin; RESET enable_mergejoin");
 
     // IDX-03: the lateral multi-subscription window.
@@ -97,25 +110,60 @@ fn idx_01_to_07_index_usage() {
     assert_no_seq_scan(&plans, &log);
 
     // IDX-04: removing a row's scope entries uses sync_row_scopes_by_row.
-    let plans = plans_of(&mut c, &notices, "SELECT syncular.set_row_scopes('part-1', 'tasks', 'r7', '{\"project_id\":\"p9\"}')");
+    let plans = plans_of(
+        &mut c,
+        &notices,
+        "SELECT syncular.set_row_scopes('part-1', 'tasks', 'r7', '{\"project_id\":\"p9\"}')",
+    );
     assert!(plans.contains("sync_row_scopes_by_row"), "{plans}");
-    let plans = plans_of(&mut c, &notices, "SELECT syncular.delete_row_meta('part-1', 'tasks', 'r8')");
+    let plans = plans_of(
+        &mut c,
+        &notices,
+        "SELECT syncular.delete_row_meta('part-1', 'tasks', 'r8')",
+    );
     assert!(plans.contains("sync_row_scopes_by_row"), "{plans}");
 
     // IDX-05: the blob lookup and the app-row probes.
-    exec(&mut c, "SET enable_hashjoin = off; SET enable_mergejoin = off");
-    let plans = plans_of(&mut c, &notices, "SELECT syncular.rows_referencing_blob('part-1', 'sha256:3')");
+    exec(
+        &mut c,
+        "SET enable_hashjoin = off; SET enable_mergejoin = off",
+    );
+    let plans = plans_of(
+        &mut c,
+        &notices,
+        "SELECT syncular.rows_referencing_blob('part-1', 'sha256:3')",
+    );
     assert!(plans.contains("sync_blob_refs_by_blob"), "{plans}");
-    assert!(plans.lines().any(|l| l.contains("Index Cond") && l.contains("_sync_row_id")), "{plans}");
+    assert!(
+        plans
+            .lines()
+            .any(|l| l.contains("Index Cond") && l.contains("_sync_row_id")),
+        "{plans}"
+    );
     exec(&mut c, "RESET enable_hashjoin; RESET enable_mergejoin");
 
     // IDX-06: source coverage and the source-change probe.
-    let plans = plans_of(&mut c, &notices, "SELECT syncular.source_coverage_seq('part-1', ARRAY['tasks'])");
+    let plans = plans_of(
+        &mut c,
+        &notices,
+        "SELECT syncular.source_coverage_seq('part-1', ARRAY['tasks'])",
+    );
     assert!(plans.contains("sync_changes_by_source"), "{plans}");
-    let plans = plans_of(&mut c, &notices, "SELECT syncular.has_source_changes_above('part-1', ARRAY['tasks'], 1990)");
+    let plans = plans_of(
+        &mut c,
+        &notices,
+        "SELECT syncular.has_source_changes_above('part-1', ARRAY['tasks'], 1990)",
+    );
     assert!(plans.contains("sync_changes_by_source"), "{plans}");
 
     // IDX-07: the pending read of the gate.
-    let plans = plans_of(&mut c, &notices, "SELECT syncular.read_serve_gate('part-1', 1)");
-    assert!(plans.contains("sync_backfill_checkpoints_pending"), "{plans}");
+    let plans = plans_of(
+        &mut c,
+        &notices,
+        "SELECT syncular.read_serve_gate('part-1', 1)",
+    );
+    assert!(
+        plans.contains("sync_backfill_checkpoints_pending"),
+        "{plans}"
+    );
 }

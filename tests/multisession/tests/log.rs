@@ -12,14 +12,22 @@ fn max_seq(c: &mut postgres::Client, p: &str) -> i64 {
 fn log_01_dense_numbers_across_and_within_transactions() {
     let db = TestDb::new("log01");
     let mut c = db.connect();
-    let seqs: Vec<i64> = (0..3).map(|i| append(&mut c, P, "tasks", &format!("t{i}"), Some(V))).collect();
+    let seqs: Vec<i64> = (0..3)
+        .map(|i| append(&mut c, P, "tasks", &format!("t{i}"), Some(V)))
+        .collect();
     assert_eq!(seqs, vec![1, 2, 3]);
     assert_eq!(max_seq(&mut c, P), 3);
     let mut tx = c.transaction().unwrap();
     let seqs: Vec<i64> = (0..3)
         .map(|i| {
-            let d = doc(&fresh_id(), json!([chg("tasks", &format!("u{i}"))]), Some(V));
-            tx.query_one("SELECT syncular.append_commit('one-tx', $1)", &[&d]).unwrap().get(0)
+            let d = doc(
+                &fresh_id(),
+                json!([chg("tasks", &format!("u{i}"))]),
+                Some(V),
+            );
+            tx.query_one("SELECT syncular.append_commit('one-tx', $1)", &[&d])
+                .unwrap()
+                .get(0)
         })
         .collect();
     tx.commit().unwrap();
@@ -44,11 +52,19 @@ fn log_03_a_rollback_consumes_no_number() {
     {
         let mut sp = tx.transaction().unwrap();
         let d = doc(&fresh_id(), json!([chg("tasks", "t1")]), Some(V));
-        let s: i64 = sp.query_one("SELECT syncular.append_commit($1, $2)", &[&P, &d]).unwrap().get(0);
+        let s: i64 = sp
+            .query_one("SELECT syncular.append_commit($1, $2)", &[&P, &d])
+            .unwrap()
+            .get(0);
         assert_eq!(s, 1);
         sp.rollback().unwrap();
     }
-    assert_eq!(tx.query_one("SELECT syncular.max_commit_seq($1)", &[&P]).unwrap().get::<_, i64>(0), 0);
+    assert_eq!(
+        tx.query_one("SELECT syncular.max_commit_seq($1)", &[&P])
+            .unwrap()
+            .get::<_, i64>(0),
+        0
+    );
     tx.commit().unwrap();
     // [TX] In a rolled-back transaction.
     exec(&mut c, "BEGIN");
@@ -66,10 +82,27 @@ fn log_04_one_call_writes_commit_changes_scope_index_and_tombstones() {
     let delete = |row: &str| json!({"table":"tasks","rowId":row,"op":"delete","rowVersion":null,"payload":null,"scopes":p2});
     let mut docs_change = chg("docs", "d1");
     docs_change["scopes"] = json!({"org_id":"o1","project_id":"p1"});
-    let d = doc("k1", json!([chg("tasks", "t1"), chg("tasks", "t2"), delete("t3"), delete("t3"), docs_change]), Some(V));
-    assert_eq!(one::<i64>(&mut c, "SELECT syncular.append_commit($1, $2)", &[&P, &d]), 1);
+    let d = doc(
+        "k1",
+        json!([
+            chg("tasks", "t1"),
+            chg("tasks", "t2"),
+            delete("t3"),
+            delete("t3"),
+            docs_change
+        ]),
+        Some(V),
+    );
     assert_eq!(
-        one::<Option<i64>>(&mut c, "SELECT writer_version FROM syncular.sync_commits WHERE partition = $1", &[&P]),
+        one::<i64>(&mut c, "SELECT syncular.append_commit($1, $2)", &[&P, &d]),
+        1
+    );
+    assert_eq!(
+        one::<Option<i64>>(
+            &mut c,
+            "SELECT writer_version FROM syncular.sync_commits WHERE partition = $1",
+            &[&P]
+        ),
         Some(1)
     );
     let changes: Vec<(i32, i16, Option<i64>, Option<Vec<u8>>, Value)> = c
@@ -86,15 +119,36 @@ fn log_04_one_call_writes_commit_changes_scope_index_and_tombstones() {
     assert_eq!(
         changes,
         vec![
-            (0, 1, Some(1), upsert_payload.clone(), json!({"project_id":"p1"})),
-            (1, 1, Some(1), upsert_payload.clone(), json!({"project_id":"p1"})),
+            (
+                0,
+                1,
+                Some(1),
+                upsert_payload.clone(),
+                json!({"project_id":"p1"})
+            ),
+            (
+                1,
+                1,
+                Some(1),
+                upsert_payload.clone(),
+                json!({"project_id":"p1"})
+            ),
             (2, 2, None, None, p2.clone()),
             (3, 2, None, None, p2.clone()),
-            (4, 1, Some(1), upsert_payload, json!({"org_id":"o1","project_id":"p1"})),
+            (
+                4,
+                1,
+                Some(1),
+                upsert_payload,
+                json!({"org_id":"o1","project_id":"p1"})
+            ),
         ]
     );
     let scopes: Vec<(String, String, String, i64)> = c
-        .query("SELECT tbl, var, value, commit_seq FROM syncular.sync_change_scopes ORDER BY 1, 2, 3", &[])
+        .query(
+            "SELECT tbl, var, value, commit_seq FROM syncular.sync_change_scopes ORDER BY 1, 2, 3",
+            &[],
+        )
         .unwrap()
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
@@ -102,14 +156,33 @@ fn log_04_one_call_writes_commit_changes_scope_index_and_tombstones() {
     let s = |t: &str, v: &str, x: &str| (t.to_string(), v.to_string(), x.to_string(), 1i64);
     assert_eq!(
         scopes,
-        vec![s("docs", "org_id", "o1"), s("docs", "project_id", "p1"), s("tasks", "project_id", "p1"), s("tasks", "project_id", "p2")]
+        vec![
+            s("docs", "org_id", "o1"),
+            s("docs", "project_id", "p1"),
+            s("tasks", "project_id", "p1"),
+            s("tasks", "project_id", "p2")
+        ]
     );
-    let tombstones = || "SELECT tbl || '/' || row_id || '@' || commit_seq FROM syncular.sync_tombstones";
-    let rows: Vec<String> = c.query(tombstones(), &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    let tombstones =
+        || "SELECT tbl || '/' || row_id || '@' || commit_seq FROM syncular.sync_tombstones";
+    let rows: Vec<String> = c
+        .query(tombstones(), &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     assert_eq!(rows, vec!["tasks/t3@1"]);
     let d2 = doc("k2", json!([delete("t3")]), Some(V));
-    assert_eq!(one::<i64>(&mut c, "SELECT syncular.append_commit($1, $2)", &[&P, &d2]), 2);
-    let rows: Vec<String> = c.query(tombstones(), &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT syncular.append_commit($1, $2)", &[&P, &d2]),
+        2
+    );
+    let rows: Vec<String> = c
+        .query(tombstones(), &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
     assert_eq!(rows, vec!["tasks/t3@2"]);
 }
 
@@ -120,8 +193,14 @@ fn log_05_empty_commits() {
     append(&mut c, P, "tasks", "t1", Some(V));
     let mut d = doc("k2", json!(null), Some(V));
     d.as_object_mut().unwrap().remove("changes");
-    assert_eq!(one::<i64>(&mut c, "SELECT syncular.append_commit($1, $2)", &[&P, &d]), 2);
-    assert_eq!(count(&mut c, "syncular.sync_changes WHERE commit_seq = 2"), 0);
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT syncular.append_commit($1, $2)", &[&P, &d]),
+        2
+    );
+    assert_eq!(
+        count(&mut c, "syncular.sync_changes WHERE commit_seq = 2"),
+        0
+    );
 }
 
 #[test]
@@ -149,16 +228,32 @@ fn log_06_malformed_documents_write_nothing() {
         (created_frac, "createdAtMs", "type"),
         (with_change("op", json!("merge")), "changes[0].op", "range"),
         (with_change("table", json!("")), "changes[0].table", "empty"),
-        (with_change("table", json!("sync_commits")), "changes[0].table", "reserved"),
-        (with_change("scopes", json!({"project_id": 5})), "changes[0].scopes.project_id", "type"),
-        (with_change("payload", json!("%%%")), "changes[0].payload", "base64"),
+        (
+            with_change("table", json!("sync_commits")),
+            "changes[0].table",
+            "reserved",
+        ),
+        (
+            with_change("scopes", json!({"project_id": 5})),
+            "changes[0].scopes.project_id",
+            "type",
+        ),
+        (
+            with_change("payload", json!("%%%")),
+            "changes[0].payload",
+            "base64",
+        ),
         (changes_object, "changes", "type"),
         (json!(5), "", "type"),
     ];
     for (document, path, reason) in cases {
         for partition in [P, "fresh-partition"] {
             expect_error(
-                try_one::<i64>(&mut c, "SELECT syncular.append_commit($1, $2)", &[&partition, &document]),
+                try_one::<i64>(
+                    &mut c,
+                    "SELECT syncular.append_commit($1, $2)",
+                    &[&partition, &document],
+                ),
                 "SY005",
                 "sync.storage.invalid_commit",
                 Some(json!({"path": path, "reason": reason})),
@@ -166,10 +261,20 @@ fn log_06_malformed_documents_write_nothing() {
         }
     }
     assert_eq!(max_seq(&mut c, P), 1);
-    assert_eq!(count(&mut c, "syncular.sync_partitions WHERE partition = 'fresh-partition'"), 0);
+    assert_eq!(
+        count(
+            &mut c,
+            "syncular.sync_partitions WHERE partition = 'fresh-partition'"
+        ),
+        0
+    );
     assert_eq!(count(&mut c, "syncular.sync_commits"), 1);
     // The same valid document passed as a jsonb string is accepted.
-    let s: i64 = one(&mut c, "SELECT syncular.append_commit($1, to_jsonb($2::text))", &[&P, &valid.to_string()]);
+    let s: i64 = one(
+        &mut c,
+        "SELECT syncular.append_commit($1, to_jsonb($2::text))",
+        &[&P, &valid.to_string()],
+    );
     assert_eq!(s, 2);
 }
 
@@ -194,7 +299,10 @@ fn log_07_concurrent_appenders_serialize_densely() {
 struct Lcg(u64);
 impl Lcg {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         self.0 >> 33
     }
 }
@@ -210,8 +318,15 @@ fn log_07_stress_eight_sessions_one_partition() {
                 let mut committed = Vec::new();
                 for i in 0..200 {
                     let mut tx = c.transaction().unwrap();
-                    let d = doc(&format!("w{w}-{i}"), json!([chg("tasks", &format!("w{w}-{i}"))]), Some(V));
-                    let s: i64 = tx.query_one("SELECT syncular.append_commit($1, $2)", &[&P, &d]).unwrap().get(0);
+                    let d = doc(
+                        &format!("w{w}-{i}"),
+                        json!([chg("tasks", &format!("w{w}-{i}"))]),
+                        Some(V),
+                    );
+                    let s: i64 = tx
+                        .query_one("SELECT syncular.append_commit($1, $2)", &[&P, &d])
+                        .unwrap()
+                        .get(0);
                     if rng.next() % 3 == 0 {
                         tx.rollback().unwrap();
                     } else {
@@ -223,14 +338,24 @@ fn log_07_stress_eight_sessions_one_partition() {
             })
         })
         .collect();
-    let mut acknowledged: Vec<i64> = workers.into_iter().flat_map(|w| w.join().unwrap()).collect();
+    let mut acknowledged: Vec<i64> = workers
+        .into_iter()
+        .flat_map(|w| w.join().unwrap())
+        .collect();
     acknowledged.sort();
     let n = acknowledged.len() as i64;
     assert!(n > 0);
-    assert_eq!(acknowledged, (1..=n).collect::<Vec<_>>(), "acknowledged numbers are dense");
+    assert_eq!(
+        acknowledged,
+        (1..=n).collect::<Vec<_>>(),
+        "acknowledged numbers are dense"
+    );
     let mut c = db.connect();
     let stored: Vec<i64> = c
-        .query("SELECT commit_seq FROM syncular.sync_commits WHERE partition = $1 ORDER BY 1", &[&P])
+        .query(
+            "SELECT commit_seq FROM syncular.sync_commits WHERE partition = $1 ORDER BY 1",
+            &[&P],
+        )
         .unwrap()
         .iter()
         .map(|r| r.get(0))
@@ -244,7 +369,10 @@ fn log_07_stress_eight_sessions_one_partition() {
 fn log_08_lock_partition_and_max_commit_seq() {
     let db = TestDb::new("log08");
     let mut c = db.connect();
-    assert_eq!(one::<i64>(&mut c, "SELECT syncular.lock_partition('fresh')", &[]), 0);
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT syncular.lock_partition('fresh')", &[]),
+        0
+    );
     let row: (i64, i64) = {
         let r = c.query_one("SELECT max_commit_seq, horizon_seq FROM syncular.sync_partitions WHERE partition = 'fresh'", &[]).unwrap();
         (r.get(0), r.get(1))
@@ -252,9 +380,18 @@ fn log_08_lock_partition_and_max_commit_seq() {
     assert_eq!(row, (0, 0));
     append(&mut c, P, "tasks", "t1", Some(V));
     append(&mut c, P, "tasks", "t2", Some(V));
-    assert_eq!(one::<i64>(&mut c, "SELECT syncular.lock_partition($1)", &[&P]), 2);
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT syncular.lock_partition($1)", &[&P]),
+        2
+    );
     assert_eq!(max_seq(&mut c, "unknown"), 0);
-    assert_eq!(count(&mut c, "syncular.sync_partitions WHERE partition = 'unknown'"), 0);
+    assert_eq!(
+        count(
+            &mut c,
+            "syncular.sync_partitions WHERE partition = 'unknown'"
+        ),
+        0
+    );
 }
 
 #[test]

@@ -6,7 +6,13 @@ use syncular_multisession::*;
 
 /// Functions that run as the caller on purpose (they check the caller's ownership, or are
 /// internal SQL helpers of the fence guard that read only pg_catalog).
-const INVOKER: &[&str] = &["_fence_guard_busy", "_native_fence_triggers", "adopt_legacy_tables", "register_table", "retire_table"];
+const INVOKER: &[&str] = &[
+    "_fence_guard_busy",
+    "_native_fence_triggers",
+    "adopt_legacy_tables",
+    "register_table",
+    "retire_table",
+];
 
 #[test]
 fn every_function_pins_search_path_is_commented_and_not_public() {
@@ -26,10 +32,17 @@ fn every_function_pins_search_path_is_commented_and_not_public() {
         let name: String = r.get(0);
         let definer: bool = r.get(1);
         let config: Vec<String> = r.get(2);
-        assert!(config.contains(&"search_path=pg_catalog, pg_temp".to_string()), "{name}: {config:?}");
+        assert!(
+            config.contains(&"search_path=pg_catalog, pg_temp".to_string()),
+            "{name}: {config:?}"
+        );
         assert!(r.get::<_, bool>(3), "{name} has no COMMENT");
         assert!(!r.get::<_, bool>(4), "{name} is executable by PUBLIC");
-        assert_eq!(definer, !INVOKER.contains(&name.as_str()), "{name}: SECURITY DEFINER = {definer}");
+        assert_eq!(
+            definer,
+            !INVOKER.contains(&name.as_str()),
+            "{name}: SECURITY DEFINER = {definer}"
+        );
     }
 }
 
@@ -51,20 +64,38 @@ fn a_least_privilege_host_role_uses_the_api_but_cannot_touch_tables() {
     exec(&mut c, &format!("SET ROLE {role}"));
     assert_eq!(append(&mut c, P, "tasks", "t1", Some(2)), 1);
     put_row(&mut c, P, "tasks", "t1", &p1(), 1, &[1]);
-    assert_eq!(scan_ids(&mut c, P, "tasks", &json!({"project_id":["p1"]}), None, 10), vec!["t1"]);
+    assert_eq!(
+        scan_ids(&mut c, P, "tasks", &json!({"project_id":["p1"]}), None, 10),
+        vec!["t1"]
+    );
     let denied = |c: &mut postgres::Client, sql: &str| {
         let err = sql_error(&c.batch_execute(sql).unwrap_err());
         assert_eq!(err.state, "42501", "{sql}: {err:?}");
     };
-    denied(&mut c, "INSERT INTO syncular.sync_commits VALUES ('part-1', 2, 'c', 'k', 'a', 1, 2)");
-    denied(&mut c, "UPDATE syncular.sync_writer_fence SET required_writer_version = 0");
+    denied(
+        &mut c,
+        "INSERT INTO syncular.sync_commits VALUES ('part-1', 2, 'c', 'k', 'a', 1, 2)",
+    );
+    denied(
+        &mut c,
+        "UPDATE syncular.sync_writer_fence SET required_writer_version = 0",
+    );
     denied(&mut c, "DELETE FROM syncular.sync_writer_fence");
-    denied(&mut c, "UPDATE syncular.sync_partitions SET max_commit_seq = 0");
+    denied(
+        &mut c,
+        "UPDATE syncular.sync_partitions SET max_commit_seq = 0",
+    );
     // Through the API a fence can only go up.
-    assert_eq!(one::<i64>(&mut c, "SELECT syncular.raise_writer_fence($1, 1)", &[&P]), 2);
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT syncular.raise_writer_fence($1, 1)", &[&P]),
+        2
+    );
     // register_table checks ownership of the relation as the caller.
     expect_error(
-        c.execute("SELECT syncular.register_table('tasks', 'public.tasks')", &[]),
+        c.execute(
+            "SELECT syncular.register_table('tasks', 'public.tasks')",
+            &[],
+        ),
         "SY000",
         "sync.storage.invalid_argument",
         Some(json!({"argument":"relation","reason":"privilege"})),
@@ -96,8 +127,20 @@ fn an_owner_registers_its_own_table_without_table_privileges_on_sync() {
         ),
     );
     exec(&mut c, "RESET ROLE");
-    assert_eq!(count(&mut c, "syncular.sync_row_scopes WHERE tbl = 'notes' AND row_id = 'n1'"), 1);
-    exec(&mut c, &format!("SET ROLE {role}; SELECT syncular.retire_table('notes'); RESET ROLE"));
-    assert_eq!(count(&mut c, "syncular.sync_app_tables WHERE tbl = 'notes'"), 0);
+    assert_eq!(
+        count(
+            &mut c,
+            "syncular.sync_row_scopes WHERE tbl = 'notes' AND row_id = 'n1'"
+        ),
+        1
+    );
+    exec(
+        &mut c,
+        &format!("SET ROLE {role}; SELECT syncular.retire_table('notes'); RESET ROLE"),
+    );
+    assert_eq!(
+        count(&mut c, "syncular.sync_app_tables WHERE tbl = 'notes'"),
+        0
+    );
     exec(&mut c, &format!("DROP OWNED BY {role}; DROP ROLE {role}"));
 }

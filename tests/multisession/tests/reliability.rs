@@ -24,20 +24,59 @@ impl Rng {
         self.next() % n
     }
     fn json(&mut self, depth: u32) -> Value {
-        let pick = if depth == 0 { self.below(6) } else { self.below(8) };
+        let pick = if depth == 0 {
+            self.below(6)
+        } else {
+            self.below(8)
+        };
         match pick {
             0 => Value::Null,
             1 => json!(self.below(2) == 0),
             2 => json!((self.next() as i64) >> self.below(64)),
             3 => json!((self.next() as f64) / 7.0 - 1e18),
-            4 => json!(["", "sync_x", "a\"b.c", "upsert", "delete", "AQID", "%%%", "p1", "é☃"][self.below(9) as usize]),
+            4 => json!(
+                ["", "sync_x", "a\"b.c", "upsert", "delete", "AQID", "%%%", "p1", "é☃"]
+                    [self.below(9) as usize]
+            ),
             5 => json!(format!("s{}", self.below(1000))),
             6 => Value::Array((0..self.below(4)).map(|_| self.json(depth - 1)).collect()),
             _ => {
-                let keys = ["clientId", "clientCommitId", "actorId", "createdAtMs", "writerVersion", "changes", "table",
-                            "rowId", "op", "scopes", "payload", "status", "results", "opIndex", "commitSeq", "type",
-                            "version", "idempotencyKey", "cursor", "subscriptions", "code", "atMs", "details", "x"];
-                Value::Object((0..self.below(5)).map(|_| (keys[self.below(keys.len() as u64) as usize].to_string(), self.json(depth - 1))).collect())
+                let keys = [
+                    "clientId",
+                    "clientCommitId",
+                    "actorId",
+                    "createdAtMs",
+                    "writerVersion",
+                    "changes",
+                    "table",
+                    "rowId",
+                    "op",
+                    "scopes",
+                    "payload",
+                    "status",
+                    "results",
+                    "opIndex",
+                    "commitSeq",
+                    "type",
+                    "version",
+                    "idempotencyKey",
+                    "cursor",
+                    "subscriptions",
+                    "code",
+                    "atMs",
+                    "details",
+                    "x",
+                ];
+                Value::Object(
+                    (0..self.below(5))
+                        .map(|_| {
+                            (
+                                keys[self.below(keys.len() as u64) as usize].to_string(),
+                                self.json(depth - 1),
+                            )
+                        })
+                        .collect(),
+                )
             }
         }
     }
@@ -88,14 +127,23 @@ fn ten_thousand_commits_from_eight_sessions_with_rollbacks_stay_dense_and_comple
     let mut c = db.connect();
     // Dense 1..N, no duplicate, and each number is the commit its session was told it got.
     let stored: BTreeMap<i64, String> = c
-        .query("SELECT commit_seq, client_commit_id FROM syncular.sync_commits WHERE partition = $1", &[&P])
+        .query(
+            "SELECT commit_seq, client_commit_id FROM syncular.sync_commits WHERE partition = $1",
+            &[&P],
+        )
         .unwrap()
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
     assert_eq!(stored, acknowledged);
-    assert_eq!(stored.keys().copied().collect::<Vec<_>>(), (1..=n).collect::<Vec<_>>());
-    assert_eq!(one::<i64>(&mut c, "SELECT syncular.max_commit_seq($1)", &[&P]), n);
+    assert_eq!(
+        stored.keys().copied().collect::<Vec<_>>(),
+        (1..=n).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT syncular.max_commit_seq($1)", &[&P]),
+        n
+    );
     // Every change and scope-index row, for exactly the committed commits.
     let per_commit: Vec<(i64, i64, i64)> = c
         .query(
@@ -109,11 +157,18 @@ fn ten_thousand_commits_from_eight_sessions_with_rollbacks_stay_dense_and_comple
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect();
-    assert!(per_commit.iter().all(|&(_, changes, scopes)| changes == 2 && scopes == 2), "incomplete commit");
+    assert!(
+        per_commit
+            .iter()
+            .all(|&(_, changes, scopes)| changes == 2 && scopes == 2),
+        "incomplete commit"
+    );
     assert_eq!(count(&mut c, "syncular.sync_changes"), 2 * n);
     assert_eq!(count(&mut c, "syncular.sync_change_scopes"), 2 * n);
     assert_eq!(count(&mut c, "syncular.sync_tombstones"), n);
-    println!("reliability: {n} commits from 8 sessions, {rolled_back} rolled back, dense and complete");
+    println!(
+        "reliability: {n} commits from 8 sessions, {rolled_back} rolled back, dense and complete"
+    );
 }
 
 #[test]
@@ -128,30 +183,62 @@ fn concurrent_replays_of_one_commit_apply_once() {
             thread::spawn(move || {
                 barrier.wait();
                 let mut tx = c.transaction().unwrap();
-                let replay: Option<Value> =
-                    tx.query_one("SELECT syncular.push_begin($1, 'c1', 'dup', 1)", &[&P]).unwrap().get(0);
+                let replay: Option<Value> = tx
+                    .query_one("SELECT syncular.push_begin($1, 'c1', 'dup', 1)", &[&P])
+                    .unwrap()
+                    .get(0);
                 if let Some(replay) = replay {
                     return (false, replay);
                 }
-                tx.batch_execute("SAVEPOINT syncular_push_candidate").unwrap();
+                tx.batch_execute("SAVEPOINT syncular_push_candidate")
+                    .unwrap();
                 put_row(&mut tx, P, "tasks", "t1", &p1(), 1, &[1]);
                 let d = doc("dup", json!([chg("tasks", "t1")]), Some(V));
-                let s: i64 = tx.query_one("SELECT syncular.append_commit($1, $2)", &[&P, &d]).unwrap().get(0);
+                let s: i64 = tx
+                    .query_one("SELECT syncular.append_commit($1, $2)", &[&P, &d])
+                    .unwrap()
+                    .get(0);
                 let mine = applied(s, 1, &format!("delivery-{k}"));
-                let stored: Value = tx.query_one("SELECT syncular.put_push_result($1, 'c1', 'dup', $2)", &[&P, &mine]).unwrap().get(0);
+                let stored: Value = tx
+                    .query_one(
+                        "SELECT syncular.put_push_result($1, 'c1', 'dup', $2)",
+                        &[&P, &mine],
+                    )
+                    .unwrap()
+                    .get(0);
                 tx.commit().unwrap();
                 (true, stored)
             })
         })
         .collect();
     let outcomes: Vec<(bool, Value)> = deliveries.into_iter().map(|d| d.join().unwrap()).collect();
-    assert_eq!(outcomes.iter().filter(|(applied_here, _)| *applied_here).count(), 1);
-    let identities: BTreeSet<String> = outcomes.iter().map(|(_, r)| r["cacheIdentity"].as_str().unwrap().to_string()).collect();
-    assert_eq!(identities.len(), 1, "every delivery sees the winner's result");
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|(applied_here, _)| *applied_here)
+            .count(),
+        1
+    );
+    let identities: BTreeSet<String> = outcomes
+        .iter()
+        .map(|(_, r)| r["cacheIdentity"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        identities.len(),
+        1,
+        "every delivery sees the winner's result"
+    );
     let mut c = db.connect();
     assert_eq!(count(&mut c, "syncular.sync_commits"), 1);
     assert_eq!(count(&mut c, "syncular.sync_push_results"), 1);
-    assert_eq!(one::<i64>(&mut c, "SELECT \"_sync_server_version\" FROM public.tasks", &[]), 1);
+    assert_eq!(
+        one::<i64>(
+            &mut c,
+            "SELECT \"_sync_server_version\" FROM public.tasks",
+            &[]
+        ),
+        1
+    );
 }
 
 /// Counts of every sync_* table: equal before and after a refused call means nothing was written.
@@ -182,11 +269,21 @@ fn hostile_call(c: &mut postgres::Client, sql: &str, arg: &Value) -> bool {
     match c.query(sql, &[arg]) {
         Ok(_) => true,
         Err(e) => {
-            let err = e.as_db_error().unwrap_or_else(|| panic!("connection lost on {sql} with {arg}: {e}"));
+            let err = e
+                .as_db_error()
+                .unwrap_or_else(|| panic!("connection lost on {sql} with {arg}: {e}"));
             let state = err.code().code();
-            assert!(state.starts_with("SY"), "{sql} with {arg}: {state} {}", err.message());
+            assert!(
+                state.starts_with("SY"),
+                "{sql} with {arg}: {state} {}",
+                err.message()
+            );
             assert_eq!(err.message(), err.message().trim(), "message is the code");
-            assert_eq!(fingerprint(c), before, "a refused call wrote something: {sql} with {arg}");
+            assert_eq!(
+                fingerprint(c),
+                before,
+                "a refused call wrote something: {sql} with {arg}"
+            );
             false
         }
     }
@@ -226,10 +323,18 @@ fn hostile_json_to_every_json_function_is_refused_with_a_code_and_writes_nothing
         let mut d = valid.clone();
         let value = rng.json(3);
         if i % 2 == 0 {
-            let key = ["clientId", "clientCommitId", "actorId", "createdAtMs", "writerVersion", "changes"][rng.below(6) as usize];
+            let key = [
+                "clientId",
+                "clientCommitId",
+                "actorId",
+                "createdAtMs",
+                "writerVersion",
+                "changes",
+            ][rng.below(6) as usize];
             d[key] = value;
         } else {
-            let key = ["table", "rowId", "op", "rowVersion", "scopes", "payload"][rng.below(6) as usize];
+            let key =
+                ["table", "rowId", "op", "rowVersion", "scopes", "payload"][rng.below(6) as usize];
             d["changes"][0][key] = value;
         }
         d["clientCommitId"] = json!(format!("near-{i}"));
@@ -250,11 +355,22 @@ fn crafted_hostile_inputs() {
     let changes: Vec<Value> = (0..2000)
         .map(|i| json!({"table":"tasks","rowId":format!("r{i}"),"op":"upsert","scopes":{"project_id":"p1"},"payload":big_payload}))
         .collect();
-    assert!(hostile_call(&mut c, append, &doc("huge", Value::Array(changes), Some(V))));
+    assert!(hostile_call(
+        &mut c,
+        append,
+        &doc("huge", Value::Array(changes), Some(V))
+    ));
     assert_eq!(count(&mut c, "syncular.sync_changes"), 2000);
     let giant = json!([{"table":"tasks","rowId":"g","op":"upsert","scopes":{},"payload":"AAAA".repeat(2 * 1024 * 1024)}]);
     assert!(hostile_call(&mut c, append, &doc("giant", giant, Some(V))));
-    assert_eq!(one::<i32>(&mut c, "SELECT length(payload) FROM syncular.sync_changes WHERE row_id = 'g'", &[]), 6 * 1024 * 1024);
+    assert_eq!(
+        one::<i32>(
+            &mut c,
+            "SELECT length(payload) FROM syncular.sync_changes WHERE row_id = 'g'",
+            &[]
+        ),
+        6 * 1024 * 1024
+    );
     // Deep nesting: refused as too_deep beyond what a document may hold; ignored keys may nest.
     let deep = |n: usize| -> Value { (0..n).fold(json!(1), |v, _| json!([v])) };
     let mut d = doc("deep", json!([]), Some(V));
@@ -262,36 +378,98 @@ fn crafted_hostile_inputs() {
     assert!(hostile_call(&mut c, append, &d));
     let nested = format!("{{\"x\":{}1{}}}", "[".repeat(300), "]".repeat(300));
     expect_error(
-        try_one::<i64>(&mut c, "SELECT syncular.append_commit('part-1', $1::text::jsonb)", &[&nested]),
+        try_one::<i64>(
+            &mut c,
+            "SELECT syncular.append_commit('part-1', $1::text::jsonb)",
+            &[&nested],
+        ),
         "SY000",
         "sync.storage.invalid_argument",
         Some(json!({"argument":"commit","reason":"too_deep"})),
     );
     // NUL cannot even reach the function: PostgreSQL refuses it in jsonb and text.
-    let nul = sql_error(&c.query("SELECT syncular.append_commit('part-1', '{\"clientId\":\"a\\u0000b\"}')", &[]).unwrap_err());
+    let nul = sql_error(
+        &c.query(
+            "SELECT syncular.append_commit('part-1', '{\"clientId\":\"a\\u0000b\"}')",
+            &[],
+        )
+        .unwrap_err(),
+    );
     assert_eq!(nul.state, "22P05");
     // Arbitrary bytes (not UTF-8) in a payload are stored exactly.
-    assert!(hostile_call(&mut c, append, &doc("bytes", json!([{"table":"tasks","rowId":"b","op":"upsert","scopes":{},"payload":"/wDA/w"}]), Some(V))));
-    assert_eq!(one::<Vec<u8>>(&mut c, "SELECT payload FROM syncular.sync_changes WHERE row_id = 'b'", &[]), vec![0xFF, 0x00, 0xC0, 0xFF]);
+    assert!(hostile_call(
+        &mut c,
+        append,
+        &doc(
+            "bytes",
+            json!([{"table":"tasks","rowId":"b","op":"upsert","scopes":{},"payload":"/wDA/w"}]),
+            Some(V)
+        )
+    ));
+    assert_eq!(
+        one::<Vec<u8>>(
+            &mut c,
+            "SELECT payload FROM syncular.sync_changes WHERE row_id = 'b'",
+            &[]
+        ),
+        vec![0xFF, 0x00, 0xC0, 0xFF]
+    );
     // Negative and overflowing numbers.
-    for (key, value, reason) in [("createdAtMs", json!(-1), "range"), ("createdAtMs", json!(9007199254740992i64), "range"),
-                                 ("writerVersion", json!(-5), "range"), ("createdAtMs", json!(u64::MAX), "range")] {
+    for (key, value, reason) in [
+        ("createdAtMs", json!(-1), "range"),
+        ("createdAtMs", json!(9007199254740992i64), "range"),
+        ("writerVersion", json!(-5), "range"),
+        ("createdAtMs", json!(u64::MAX), "range"),
+    ] {
         let mut d = doc("num", json!([]), Some(V));
         d[key] = value;
-        expect_error(try_one::<i64>(&mut c, append, &[&d]), "SY005", "sync.storage.invalid_commit", Some(json!({"path": key, "reason": reason})));
+        expect_error(
+            try_one::<i64>(&mut c, append, &[&d]),
+            "SY005",
+            "sync.storage.invalid_commit",
+            Some(json!({"path": key, "reason": reason})),
+        );
     }
     expect_error(
-        try_one::<i64>(&mut c, "SELECT syncular.append_commit('part-1', '{\"createdAtMs\": 1e400}')", &[]),
+        try_one::<i64>(
+            &mut c,
+            "SELECT syncular.append_commit('part-1', '{\"createdAtMs\": 1e400}')",
+            &[],
+        ),
         "SY000",
         "sync.storage.invalid_argument",
         Some(json!({"argument":"commit","reason":"range"})),
     );
     // Table names with quotes, dots and SQL: data in the log, quoted identifiers in DDL.
     let evil = "a\"b.c'; DROP TABLE public.tasks; --";
-    assert!(hostile_call(&mut c, append, &doc("evil", json!([{"table":evil,"rowId":"r","op":"upsert","scopes":{"k":"v"}}]), Some(V))));
-    assert_eq!(count(&mut c, &format!("syncular.read_commit_window('part-1', '{}', '{{\"k\":[\"v\"]}}', 0, 100, 10)", evil.replace('\'', "''"))), 1);
-    exec(&mut c, r#"CREATE SCHEMA "we.ird"""; CREATE TABLE "we.ird"""."ta""ble; x" (LIKE public.tasks INCLUDING ALL)"#);
-    c.execute(r#"SELECT syncular.register_table($1, '"we.ird"""."ta""ble; x"'::regclass, true)"#, &[&evil]).unwrap();
+    assert!(hostile_call(
+        &mut c,
+        append,
+        &doc(
+            "evil",
+            json!([{"table":evil,"rowId":"r","op":"upsert","scopes":{"k":"v"}}]),
+            Some(V)
+        )
+    ));
+    assert_eq!(
+        count(
+            &mut c,
+            &format!(
+                "syncular.read_commit_window('part-1', '{}', '{{\"k\":[\"v\"]}}', 0, 100, 10)",
+                evil.replace('\'', "''")
+            )
+        ),
+        1
+    );
+    exec(
+        &mut c,
+        r#"CREATE SCHEMA "we.ird"""; CREATE TABLE "we.ird"""."ta""ble; x" (LIKE public.tasks INCLUDING ALL)"#,
+    );
+    c.execute(
+        r#"SELECT syncular.register_table($1, '"we.ird"""."ta""ble; x"'::regclass, true)"#,
+        &[&evil],
+    )
+    .unwrap();
     c.execute(
         r#"INSERT INTO "we.ird"""."ta""ble; x" ("_sync_partition", "_sync_row_id", id, "_sync_server_version", "_sync_scopes", "_sync_payload")
            VALUES ('part-1', 'w1', 'w1', 1, '{"k":"v"}', '\x01')"#,
@@ -299,13 +477,20 @@ fn crafted_hostile_inputs() {
     )
     .unwrap();
     let rows: Vec<String> = c
-        .query("SELECT row_id FROM syncular.scan_rows('part-1', $1, '{\"k\":[\"v\"]}', NULL, 10)", &[&evil])
+        .query(
+            "SELECT row_id FROM syncular.scan_rows('part-1', $1, '{\"k\":[\"v\"]}', NULL, 10)",
+            &[&evil],
+        )
         .unwrap()
         .iter()
         .map(|r| r.get(0))
         .collect();
     assert_eq!(rows, vec!["w1"]);
-    assert_eq!(count(&mut c, "public.tasks"), 0, "public.tasks still exists and was not touched");
+    assert_eq!(
+        count(&mut c, "public.tasks"),
+        0,
+        "public.tasks still exists and was not touched"
+    );
 }
 
 fn cluster_script() -> PathBuf {
@@ -313,7 +498,11 @@ fn cluster_script() -> PathBuf {
 }
 
 fn cluster(args: &[&str]) {
-    let status = Command::new("bash").arg(cluster_script()).args(args).status().unwrap();
+    let status = Command::new("bash")
+        .arg(cluster_script())
+        .args(args)
+        .status()
+        .unwrap();
     assert!(status.success(), "cluster.sh {args:?}");
 }
 
@@ -321,7 +510,10 @@ fn cluster(args: &[&str]) {
 struct OwnCluster(String);
 impl Drop for OwnCluster {
     fn drop(&mut self) {
-        let _ = Command::new("bash").arg(cluster_script()).args(["stop", &self.0]).status();
+        let _ = Command::new("bash")
+            .arg(cluster_script())
+            .args(["stop", &self.0])
+            .status();
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
@@ -352,7 +544,11 @@ fn a_crash_under_load_loses_no_acknowledged_commit() {
                 let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
                 for i in 0.. {
                     let ccid = format!("w{w}-{i}");
-                    let d = doc(&ccid, json!([chg("tasks", &ccid), chg("docs", &ccid)]), Some(V));
+                    let d = doc(
+                        &ccid,
+                        json!([chg("tasks", &ccid), chg("docs", &ccid)]),
+                        Some(V),
+                    );
                     match c.query_one("SELECT syncular.append_commit('part-1', $1)", &[&d]) {
                         Ok(row) => {
                             acknowledged.lock().unwrap().insert(row.get(0), ccid);
@@ -364,7 +560,13 @@ fn a_crash_under_load_loses_no_acknowledged_commit() {
         })
         .collect();
     thread::sleep(Duration::from_millis(1500));
-    let pid = std::fs::read_to_string(dir.join("postmaster.pid")).unwrap().lines().next().unwrap().trim().to_string();
+    let pid = std::fs::read_to_string(dir.join("postmaster.pid"))
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .trim()
+        .to_string();
     Command::new("kill").args(["-9", &pid]).status().unwrap();
     let _ = Command::new("pkill").args(["-9", "-P", &pid]).status();
     for w in writers {
@@ -373,7 +575,10 @@ fn a_crash_under_load_loses_no_acknowledged_commit() {
     // The dead postmaster must be gone (reaped) before a new one may take the data directory.
     let deadline = Instant::now() + Duration::from_secs(30);
     while std::path::Path::new(&format!("/proc/{pid}")).exists() {
-        assert!(Instant::now() < deadline, "the killed postmaster was never reaped");
+        assert!(
+            Instant::now() < deadline,
+            "the killed postmaster was never reaped"
+        );
         thread::sleep(Duration::from_millis(50));
     }
     let acknowledged = acknowledged.lock().unwrap().clone();
@@ -381,16 +586,27 @@ fn a_crash_under_load_loses_no_acknowledged_commit() {
     cluster(&["start", &dir_s, &port]);
     let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
     let stored: BTreeMap<i64, String> = c
-        .query("SELECT commit_seq, client_commit_id FROM syncular.sync_commits", &[])
+        .query(
+            "SELECT commit_seq, client_commit_id FROM syncular.sync_commits",
+            &[],
+        )
         .unwrap()
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
     for (seq, ccid) in &acknowledged {
-        assert_eq!(stored.get(seq), Some(ccid), "acknowledged commit {seq} lost");
+        assert_eq!(
+            stored.get(seq),
+            Some(ccid),
+            "acknowledged commit {seq} lost"
+        );
     }
     let n = stored.len() as i64;
-    assert_eq!(stored.keys().copied().collect::<Vec<_>>(), (1..=n).collect::<Vec<_>>(), "dense after recovery");
+    assert_eq!(
+        stored.keys().copied().collect::<Vec<_>>(),
+        (1..=n).collect::<Vec<_>>(),
+        "dense after recovery"
+    );
     let incomplete: i64 = one(
         &mut c,
         "SELECT count(*) FROM syncular.sync_commits c
@@ -400,7 +616,13 @@ fn a_crash_under_load_loses_no_acknowledged_commit() {
     );
     assert_eq!(incomplete, 0, "no half-written commit");
     assert_eq!(count(&mut c, "syncular.sync_changes"), 2 * n);
-    assert_eq!(one::<i64>(&mut c, "SELECT syncular.max_commit_seq('part-1')", &[]), n);
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT syncular.max_commit_seq('part-1')", &[]),
+        n
+    );
     assert_eq!(append(&mut c, "part-1", "tasks", "after", Some(V)), n + 1);
-    println!("reliability: crash after {} acknowledged commits ({n} durable), all present and complete", acknowledged.len());
+    println!(
+        "reliability: crash after {} acknowledged commits ({n} durable), all present and complete",
+        acknowledged.len()
+    );
 }

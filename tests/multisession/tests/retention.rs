@@ -10,16 +10,25 @@ fn commit_at(c: &mut postgres::Client, at: i64) -> i64 {
 }
 
 fn touch(c: &mut postgres::Client, epoch: &str) {
-    one::<Value>(c, "SELECT syncular.touch_partition($1, $2, $3)", &[&P, &NOW, &epoch]);
+    one::<Value>(
+        c,
+        "SELECT syncular.touch_partition($1, $2, $3)",
+        &[&P, &NOW, &epoch],
+    );
 }
 
 fn put_client(c: &mut postgres::Client, cursor: i64, updated: i64) {
     let record = json!({"clientId":"c1","actorId":"a1","cursor":cursor,"updatedAtMs":updated,"subscriptions":[]});
-    c.execute("SELECT syncular.put_client($1, $2)", &[&P, &record]).unwrap();
+    c.execute("SELECT syncular.put_client($1, $2)", &[&P, &record])
+        .unwrap();
 }
 
 fn policy(c: &mut postgres::Client, min_retained: i64) -> Value {
-    one(c, "SELECT syncular.prune_commit_log($1, $2, min_retained_commits => $3)", &[&P, &NOW, &min_retained])
+    one(
+        c,
+        "SELECT syncular.prune_commit_log($1, $2, min_retained_commits => $3)",
+        &[&P, &NOW, &min_retained],
+    )
 }
 
 #[test]
@@ -29,18 +38,44 @@ fn hzn_01_horizon_and_prune() {
     for i in 0..5 {
         commit_at(&mut c, NOW + i * 1000);
     }
-    assert_eq!(one::<i64>(&mut c, "SELECT syncular.horizon_seq($1)", &[&P]), 0);
-    assert_eq!(one::<i64>(&mut c, "SELECT syncular.set_horizon_seq($1, 2)", &[&P]), 2);
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT syncular.horizon_seq($1)", &[&P]),
+        0
+    );
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT syncular.set_horizon_seq($1, 2)", &[&P]),
+        2
+    );
     touch(&mut c, "e");
     assert_eq!(
-        one::<Value>(&mut c, "SELECT syncular.prune_commits_through($1, 'e', 2)", &[&P]),
+        one::<Value>(
+            &mut c,
+            "SELECT syncular.prune_commits_through($1, 'e', 2)",
+            &[&P]
+        ),
         json!({"previousHorizonSeq":2,"horizonSeq":2,"removedCommits":2})
     );
-    assert_eq!(window_seqs(&mut c, P, "tasks", &json!({"project_id":["p1"]}), 0, 5, 10), vec![3, 4, 5]);
-    assert_eq!(count(&mut c, "syncular.sync_changes WHERE commit_seq <= 2"), 0);
-    assert_eq!(count(&mut c, "syncular.sync_change_scopes WHERE commit_seq <= 2"), 0);
+    assert_eq!(
+        window_seqs(&mut c, P, "tasks", &json!({"project_id":["p1"]}), 0, 5, 10),
+        vec![3, 4, 5]
+    );
+    assert_eq!(
+        count(&mut c, "syncular.sync_changes WHERE commit_seq <= 2"),
+        0
+    );
+    assert_eq!(
+        count(&mut c, "syncular.sync_change_scopes WHERE commit_seq <= 2"),
+        0
+    );
     // Repeatable: a retried prune removes nothing.
-    assert_eq!(one::<Value>(&mut c, "SELECT syncular.prune_commits_through($1, 'e', 2)", &[&P])["removedCommits"], json!(0));
+    assert_eq!(
+        one::<Value>(
+            &mut c,
+            "SELECT syncular.prune_commits_through($1, 'e', 2)",
+            &[&P]
+        )["removedCommits"],
+        json!(0)
+    );
 }
 
 #[test]
@@ -50,21 +85,50 @@ fn hzn_02_commit_seq_before() {
     for at in [NOW, NOW + 100, NOW + 200] {
         commit_at(&mut c, at);
     }
-    assert_eq!(one::<i64>(&mut c, "SELECT syncular.commit_seq_before($1, $2)", &[&P, &(NOW + 150)]), 2);
-    assert_eq!(one::<i64>(&mut c, "SELECT syncular.commit_seq_before($1, $2)", &[&P, &(NOW - 1)]), 0);
+    assert_eq!(
+        one::<i64>(
+            &mut c,
+            "SELECT syncular.commit_seq_before($1, $2)",
+            &[&P, &(NOW + 150)]
+        ),
+        2
+    );
+    assert_eq!(
+        one::<i64>(
+            &mut c,
+            "SELECT syncular.commit_seq_before($1, $2)",
+            &[&P, &(NOW - 1)]
+        ),
+        0
+    );
 }
 
 #[test]
 fn hzn_03_pruning_the_log_never_deletes_pending_reactions() {
     let db = TestDb::new("hzn03");
     let mut c = db.connect();
-    let s: i64 = one(&mut c, "SELECT syncular.append_commit($1, $2)", &[&P, &doc("empty", json!([]), Some(V))]);
-    one::<i32>(&mut c, "SELECT syncular.enqueue_reactions($1, $2)", &[&P, &json!([reaction(s, RKEY)])]);
+    let s: i64 = one(
+        &mut c,
+        "SELECT syncular.append_commit($1, $2)",
+        &[&P, &doc("empty", json!([]), Some(V))],
+    );
+    one::<i32>(
+        &mut c,
+        "SELECT syncular.enqueue_reactions($1, $2)",
+        &[&P, &json!([reaction(s, RKEY)])],
+    );
     touch(&mut c, "prune-epoch");
-    let pruned: Value = one(&mut c, "SELECT syncular.prune_commits_through($1, 'prune-epoch', $2)", &[&P, &s]);
+    let pruned: Value = one(
+        &mut c,
+        "SELECT syncular.prune_commits_through($1, 'prune-epoch', $2)",
+        &[&P, &s],
+    );
     assert_eq!(pruned["removedCommits"], json!(1));
     let r: Value = one(&mut c, "SELECT syncular.get_reaction($1, $2)", &[&P, &RKEY]);
-    assert_eq!((r["status"].clone(), r["sourceCommitSeq"].clone()), (json!("pending"), json!(1)));
+    assert_eq!(
+        (r["status"].clone(), r["sourceCommitSeq"].clone()),
+        (json!("pending"), json!(1))
+    );
 }
 
 #[test]
@@ -76,8 +140,14 @@ fn hzn_04_cursor_classification_inputs() {
     }
     one::<i64>(&mut c, "SELECT syncular.set_horizon_seq($1, 2)", &[&P]);
     let state: Value = one(&mut c, "SELECT syncular.partition_state($1)", &[&P]);
-    assert_eq!((state["maxCommitSeq"].clone(), state["horizonSeq"].clone()), (json!(3), json!(2)));
-    assert_eq!(window_seqs(&mut c, P, "tasks", &json!({"project_id":["p1"]}), 2, 3, 10), vec![3]);
+    assert_eq!(
+        (state["maxCommitSeq"].clone(), state["horizonSeq"].clone()),
+        (json!(3), json!(2))
+    );
+    assert_eq!(
+        window_seqs(&mut c, P, "tasks", &json!({"project_id":["p1"]}), 2, 3, 10),
+        vec![3]
+    );
 }
 
 #[test]
@@ -85,12 +155,29 @@ fn hzn_05_rebootstrap_after_a_prune() {
     let db = TestDb::new("hzn05");
     let mut c = db.connect();
     for (i, id) in ["t1", "t2", "t3"].iter().enumerate() {
-        push_upserts(&mut c, P, "c1", &format!("k{i}"), &[("tasks", id, p1())], &json!([]));
+        push_upserts(
+            &mut c,
+            P,
+            "c1",
+            &format!("k{i}"),
+            &[("tasks", id, p1())],
+            &json!([]),
+        );
     }
     touch(&mut c, "e");
-    one::<Value>(&mut c, "SELECT syncular.prune_commits_through($1, 'e', 3)", &[&P]);
-    assert_eq!(scan_ids(&mut c, P, "tasks", &json!({"project_id":["p1"]}), None, 10), vec!["t1", "t2", "t3"]);
-    assert_eq!(one::<i64>(&mut c, "SELECT syncular.max_commit_seq($1)", &[&P]), 3);
+    one::<Value>(
+        &mut c,
+        "SELECT syncular.prune_commits_through($1, 'e', 3)",
+        &[&P],
+    );
+    assert_eq!(
+        scan_ids(&mut c, P, "tasks", &json!({"project_id":["p1"]}), None, 10),
+        vec!["t1", "t2", "t3"]
+    );
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT syncular.max_commit_seq($1)", &[&P]),
+        3
+    );
 }
 
 fn five_commits_touched(c: &mut postgres::Client) {
@@ -107,7 +194,10 @@ fn hzn_06_retention_never_passes_an_active_cursor() {
     five_commits_touched(&mut c);
     put_client(&mut c, 2, NOW);
     let r = policy(&mut c, 1);
-    assert_eq!((r["horizonSeq"].clone(), r["throughSeq"].clone()), (json!(2), json!(2)));
+    assert_eq!(
+        (r["horizonSeq"].clone(), r["throughSeq"].clone()),
+        (json!(2), json!(2))
+    );
 }
 
 #[test]
@@ -148,15 +238,29 @@ fn hzn_10_prune_input_errors() {
     let db = TestDb::new("hzn10");
     let mut c = db.connect();
     expect_error(
-        try_one::<Value>(&mut c, "SELECT syncular.prune_commit_log('never-touched', $1)", &[&NOW]),
+        try_one::<Value>(
+            &mut c,
+            "SELECT syncular.prune_commit_log('never-touched', $1)",
+            &[&NOW],
+        ),
         "SY031",
         "sync.storage.partition_unregistered",
         None,
     );
-    assert_eq!(count(&mut c, "syncular.sync_partitions WHERE partition = 'never-touched'"), 0);
+    assert_eq!(
+        count(
+            &mut c,
+            "syncular.sync_partitions WHERE partition = 'never-touched'"
+        ),
+        0
+    );
     for (epoch, through) in [("", 1i64), ("e", -1)] {
         expect_error(
-            try_one::<Value>(&mut c, "SELECT syncular.prune_commits_through($1, $2, $3)", &[&P, &epoch, &through]),
+            try_one::<Value>(
+                &mut c,
+                "SELECT syncular.prune_commits_through($1, $2, $3)",
+                &[&P, &epoch, &through],
+            ),
             "SY032",
             "sync.storage.invalid_prune_cursor",
             None,
@@ -166,10 +270,17 @@ fn hzn_10_prune_input_errors() {
     touch(&mut c, "e");
     commit_at(&mut c, NOW);
     expect_error(
-        try_one::<Value>(&mut c, "SELECT syncular.prune_commits_through($1, 'other', 1)", &[&P]),
+        try_one::<Value>(
+            &mut c,
+            "SELECT syncular.prune_commits_through($1, 'other', 1)",
+            &[&P],
+        ),
         "SY030",
         "sync.storage.prune_epoch_mismatch",
         None,
     );
-    assert_eq!(one::<i64>(&mut c, "SELECT syncular.horizon_seq($1)", &[&P]), 0);
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT syncular.horizon_seq($1)", &[&P]),
+        0
+    );
 }

@@ -21,19 +21,33 @@ fn row_01_metadata_round_trip() {
     let mut c = db.connect();
     put_row(&mut c, P, "tasks", "r1", &p1(), 2, &[9, 8, 7]);
     let row = c
-        .query_one("SELECT * FROM syncular.scan_rows($1, 'tasks', $2, NULL, 10)", &[&P, &filter("project_id", &["p1"])])
+        .query_one(
+            "SELECT * FROM syncular.scan_rows($1, 'tasks', $2, NULL, 10)",
+            &[&P, &filter("project_id", &["p1"])],
+        )
         .unwrap();
     assert_eq!(row.get::<_, String>("row_id"), "r1");
     assert_eq!(row.get::<_, i64>("server_version"), 2);
     assert_eq!(row.get::<_, Vec<u8>>("payload"), vec![9, 8, 7]);
     assert_eq!(row.get::<_, Value>("scopes"), p1());
     assert_eq!(
-        one::<Option<Value>>(&mut c, "SELECT syncular.get_row_scopes($1, 'tasks', 'r1')", &[&P]),
+        one::<Option<Value>>(
+            &mut c,
+            "SELECT syncular.get_row_scopes($1, 'tasks', 'r1')",
+            &[&P]
+        ),
         Some(json!({"serverVersion":2,"scopes":{"project_id":"p1"}}))
     );
     del_row(&mut c, P, "tasks", "r1");
     assert!(scan_ids(&mut c, P, "tasks", &filter("project_id", &["p1"]), None, 10).is_empty());
-    assert_eq!(one::<Option<Value>>(&mut c, "SELECT syncular.get_row_scopes($1, 'tasks', 'r1')", &[&P]), None);
+    assert_eq!(
+        one::<Option<Value>>(
+            &mut c,
+            "SELECT syncular.get_row_scopes($1, 'tasks', 'r1')",
+            &[&P]
+        ),
+        None
+    );
 }
 
 #[test]
@@ -41,40 +55,90 @@ fn row_02_reads_in_the_push_transaction_see_staged_candidates() {
     let db = TestDb::new("row02");
     let mut c = db.connect();
     put_row(&mut c, P, "tasks", "r1", &p1(), 1, &[1]);
-    put_row(&mut c, P, "tasks", "r2", &json!({"project_id":"p2"}), 1, &[1]);
+    put_row(
+        &mut c,
+        P,
+        "tasks",
+        "r2",
+        &json!({"project_id":"p2"}),
+        1,
+        &[1],
+    );
     let mut tx = c.transaction().unwrap();
-    tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k', 1)", &[&P]).unwrap();
-    tx.batch_execute("SAVEPOINT syncular_push_candidate").unwrap();
+    tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k', 1)", &[&P])
+        .unwrap();
+    tx.batch_execute("SAVEPOINT syncular_push_candidate")
+        .unwrap();
     del_row(&mut tx, P, "tasks", "r1");
     put_row(&mut tx, P, "tasks", "r3", &p1(), 1, &[1]);
-    assert_eq!(scan_ids(&mut tx, P, "tasks", &filter("project_id", &["p1"]), None, 10), vec!["r3"]);
+    assert_eq!(
+        scan_ids(
+            &mut tx,
+            P,
+            "tasks",
+            &filter("project_id", &["p1"]),
+            None,
+            10
+        ),
+        vec!["r3"]
+    );
     tx.rollback().unwrap();
-    assert_eq!(scan_ids(&mut c, P, "tasks", &filter("project_id", &["p1"]), None, 10), vec!["r1"]);
+    assert_eq!(
+        scan_ids(&mut c, P, "tasks", &filter("project_id", &["p1"]), None, 10),
+        vec!["r1"]
+    );
 }
 
 #[test]
 fn row_03_set_row_scopes_replaces_exactly() {
     let db = TestDb::new("row03");
     let mut c = db.connect();
-    let set = |c: &mut postgres::Client, scopes: Value| try_one::<i32>(c, "SELECT syncular.set_row_scopes($1, 'docs', 'd1', $2)", &[&P, &scopes]);
-    assert_eq!(set(&mut c, json!({"org_id":"o1","project_id":"p1"})).unwrap(), 2);
+    let set = |c: &mut postgres::Client, scopes: Value| {
+        try_one::<i32>(
+            c,
+            "SELECT syncular.set_row_scopes($1, 'docs', 'd1', $2)",
+            &[&P, &scopes],
+        )
+    };
+    assert_eq!(
+        set(&mut c, json!({"org_id":"o1","project_id":"p1"})).unwrap(),
+        2
+    );
     assert_eq!(set(&mut c, json!({"project_id":"p2"})).unwrap(), 1);
-    assert_eq!(scopes_of(&mut c, "docs", "d1"), vec![("project_id".into(), "p2".into())]);
+    assert_eq!(
+        scopes_of(&mut c, "docs", "d1"),
+        vec![("project_id".into(), "p2".into())]
+    );
     assert_eq!(set(&mut c, json!({})).unwrap(), 0);
     assert!(scopes_of(&mut c, "docs", "d1").is_empty());
-    expect_error(set(&mut c, json!({"project_id":1})), "SY000", "sync.storage.invalid_argument", None);
+    expect_error(
+        set(&mut c, json!({"project_id":1})),
+        "SY000",
+        "sync.storage.invalid_argument",
+        None,
+    );
 }
 
 #[test]
 fn row_04_deletes_and_rescoping_move_rows_in_the_scope_index() {
     let db = TestDb::new("row04");
     let mut c = db.connect();
-    let over = |c: &mut postgres::Client, p: &str| scan_ids(c, P, "tasks", &filter("project_id", &[p]), None, 10);
+    let over = |c: &mut postgres::Client, p: &str| {
+        scan_ids(c, P, "tasks", &filter("project_id", &[p]), None, 10)
+    };
     put_row(&mut c, P, "tasks", "r1", &p1(), 1, &[1]);
     del_row(&mut c, P, "tasks", "r1");
     assert!(over(&mut c, "p1").is_empty());
     put_row(&mut c, P, "tasks", "r1", &p1(), 1, &[1]);
-    put_row(&mut c, P, "tasks", "r1", &json!({"project_id":"p2"}), 2, &[1]);
+    put_row(
+        &mut c,
+        P,
+        "tasks",
+        "r1",
+        &json!({"project_id":"p2"}),
+        2,
+        &[1],
+    );
     assert!(over(&mut c, "p1").is_empty());
     assert_eq!(over(&mut c, "p2"), vec!["r1"]);
 }
@@ -93,7 +157,10 @@ fn row_05_scan_rows_is_ordered_and_resumable() {
     assert_eq!(scan_ids(&mut c, P, "tasks", &f, None, 1), vec![""]);
     assert!(!scan_ids(&mut c, P, "tasks", &f, Some(""), 10).contains(&String::new()));
     expect_error(
-        c.query("SELECT * FROM syncular.scan_rows($1, 'tasks', $2, NULL, 0)", &[&P, &f]),
+        c.query(
+            "SELECT * FROM syncular.scan_rows($1, 'tasks', $2, NULL, 0)",
+            &[&P, &f],
+        ),
         "SY000",
         "sync.storage.invalid_argument",
         Some(json!({"argument":"lim","reason":"range"})),
@@ -115,7 +182,10 @@ fn row_06_scan_rows_requires_a_scope() {
     let mut c = db.connect();
     for f in [Some(json!({})), None] {
         let err = expect_error(
-            c.query("SELECT * FROM syncular.scan_rows($1, 'tasks', $2, NULL, 10)", &[&P, &f]),
+            c.query(
+                "SELECT * FROM syncular.scan_rows($1, 'tasks', $2, NULL, 10)",
+                &[&P, &f],
+            ),
             "SY040",
             "sync.storage.scan_requires_scope",
             None,
@@ -132,21 +202,47 @@ fn row_07_only_registered_app_tables_are_addressable() {
     let mut c = db.connect();
     let xy = json!({"x":["y"]});
     expect_error(
-        c.query("SELECT * FROM syncular.scan_rows($1, 'sync_backfill_checkpoints', $2, NULL, 1)", &[&P, &xy]),
+        c.query(
+            "SELECT * FROM syncular.scan_rows($1, 'sync_backfill_checkpoints', $2, NULL, 1)",
+            &[&P, &xy],
+        ),
         "SY041",
         "sync.storage.unknown_table",
         Some(json!({"table":"sync_backfill_checkpoints"})),
     );
     expect_error(
-        try_one::<Option<Value>>(&mut c, "SELECT syncular.get_row_scopes($1, 'sync_writer_fence', 'part-1')", &[&P]),
+        try_one::<Option<Value>>(
+            &mut c,
+            "SELECT syncular.get_row_scopes($1, 'sync_writer_fence', 'part-1')",
+            &[&P],
+        ),
         "SY041",
         "sync.storage.unknown_table",
         None,
     );
-    expect_error(c.query("SELECT * FROM syncular.scan_rows($1, 'unregistered', $2, NULL, 1)", &[&P, &xy]), "SY041", "sync.storage.unknown_table", None);
-    expect_error(c.query("SELECT * FROM syncular.scan_rows($1, 'unregistered', '{}', NULL, 1)", &[&P]), "SY040", "sync.storage.scan_requires_scope", None);
     expect_error(
-        c.execute("SELECT syncular.register_table('sync_x', 'public.tasks')", &[]),
+        c.query(
+            "SELECT * FROM syncular.scan_rows($1, 'unregistered', $2, NULL, 1)",
+            &[&P, &xy],
+        ),
+        "SY041",
+        "sync.storage.unknown_table",
+        None,
+    );
+    expect_error(
+        c.query(
+            "SELECT * FROM syncular.scan_rows($1, 'unregistered', '{}', NULL, 1)",
+            &[&P],
+        ),
+        "SY040",
+        "sync.storage.scan_requires_scope",
+        None,
+    );
+    expect_error(
+        c.execute(
+            "SELECT syncular.register_table('sync_x', 'public.tasks')",
+            &[],
+        ),
         "SY000",
         "sync.storage.invalid_argument",
         Some(json!({"argument":"tbl","reason":"reserved"})),
@@ -164,17 +260,33 @@ fn row_07_only_registered_app_tables_are_addressable() {
 fn row_08_the_optional_row_meta_trigger() {
     let db = TestDb::new("row08");
     let mut c = db.connect();
-    exec(&mut c, "SELECT syncular.register_table('tasks', 'public.tasks', true)");
+    exec(
+        &mut c,
+        "SELECT syncular.register_table('tasks', 'public.tasks', true)",
+    );
     let insert = |c: &mut postgres::Client, id: &str| {
         c.execute("INSERT INTO public.tasks (\"_sync_partition\", \"_sync_row_id\", id, \"_sync_server_version\", \"_sync_scopes\", \"_sync_payload\")
                    VALUES ('part-1', $1, $1, 1, '{\"project_id\":\"p1\"}', '\\x01')", &[&id]).unwrap();
     };
     insert(&mut c, "t1");
-    assert_eq!(scopes_of(&mut c, "tasks", "t1"), vec![("project_id".into(), "p1".into())]);
+    assert_eq!(
+        scopes_of(&mut c, "tasks", "t1"),
+        vec![("project_id".into(), "p1".into())]
+    );
     exec(&mut c, "UPDATE public.tasks SET \"_sync_scopes\" = '{\"project_id\":\"p2\"}' WHERE \"_sync_row_id\" = 't1'");
-    assert_eq!(scopes_of(&mut c, "tasks", "t1"), vec![("project_id".into(), "p2".into())]);
-    one::<i32>(&mut c, "SELECT syncular.set_blob_refs($1, 'tasks', 't1', ARRAY['sha256:aa'])", &[&P]);
-    exec(&mut c, "DELETE FROM public.tasks WHERE \"_sync_row_id\" = 't1'");
+    assert_eq!(
+        scopes_of(&mut c, "tasks", "t1"),
+        vec![("project_id".into(), "p2".into())]
+    );
+    one::<i32>(
+        &mut c,
+        "SELECT syncular.set_blob_refs($1, 'tasks', 't1', ARRAY['sha256:aa'])",
+        &[&P],
+    );
+    exec(
+        &mut c,
+        "DELETE FROM public.tasks WHERE \"_sync_row_id\" = 't1'",
+    );
     assert!(scopes_of(&mut c, "tasks", "t1").is_empty());
     assert_eq!(count(&mut c, "syncular.sync_blob_refs"), 0);
     // Invalid scopes fail the host's statement with a coded error.
@@ -185,7 +297,10 @@ fn row_08_the_optional_row_meta_trigger() {
         "sync.storage.invalid_argument",
         None,
     );
-    exec(&mut c, "SELECT syncular.register_table('tasks', 'public.tasks', false)");
+    exec(
+        &mut c,
+        "SELECT syncular.register_table('tasks', 'public.tasks', false)",
+    );
     insert(&mut c, "t2");
     assert!(scopes_of(&mut c, "tasks", "t2").is_empty());
 }
@@ -197,9 +312,20 @@ fn row_09_string_wrapped_scopes_are_read_as_objects() {
     exec(&mut c, "INSERT INTO public.tasks (\"_sync_partition\", \"_sync_row_id\", id, \"_sync_server_version\", \"_sync_scopes\", \"_sync_payload\")
                   VALUES ('part-1', 'old', 'old', 1, to_jsonb('{\"project_id\":\"p1\"}'::text), '\\x01');
                   INSERT INTO syncular.sync_row_scopes VALUES ('part-1', 'tasks', 'project_id', 'p1', 'old')");
-    let scopes: Value = one(&mut c, "SELECT scopes FROM syncular.scan_rows($1, 'tasks', '{\"project_id\":[\"p1\"]}', NULL, 10)", &[&P]);
+    let scopes: Value = one(
+        &mut c,
+        "SELECT scopes FROM syncular.scan_rows($1, 'tasks', '{\"project_id\":[\"p1\"]}', NULL, 10)",
+        &[&P],
+    );
     assert_eq!(scopes, p1());
-    assert_eq!(one::<Value>(&mut c, "SELECT syncular.get_row_scopes($1, 'tasks', 'old')", &[&P])["scopes"], p1());
+    assert_eq!(
+        one::<Value>(
+            &mut c,
+            "SELECT syncular.get_row_scopes($1, 'tasks', 'old')",
+            &[&P]
+        )["scopes"],
+        p1()
+    );
 }
 
 fn commit_with(c: &mut postgres::Client, changes: Value) -> i64 {
@@ -218,7 +344,10 @@ fn win_01_scope_selection_oldest_first_limit() {
     let db = TestDb::new("win01");
     let mut c = db.connect();
     for p in ["p1", "p2", "p1"] {
-        commit_with(&mut c, json!([scoped("tasks", "t", json!({"project_id": p}))]));
+        commit_with(
+            &mut c,
+            json!([scoped("tasks", "t", json!({"project_id": p}))]),
+        );
     }
     let f = filter("project_id", &["p1"]);
     assert_eq!(window_seqs(&mut c, P, "tasks", &f, 0, 3, 10), vec![1, 3]);
@@ -229,10 +358,18 @@ fn win_01_scope_selection_oldest_first_limit() {
 fn win_02_the_whole_filter_must_match() {
     let db = TestDb::new("win02");
     let mut c = db.connect();
-    commit_with(&mut c, json!([scoped("docs", "d1", json!({"org_id":"o1","project_id":"p1"})),
-                               scoped("docs", "d2", json!({"org_id":"o1","project_id":"p2"}))]));
+    commit_with(
+        &mut c,
+        json!([
+            scoped("docs", "d1", json!({"org_id":"o1","project_id":"p1"})),
+            scoped("docs", "d2", json!({"org_id":"o1","project_id":"p2"}))
+        ]),
+    );
     let rows: Vec<(i32, String)> = c
-        .query("SELECT idx, row_id FROM syncular.read_commit_window($1, 'docs', $2, 0, 1, 10)", &[&P, &json!({"org_id":["o1"],"project_id":["p1"]})])
+        .query(
+            "SELECT idx, row_id FROM syncular.read_commit_window($1, 'docs', $2, 0, 1, 10)",
+            &[&P, &json!({"org_id":["o1"],"project_id":["p1"]})],
+        )
         .unwrap()
         .iter()
         .map(|r| (r.get(0), r.get(1)))
@@ -245,9 +382,26 @@ fn win_03_paging_past_non_matching_candidates() {
     let db = TestDb::new("win03");
     let mut c = db.connect();
     for _ in 0..70 {
-        commit_with(&mut c, json!([scoped("docs", "d", json!({"org_id":"o1","project_id":"p2"}))]));
+        commit_with(
+            &mut c,
+            json!([scoped(
+                "docs",
+                "d",
+                json!({"org_id":"o1","project_id":"p2"})
+            )]),
+        );
     }
-    assert_eq!(commit_with(&mut c, json!([scoped("docs", "d", json!({"org_id":"o1","project_id":"p1"}))])), 71);
+    assert_eq!(
+        commit_with(
+            &mut c,
+            json!([scoped(
+                "docs",
+                "d",
+                json!({"org_id":"o1","project_id":"p1"})
+            )])
+        ),
+        71
+    );
     let f = json!({"org_id":["o1"],"project_id":["p1"]});
     assert_eq!(window_seqs(&mut c, P, "docs", &f, 0, 71, 2), vec![71]);
 }
@@ -256,15 +410,21 @@ fn win_03_paging_past_non_matching_candidates() {
 fn win_04_a_commit_is_never_split() {
     let db = TestDb::new("win04");
     let mut c = db.connect();
-    commit_with(&mut c, json!([chg("tasks", "a"), chg("tasks", "b"), chg("tasks", "c")]));
+    commit_with(
+        &mut c,
+        json!([chg("tasks", "a"), chg("tasks", "b"), chg("tasks", "c")]),
+    );
     commit_with(&mut c, json!([chg("tasks", "d")]));
     let f = filter("project_id", &["p1"]);
     let changes = |c: &mut postgres::Client, lim: i32| -> Vec<i64> {
-        c.query("SELECT commit_seq FROM syncular.read_commit_window($1, 'tasks', $2, 0, 2, $3)", &[&P, &f, &lim])
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect()
+        c.query(
+            "SELECT commit_seq FROM syncular.read_commit_window($1, 'tasks', $2, 0, 2, $3)",
+            &[&P, &f, &lim],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
     };
     assert_eq!(changes(&mut c, 2), vec![1, 1, 1]);
     assert_eq!(changes(&mut c, 4), vec![1, 1, 1, 2]);
@@ -284,15 +444,27 @@ fn win_05_bounds_other_tables_empty_filters() {
     for empty in [json!({"project_id":[]}), json!({})] {
         assert!(window_seqs(&mut c, P, "tasks", &empty, 0, 4, 10).is_empty());
     }
-    assert_eq!(count(&mut c, &format!("syncular.read_commit_window('{P}', 'tasks', NULL, 0, 4, 10)")), 0);
+    assert_eq!(
+        count(
+            &mut c,
+            &format!("syncular.read_commit_window('{P}', 'tasks', NULL, 0, 4, 10)")
+        ),
+        0
+    );
     expect_error(
-        c.query("SELECT * FROM syncular.read_commit_window($1, 'tasks', $2, 0, 4, 0)", &[&P, &f]),
+        c.query(
+            "SELECT * FROM syncular.read_commit_window($1, 'tasks', $2, 0, 4, 0)",
+            &[&P, &f],
+        ),
         "SY000",
         "sync.storage.invalid_argument",
         Some(json!({"argument":"limit_changes","reason":"range"})),
     );
     expect_error(
-        c.query("SELECT * FROM syncular.read_commit_window($1, 'sync_commits', $2, 0, 4, 1)", &[&P, &f]),
+        c.query(
+            "SELECT * FROM syncular.read_commit_window($1, 'sync_commits', $2, 0, 4, 1)",
+            &[&P, &f],
+        ),
         "SY041",
         "sync.storage.unknown_table",
         Some(json!({"table":"sync_commits"})),

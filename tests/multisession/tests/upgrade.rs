@@ -38,7 +38,12 @@ fn catalog(c: &mut Client) -> Vec<String> {
     ];
     let mut out: Vec<String> = queries
         .iter()
-        .flat_map(|q| c.query(*q, &[]).unwrap().into_iter().map(|r| r.get::<_, String>(0)))
+        .flat_map(|q| {
+            c.query(*q, &[])
+                .unwrap()
+                .into_iter()
+                .map(|r| r.get::<_, String>(0))
+        })
         .collect();
     out.sort();
     out
@@ -49,14 +54,24 @@ fn an_install_updated_from_the_first_release_keeps_data_and_equals_a_fresh_one()
     let updated = TestDb::new("upgraded");
     let mut c = updated.connect();
     exec(&mut c, "DROP EXTENSION syncular CASCADE");
-    exec(&mut c, &format!("CREATE EXTENSION syncular VERSION '{FIRST_RELEASE}'"));
+    exec(
+        &mut c,
+        &format!("CREATE EXTENSION syncular VERSION '{FIRST_RELEASE}'"),
+    );
     // Data written by the old version.
     migrate(&mut c, 1, &l1(), &json!([]));
-    exec(&mut c, "SELECT syncular.register_table('tasks', 'public.tasks')");
+    exec(
+        &mut c,
+        "SELECT syncular.register_table('tasks', 'public.tasks')",
+    );
     push_upserts(&mut c, P, "c1", "k1", &[("tasks", "t1", p1())], &json!([]));
     push_upserts(&mut c, P, "c1", "k2", &[("tasks", "t2", p1())], &json!([]));
     declare(&mut c, P, "proj", 2, NOW);
-    one::<i32>(&mut c, "SELECT syncular.enqueue_reactions($1, $2)", &[&P, &json!([reaction(2, RKEY)])]);
+    one::<i32>(
+        &mut c,
+        "SELECT syncular.enqueue_reactions($1, $2)",
+        &[&P, &json!([reaction(2, RKEY)])],
+    );
     let before: i64 = one(&mut c, "SELECT (SELECT count(*) FROM syncular.sync_commits) + (SELECT count(*) FROM syncular.sync_changes)
                                  + (SELECT count(*) FROM syncular.sync_push_results) + (SELECT count(*) FROM syncular.sync_reactions)", &[]);
     exec(&mut c, "ALTER EXTENSION syncular UPDATE");
@@ -71,15 +86,37 @@ fn an_install_updated_from_the_first_release_keeps_data_and_equals_a_fresh_one()
                                 + (SELECT count(*) FROM syncular.sync_push_results) + (SELECT count(*) FROM syncular.sync_reactions)", &[]);
     assert_eq!(after, before);
     assert_eq!(append(&mut c, P, "tasks", "t3", Some(2)), 3);
-    expect_error(raw_commit(&mut c, P, 4, Some(1)), "SY001", "sync.storage.writer_fence_rejected", None);
-    assert_eq!(one::<serde_json::Value>(&mut c, "SELECT syncular.get_push_result($1, 'c1', 'k1')", &[&P])["commitSeq"], json!(1));
+    expect_error(
+        raw_commit(&mut c, P, 4, Some(1)),
+        "SY001",
+        "sync.storage.writer_fence_rejected",
+        None,
+    );
+    assert_eq!(
+        one::<serde_json::Value>(
+            &mut c,
+            "SELECT syncular.get_push_result($1, 'c1', 'k1')",
+            &[&P]
+        )["commitSeq"],
+        json!(1)
+    );
 
     let fresh = TestDb::new("fresh");
     let mut f = fresh.connect();
-    exec(&mut f, "DROP EXTENSION syncular CASCADE; CREATE EXTENSION syncular");
+    exec(
+        &mut f,
+        "DROP EXTENSION syncular CASCADE; CREATE EXTENSION syncular",
+    );
     let (a, b) = (catalog(&mut c), catalog(&mut f));
-    assert!(b.len() > 150, "the comparison covers the whole extension ({} items)", b.len());
+    assert!(
+        b.len() > 150,
+        "the comparison covers the whole extension ({} items)",
+        b.len()
+    );
     let only_updated: Vec<&String> = a.iter().filter(|x| !b.contains(x)).collect();
     let only_fresh: Vec<&String> = b.iter().filter(|x| !a.contains(x)).collect();
-    assert!(only_updated.is_empty() && only_fresh.is_empty(), "catalogs differ:\nupdated only: {only_updated:#?}\nfresh only: {only_fresh:#?}");
+    assert!(
+        only_updated.is_empty() && only_fresh.is_empty(),
+        "catalogs differ:\nupdated only: {only_updated:#?}\nfresh only: {only_fresh:#?}"
+    );
 }
