@@ -14,6 +14,15 @@
 //! - [`queue`]: the reaction outbox; [`clients`]: client records and cursors;
 //! - [`admin`]: blob-reference and admin reads, adoption of a 0.24 database.
 
+//!
+//! Privileges, decided per function: the API functions are `SECURITY DEFINER` (pinned
+//! `search_path = pg_catalog, pg_temp`) so that a host role needs only `EXECUTE` and can never
+//! write `sync_*` tables itself — in particular it cannot insert an unfenced commit or lower a
+//! fence. `register_table`, `retire_table` and `adopt_legacy_tables` are `SECURITY INVOKER`
+//! because they act on the caller's relations and must check the caller's ownership; they take
+//! the owner's rights only around their own writes ([`tables`]). The fence trigger is a definer
+//! function and reads the fence without privilege checks, so every inserting role is fenced.
+
 use pgrx::prelude::*;
 
 mod admin;

@@ -144,3 +144,41 @@ fn an_owner_registers_its_own_table_without_table_privileges_on_sync() {
     );
     exec(&mut c, &format!("DROP OWNED BY {role}; DROP ROLE {role}"));
 }
+
+/// Bad input to every function: NULL for every argument is a coded refusal (never a silent NULL,
+/// never an internal error) and writes nothing.
+#[test]
+fn every_function_refuses_null_arguments_with_a_code() {
+    let db = TestDb::new("privnulls");
+    let mut c = db.connect();
+    let functions: Vec<(String, String)> = c
+        .query(
+            "SELECT p.proname::text,
+                    string_agg('NULL::' || format_type(t.typ, NULL), ', ' ORDER BY t.ord)
+               FROM pg_proc p
+               CROSS JOIN LATERAL unnest(p.proargtypes::oid[]) WITH ORDINALITY AS t(typ, ord)
+              WHERE p.pronamespace = 'syncular'::regnamespace AND p.proname NOT LIKE '\\_%'
+                AND p.prorettype NOT IN ('trigger'::regtype, 'event_trigger'::regtype)
+              GROUP BY p.oid, p.proname ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert!(functions.len() >= 60, "{} functions with arguments", functions.len());
+    for (name, nulls) in functions {
+        // Inside a transaction block, so the transaction-state checks pass and argument
+        // validation is what refuses.
+        exec(&mut c, "BEGIN");
+        let result = c.query(&format!("SELECT * FROM syncular.{name}({nulls})"), &[]);
+        let err = match result {
+            Ok(rows) => panic!("{name}({nulls}) returned {} rows instead of refusing", rows.len()),
+            Err(e) => sql_error(&e),
+        };
+        exec(&mut c, "ROLLBACK");
+        let expected = if name == "prune_commits_through" { "SY000|SY032" } else { "SY000" };
+        assert!(expected.split('|').any(|s| s == err.state), "{name}: {err:?}");
+    }
+    assert_eq!(count(&mut c, "syncular.sync_partitions"), 0);
+}

@@ -284,3 +284,37 @@ fn hzn_10_prune_input_errors() {
         0
     );
 }
+
+#[test]
+fn concurrent_prunes_serialize_and_remove_each_commit_once() {
+    let db = TestDb::new("hznconcurrent");
+    let mut c = db.connect();
+    touch(&mut c, "e");
+    for _ in 0..20 {
+        commit_at(&mut c, NOW);
+    }
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(4));
+    let prunes: Vec<_> = [5i64, 10, 15, 10]
+        .into_iter()
+        .map(|through| {
+            let mut s = db.connect();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                one::<Value>(&mut s, "SELECT syncular.prune_commits_through($1, 'e', $2)", &[&P, &through])
+            })
+        })
+        .collect();
+    let results: Vec<Value> = prunes.into_iter().map(|p| p.join().unwrap()).collect();
+    let removed: i64 = results.iter().map(|r| r["removedCommits"].as_i64().unwrap()).sum();
+    assert_eq!(removed, 15, "{results:?}");
+    assert_eq!(one::<i64>(&mut c, "SELECT syncular.horizon_seq($1)", &[&P]), 15);
+    assert_eq!(count(&mut c, "syncular.sync_commits"), 5);
+    // Each prune reports the horizon it found and the one it left: a chain without overlap.
+    let mut steps: Vec<(i64, i64)> = results
+        .iter()
+        .map(|r| (r["previousHorizonSeq"].as_i64().unwrap(), r["horizonSeq"].as_i64().unwrap()))
+        .collect();
+    steps.sort();
+    assert_eq!(steps.last().unwrap().1, 15);
+}
