@@ -107,6 +107,18 @@ def ext_push(n, shared):
     return "\n".join(w)
 
 
+def ext_push_batched_call(n, shared):
+    """The same push with the app rows written in ONE multi-row upsert and their scope index in
+    ONE set_rows_scopes call: 10 round trips for any N, no trigger."""
+    p = "'p-shared'" if shared else "'p-' || :client_id"
+    script = ext_push_batched(n, shared).replace("tasks_meta", "tasks")
+    rows_doc = ",".join('{"rowId":"r%d","scopes":{"project_id":"proj"}}' % i for i in range(n))
+    lines = script.split("\n")
+    at = next(i for i, line in enumerate(lines) if line.startswith("SELECT syncular.append_commit"))
+    lines.insert(at, f"SELECT syncular.set_rows_scopes(({p}), 'tasks', '[{rows_doc}]');")
+    return "\n".join(lines)
+
+
 def ext_push_batched(n, shared):
     """The same push with the app rows written in ONE multi-row upsert per table; the row-meta
     trigger (register_table(..., true)) keeps the scope index natively: 9 round trips for any N."""
@@ -268,7 +280,8 @@ def main():
         pair(f"push N={n}, own partitions", 1, upstream_push(n, False), ext_push(n, False))
         pair(f"push N={n}, own partitions", 4, upstream_push(n, False), ext_push(n, False))
         pair(f"push N={n}, one shared partition", 4, upstream_push(n, True), ext_push(n, True))
-        pair(f"push N={n}, own partitions, batched rows", 1, upstream_push(n, False), ext_push_batched(n, False))
+        pair(f"push N={n}, own partitions, batched rows + row-meta trigger", 1, upstream_push(n, False), ext_push_batched(n, False))
+        pair(f"push N={n}, own partitions, batched rows + set_rows_scopes", 1, upstream_push(n, False), ext_push_batched_call(n, False))
     # b) append
     for n in (1, 10, 100):
         pair(f"append N={n}", 1, upstream_append(n), ext_append(n))

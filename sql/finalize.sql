@@ -74,6 +74,8 @@ COMMENT ON FUNCTION syncular.row_meta_trigger() IS
   'Row trigger installed by register_table(..., true): keeps sync_row_scopes and sync_blob_refs in step with the host''s writes.';
 COMMENT ON FUNCTION syncular.set_row_scopes(text, text, text, jsonb) IS
   'Makes a row''s scope-index entries exactly its stored scopes; returns their number.';
+COMMENT ON FUNCTION syncular.set_rows_scopes(text, text, jsonb) IS
+  'Batch set_row_scopes: makes each listed row''s scope entries exactly its scopes, in one statement; returns the entries held.';
 COMMENT ON FUNCTION syncular.delete_row_meta(text, text, text) IS
   'Removes a deleted row''s scope entries and blob refs: {rowScopes, blobRefs}.';
 COMMENT ON FUNCTION syncular.set_blob_refs(text, text, text, text[]) IS

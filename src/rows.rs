@@ -4,7 +4,7 @@
 
 use crate::args;
 use crate::db;
-use crate::error::{self, Result};
+use crate::error::{self, Error, Result};
 use crate::scope;
 use crate::tables;
 use pgrx::datum::DatumWithOid;
@@ -13,8 +13,58 @@ use pgrx::spi::SpiClient;
 use pgrx::JsonB;
 use serde_json::{json, Map, Value};
 
-/// Makes the row's `sync_row_scopes` entries exactly its `(var, value)` pairs: stale entries are
-/// deleted (through `sync_row_scopes_by_row`), missing ones inserted, unchanged ones untouched.
+/// Makes each row's `sync_row_scopes` entries exactly its `(var, value)` pairs, for any number
+/// of rows of one table in one set-based statement: stale entries are deleted (through
+/// `sync_row_scopes_by_row`), missing ones inserted, unchanged ones untouched. Returns the number
+/// of entries the rows now hold.
+pub fn set_scopes_many(
+    client: &SpiClient<'_>,
+    partition: &str,
+    tbl: &str,
+    rows: &[(String, Map<String, Value>)],
+) -> Result<i64> {
+    let entries: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .flat_map(|(row_id, scopes)| {
+            scopes.iter().map(move |(var, value)| {
+                (
+                    row_id.as_str(),
+                    var.as_str(),
+                    value.as_str().unwrap_or_default(),
+                )
+            })
+        })
+        .collect();
+    db::write(
+        client,
+        "WITH wanted AS (
+           SELECT w.row_id, w.var, w.value
+             FROM unnest($3::text[], $4::text[], $5::text[]) AS w(row_id, var, value)
+         ), targets AS (
+           SELECT DISTINCT t.row_id FROM unnest($6::text[]) AS t(row_id)
+         ), stale AS (
+           DELETE FROM syncular.sync_row_scopes r USING targets t
+            WHERE r.partition = $1 AND r.tbl = $2 AND r.row_id = t.row_id COLLATE \"C\"
+              AND NOT EXISTS (SELECT 1 FROM wanted w
+                               WHERE w.row_id COLLATE \"C\" = r.row_id AND w.var COLLATE \"C\" = r.var
+                                 AND w.value COLLATE \"C\" = r.value)
+         )
+         INSERT INTO syncular.sync_row_scopes (partition, tbl, var, value, row_id)
+         SELECT $1, $2, w.var, w.value, w.row_id FROM wanted w
+         ON CONFLICT DO NOTHING",
+        &[
+            DatumWithOid::from(partition),
+            DatumWithOid::from(tbl),
+            DatumWithOid::from(entries.iter().map(|e| e.0).collect::<Vec<_>>()),
+            DatumWithOid::from(entries.iter().map(|e| e.1).collect::<Vec<_>>()),
+            DatumWithOid::from(entries.iter().map(|e| e.2).collect::<Vec<_>>()),
+            DatumWithOid::from(rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>()),
+        ],
+    )?;
+    Ok(entries.len() as i64)
+}
+
+/// One row's scope entries (set_row_scopes, the row-meta trigger).
 pub fn set_scopes(
     client: &SpiClient<'_>,
     partition: &str,
@@ -22,32 +72,48 @@ pub fn set_scopes(
     row_id: &str,
     scopes: &Map<String, Value>,
 ) -> Result<i64> {
-    let vars: Vec<&str> = scopes.keys().map(String::as_str).collect();
-    let values: Vec<&str> = scopes
-        .values()
-        .map(|v| v.as_str().unwrap_or_default())
-        .collect();
-    db::write(
+    set_scopes_many(
         client,
-        "WITH wanted AS (
-           SELECT w.var, w.value FROM unnest($4::text[], $5::text[]) AS w(var, value)
-         ), stale AS (
-           DELETE FROM syncular.sync_row_scopes r
-            WHERE r.partition = $1 AND r.tbl = $2 AND r.row_id = $3
-              AND NOT EXISTS (SELECT 1 FROM wanted w WHERE w.var COLLATE \"C\" = r.var AND w.value COLLATE \"C\" = r.value)
-         )
-         INSERT INTO syncular.sync_row_scopes (partition, tbl, var, value, row_id)
-         SELECT $1, $2, w.var, w.value, $3 FROM wanted w
-         ON CONFLICT DO NOTHING",
-        &[
-            DatumWithOid::from(partition),
-            DatumWithOid::from(tbl),
-            DatumWithOid::from(row_id),
-            DatumWithOid::from(vars),
-            DatumWithOid::from(values),
-        ],
-    )?;
-    Ok(scopes.len() as i64)
+        partition,
+        tbl,
+        &[(row_id.to_string(), scopes.clone())],
+    )
+}
+
+/// Decodes the `rows` argument of `set_rows_scopes`: `[{"rowId": string, "scopes": {var: string}}]`,
+/// each row id at most once.
+fn scoped_rows(value: Value) -> Result<Vec<(String, Map<String, Value>)>> {
+    let Value::Array(items) = value else {
+        return Err(Error::invalid_argument("rows", "type"));
+    };
+    let mut seen = std::collections::HashSet::new();
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let at = |key: &str| format!("rows[{i}]{key}");
+            let Value::Object(mut obj) = item else {
+                return Err(Error::invalid_argument(&at(""), "type"));
+            };
+            let row_id = match obj.remove("rowId") {
+                None | Some(Value::Null) => {
+                    return Err(Error::invalid_argument(&at(".rowId"), "missing"))
+                }
+                Some(Value::String(s)) => s,
+                Some(_) => return Err(Error::invalid_argument(&at(".rowId"), "type")),
+            };
+            if !seen.insert(row_id.clone()) {
+                return Err(Error::invalid_argument(&at(".rowId"), "shape"));
+            }
+            let scopes = match obj.remove("scopes") {
+                None | Some(Value::Null) => {
+                    return Err(Error::invalid_argument(&at(".scopes"), "missing"))
+                }
+                Some(scopes) => scope::stored(&at(".scopes"), scopes)?,
+            };
+            Ok((row_id, scopes))
+        })
+        .collect()
 }
 
 /// Removes a row's scope entries and blob refs; returns how many of each.
@@ -121,6 +187,24 @@ fn set_row_scopes(
         let (partition, tbl, row_id) = row_key(partition, tbl, row_id)?;
         let scopes = scope::stored("scopes", args::json("scopes", scopes)?)?;
         let held = db::with_spi(|client| set_scopes(client, &partition, &tbl, &row_id, &scopes))?;
+        Ok(held as i32)
+    })
+}
+
+/// The batch form of `set_row_scopes` for the rows of one table written by one statement: one
+/// call and one set-based statement instead of one call per row.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn set_rows_scopes(
+    partition: Option<String>,
+    tbl: Option<String>,
+    rows: Option<args::JsonArg>,
+) -> i32 {
+    error::run(|| {
+        let partition = args::text("partition", partition)?;
+        let tbl = scope::log_table("tbl", tbl)?;
+        let rows = scoped_rows(args::json("rows", rows)?)?;
+        let held = db::with_spi(|client| set_scopes_many(client, &partition, &tbl, &rows))?;
         Ok(held as i32)
     })
 }
