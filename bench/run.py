@@ -309,9 +309,38 @@ def main():
         results.append(("append N=1: trigger off vs no fence row", 1, best["off"], best["norow"]))
         for r in results[-2:]:
             print(f"{r[0]:<44} c=1  {r[2][0]:>8.0f} tps vs {r[3][0]:>8.0f} tps | x{r[3][0] / r[2][0]:.3f}", flush=True)
+        trigger_cost(best["row"][1])
 
     elapsed = time.time() - started
     report(results, elapsed)
+
+
+FENCE_COST = {}
+
+
+def bulk_insert_ms(replica):
+    """Server-side: 100,000 commit rows in one INSERT into a fenced partition, with the fence
+    trigger firing per row (origin) or not at all (replica). No client round trips, so the
+    difference is the trigger's own cost, free of pgbench noise."""
+    role = "replica" if replica else "origin"
+    out = subprocess.run(
+        [f"{BIN}/psql", "-X", "-q", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-d", "ext", "-v", "ON_ERROR_STOP=1"],
+        input=f"SET session_replication_role = {role};\nBEGIN;\n\\timing on\n"
+              "INSERT INTO syncular.sync_commits SELECT 'fenced', 100000000 + g, 'c', 'k', 'a', 1, 1 FROM generate_series(1, 100000) g;\n"
+              "\\timing off\nROLLBACK;\n",
+        capture_output=True, text=True)
+    m = re.search(r"Time: ([0-9.]+) ms", out.stdout)
+    if out.returncode != 0 or not m:
+        sys.exit(f"bulk insert failed: {out.stdout}{out.stderr}")
+    return float(m.group(1))
+
+
+def trigger_cost(append_latency_ms):
+    on = min(bulk_insert_ms(False) for _ in range(3))
+    off = min(bulk_insert_ms(True) for _ in range(3))
+    per_row_us = (on - off) * 1000 / 100_000
+    FENCE_COST.update(per_row_us=per_row_us, share=per_row_us / (append_latency_ms * 1000), latency=append_latency_ms)
+    print(f"fence trigger: {per_row_us:.1f} us per row = {100 * FENCE_COST['share']:.1f} % of append_commit N=1 ({append_latency_ms:.3f} ms)", flush=True)
 
 
 def report(results, elapsed):
@@ -327,6 +356,12 @@ def report(results, elapsed):
     lines.append("|---|---|---|---|---|---|---|")
     for label, clients, up, ex in results:
         lines.append(f"| {label} | {clients} | {up[0]:.0f} | {up[1]:.3f} | {ex[0]:.0f} | {ex[1]:.3f} | {ex[0] / up[0]:.2f} |")
+    if FENCE_COST:
+        lines.append("")
+        lines.append(f"Fence trigger, measured server-side (100,000-row INSERT into a fenced partition, trigger on vs "
+                     f"`session_replication_role = replica`, best of 3): **{FENCE_COST['per_row_us']:.1f} µs per row = "
+                     f"{100 * FENCE_COST['share']:.1f} %** of an `append_commit` of one change ({FENCE_COST['latency']:.3f} ms above). "
+                     "The pgbench pair above has more noise than the effect it measures.")
     lines.append("")
     lines.append("Columns: *baseline* is upstream 0.24's statements for `push` and `append` rows; for the floor rows it is the "
                  "floor; for the window row it is the same window at 10^4 commits (syncular column: 10^6); for the fence rows it "

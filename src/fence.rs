@@ -13,26 +13,84 @@ use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use serde_json::json;
 
+const LOCK: pg_sys::LOCKMODE = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+
+/// The two tables the fence reads.
+#[derive(Clone, Copy)]
+enum FenceTable {
+    WriterFence = 0,
+    SchemaMeta = 1,
+}
+
+impl FenceTable {
+    fn name(self) -> &'static std::ffi::CStr {
+        match self {
+            FenceTable::WriterFence => c"sync_writer_fence",
+            FenceTable::SchemaMeta => c"sync_schema_meta",
+        }
+    }
+}
+
+thread_local! {
+    /// (schema OID, table OIDs) as last resolved by this backend: the trigger fires once per
+    /// inserted commit row, and resolving names costs five catalog-cache lookups.
+    static RESOLVED: std::cell::Cell<(pg_sys::Oid, [pg_sys::Oid; 2])> =
+        const { std::cell::Cell::new((pg_sys::InvalidOid, [pg_sys::InvalidOid; 2])) };
+}
+
+/// Opens one of the fence's tables. The cached OID is used only while it still names that table
+/// in the cached schema (a dropped and re-created extension gets new OIDs and is re-resolved).
+unsafe fn open_table(table: FenceTable) -> error::Result<pg_sys::Relation> {
+    let (namespace, oids) = RESOLVED.with(std::cell::Cell::get);
+    let cached = oids[table as usize];
+    if cached != pg_sys::InvalidOid {
+        let relation = pg_sys::try_table_open(cached, LOCK);
+        if !relation.is_null() {
+            let form = &*(*relation).rd_rel;
+            let name = std::ffi::CStr::from_ptr(form.relname.data.as_ptr());
+            if form.relnamespace == namespace && name == table.name() {
+                return Ok(relation);
+            }
+            pg_sys::table_close(relation, LOCK);
+        }
+    }
+    let namespace = pg_sys::get_namespace_oid(c"syncular".as_ptr(), false);
+    let oid = pg_sys::get_relname_relid(table.name().as_ptr(), namespace);
+    if oid == pg_sys::InvalidOid {
+        return Err(Error::Internal(format!(
+            "syncular: {:?} is missing",
+            table.name()
+        )));
+    }
+    let mut fresh = if RESOLVED.with(std::cell::Cell::get).0 == namespace {
+        oids
+    } else {
+        [pg_sys::InvalidOid; 2]
+    };
+    fresh[table as usize] = oid;
+    RESOLVED.with(|c| c.set((namespace, fresh)));
+    Ok(pg_sys::table_open(oid, LOCK))
+}
+
 /// Reads one `bigint` column of the row whose primary key equals `key`, by a direct scan of the
 /// primary-key index with `snapshot`. No SPI, no executor, no privilege check: the fence lookup
 /// must not depend on the inserting role (core-api §1.2) and runs once per inserted commit row.
 unsafe fn lookup_by_key(
-    namespace: pg_sys::Oid,
-    table: &std::ffi::CStr,
-    index: &std::ffi::CStr,
+    table: FenceTable,
     key: pg_sys::Datum,
     (equality, collation): (u32, pg_sys::Oid),
     column: i32,
     snapshot: pg_sys::Snapshot,
 ) -> error::Result<Option<i64>> {
-    let relation_id = pg_sys::get_relname_relid(table.as_ptr(), namespace);
-    let index_id = pg_sys::get_relname_relid(index.as_ptr(), namespace);
-    if relation_id == pg_sys::InvalidOid || index_id == pg_sys::InvalidOid {
+    let relation = open_table(table)?;
+    let index_id = pg_sys::RelationGetPrimaryKeyIndex(relation);
+    if index_id == pg_sys::InvalidOid {
+        pg_sys::table_close(relation, LOCK);
         return Err(Error::Internal(format!(
-            "syncular: {table:?} or its primary key is missing"
+            "syncular: {:?} has no primary key",
+            table.name()
         )));
     }
-    let relation = pg_sys::table_open(relation_id, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
     let mut scan_key: pg_sys::ScanKeyData = std::mem::zeroed();
     pg_sys::ScanKeyEntryInitialize(
         &mut scan_key,
@@ -54,7 +112,7 @@ unsafe fn lookup_by_key(
         (!is_null).then(|| i64::from_datum(datum, false).expect("bigint column"))
     };
     pg_sys::systable_endscan(scan);
-    pg_sys::table_close(relation, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+    pg_sys::table_close(relation, LOCK);
     Ok(value)
 }
 
@@ -63,22 +121,17 @@ unsafe fn lookup_by_key(
 /// committed rows plus this transaction's own earlier commands. `None`: no barrier.
 pub fn requirement(partition: &str) -> error::Result<Option<i64>> {
     unsafe {
-        let namespace = pg_sys::get_namespace_oid(c"syncular".as_ptr(), false);
         let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
         let partition_key = partition.into_datum().expect("text is never NULL here");
         let fence = lookup_by_key(
-            namespace,
-            c"sync_writer_fence",
-            c"sync_writer_fence_pkey",
+            FenceTable::WriterFence,
             partition_key,
             (pg_sys::F_TEXTEQ, pg_sys::C_COLLATION_OID),
             2,
             snapshot,
         );
         let floor = lookup_by_key(
-            namespace,
-            c"sync_schema_meta",
-            c"sync_schema_meta_pkey",
+            FenceTable::SchemaMeta,
             pg_sys::Datum::from(1i32),
             (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
             4,
