@@ -178,21 +178,21 @@ fn advance_client_cursor(
         let cursor = cursor_arg("cursor", cursor)?;
         let at = args::count("at_ms", at_ms)?;
         db::changed(
-                "UPDATE syncular.sync_clients c
-                    SET cursor = GREATEST(c.cursor, $5), updated_at_ms = GREATEST(c.updated_at_ms, $6)
-                  WHERE c.partition = $1 AND c.client_id = $2 AND c.actor_id = $3
-                    AND EXISTS (SELECT 1 FROM syncular.sync_partition_registry r
-                                 WHERE r.partition = $1 AND r.log_epoch = $4)
-                 RETURNING 1",
-                &[
-                    partition.as_str().into(),
-                    client_id.as_str().into(),
-                    actor_id.as_str().into(),
-                    epoch.as_str().into(),
-                    cursor.into(),
-                    at.into(),
-                ],
-            )
+            "UPDATE syncular.sync_clients c
+                SET cursor = GREATEST(c.cursor, $5), updated_at_ms = GREATEST(c.updated_at_ms, $6)
+              WHERE c.partition = $1 AND c.client_id = $2 AND c.actor_id = $3
+                AND EXISTS (SELECT 1 FROM syncular.sync_partition_registry r
+                             WHERE r.partition = $1 AND r.log_epoch = $4)
+             RETURNING 1",
+            &[
+                partition.as_str().into(),
+                client_id.as_str().into(),
+                actor_id.as_str().into(),
+                epoch.as_str().into(),
+                cursor.into(),
+                at.into(),
+            ],
+        )
     })
 }
 
@@ -210,12 +210,17 @@ fn update_client_cursor(
         let cursor = cursor_arg("cursor", cursor)?;
         let at = args::count("at_ms", at_ms)?;
         db::changed(
-                "UPDATE syncular.sync_clients c
-                    SET cursor = GREATEST(c.cursor, $3), updated_at_ms = GREATEST(c.updated_at_ms, $4)
-                  WHERE c.partition = $1 AND c.client_id = $2
-                 RETURNING 1",
-                &[partition.as_str().into(), client_id.as_str().into(), cursor.into(), at.into()],
-            )
+            "UPDATE syncular.sync_clients c
+                SET cursor = GREATEST(c.cursor, $3), updated_at_ms = GREATEST(c.updated_at_ms, $4)
+              WHERE c.partition = $1 AND c.client_id = $2
+             RETURNING 1",
+            &[
+                partition.as_str().into(),
+                client_id.as_str().into(),
+                cursor.into(),
+                at.into(),
+            ],
+        )
     })
 }
 

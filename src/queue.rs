@@ -278,6 +278,19 @@ fn claim_reactions(
     })
 }
 
+/// The `(partition, idempotency_key, lease_owner)` arguments of the lease-guarded calls.
+fn lease_args(
+    partition: Option<String>,
+    idempotency_key: Option<String>,
+    lease_owner: Option<String>,
+) -> Result<(String, String, String)> {
+    Ok((
+        args::text("partition", partition)?,
+        args::text("idempotency_key", idempotency_key)?,
+        args::text("lease_owner", lease_owner)?,
+    ))
+}
+
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn complete_reaction(
@@ -287,9 +300,7 @@ fn complete_reaction(
     at_ms: Option<i64>,
 ) -> bool {
     error::run(|| {
-        let partition = args::text("partition", partition)?;
-        let key = args::text("idempotency_key", idempotency_key)?;
-        let owner = args::text("lease_owner", lease_owner)?;
+        let (partition, key, owner) = lease_args(partition, idempotency_key, lease_owner)?;
         let at = args::count("at_ms", at_ms)?;
         db::changed(
             "UPDATE syncular.sync_reactions
@@ -317,9 +328,7 @@ fn extend_reaction_lease(
     expires_at_ms: Option<i64>,
 ) -> bool {
     error::run(|| {
-        let partition = args::text("partition", partition)?;
-        let key = args::text("idempotency_key", idempotency_key)?;
-        let owner = args::text("lease_owner", lease_owner)?;
+        let (partition, key, owner) = lease_args(partition, idempotency_key, lease_owner)?;
         let expires = args::count("expires_at_ms", expires_at_ms)?;
         db::changed(
             "UPDATE syncular.sync_reactions SET lease_expires_at_ms = $4
@@ -368,9 +377,7 @@ fn fail_reaction(
     retry_at_ms: default!(Option<i64>, "NULL"),
 ) -> bool {
     error::run(|| {
-        let partition = args::text("partition", partition)?;
-        let key = args::text("idempotency_key", idempotency_key)?;
-        let owner = args::text("lease_owner", lease_owner)?;
+        let (partition, key, owner) = lease_args(partition, idempotency_key, lease_owner)?;
         let (failure, at) = decode_failure(args::json("failure", failure)?)?;
         let retry = retry_at_ms
             .map(|r| args::count("retry_at_ms", Some(r)))
