@@ -166,19 +166,33 @@ fn every_function_refuses_null_arguments_with_a_code() {
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    assert!(functions.len() >= 60, "{} functions with arguments", functions.len());
+    assert!(
+        functions.len() >= 60,
+        "{} functions with arguments",
+        functions.len()
+    );
     for (name, nulls) in functions {
         // Inside a transaction block, so the transaction-state checks pass and argument
         // validation is what refuses.
         exec(&mut c, "BEGIN");
         let result = c.query(&format!("SELECT * FROM syncular.{name}({nulls})"), &[]);
         let err = match result {
-            Ok(rows) => panic!("{name}({nulls}) returned {} rows instead of refusing", rows.len()),
+            Ok(rows) => panic!(
+                "{name}({nulls}) returned {} rows instead of refusing",
+                rows.len()
+            ),
             Err(e) => sql_error(&e),
         };
         exec(&mut c, "ROLLBACK");
-        let expected = if name == "prune_commits_through" { "SY000|SY032" } else { "SY000" };
-        assert!(expected.split('|').any(|s| s == err.state), "{name}: {err:?}");
+        let expected = if name == "prune_commits_through" {
+            "SY000|SY032"
+        } else {
+            "SY000"
+        };
+        assert!(
+            expected.split('|').any(|s| s == err.state),
+            "{name}: {err:?}"
+        );
     }
     assert_eq!(count(&mut c, "syncular.sync_partitions"), 0);
 }

@@ -497,13 +497,27 @@ fn cluster_script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/cluster.sh")
 }
 
+/// `cluster.sh args…`; a start is retried twice (a machine shared with other test clusters can
+/// refuse one transiently), and a final failure shows the server log.
 fn cluster(args: &[&str]) {
-    let status = Command::new("bash")
-        .arg(cluster_script())
-        .args(args)
-        .status()
-        .unwrap();
-    assert!(status.success(), "cluster.sh {args:?}");
+    for attempt in 1..=3 {
+        let status = Command::new("bash")
+            .arg(cluster_script())
+            .args(args)
+            .status()
+            .unwrap();
+        if status.success() {
+            return;
+        }
+        let log = std::fs::read_to_string(std::path::Path::new(args[1]).join("server.log"))
+            .unwrap_or_default();
+        eprintln!("cluster.sh {args:?} failed (attempt {attempt}); server log:\n{log}");
+        assert!(
+            attempt < 3 && args[0] == "start",
+            "cluster.sh {args:?} failed"
+        );
+        thread::sleep(Duration::from_secs(2));
+    }
 }
 
 /// Stops the crash test's own cluster however the test ends.
@@ -524,7 +538,9 @@ impl Drop for OwnCluster {
 fn a_crash_under_load_loses_no_acknowledged_commit() {
     let dir = std::env::temp_dir().join(format!("syncular-crash-{}", std::process::id()));
     let dir_s = dir.to_str().unwrap().to_string();
-    let port = std::env::var("SYNCULAR_CRASH_PORT").unwrap_or_else(|_| "55436".into());
+    // A port of its own per run: a previous run's cluster may still be shutting down.
+    let port = std::env::var("SYNCULAR_CRASH_PORT")
+        .unwrap_or_else(|_| (56000 + std::process::id() % 1000).to_string());
     let _ = std::fs::remove_dir_all(&dir);
     let _own = OwnCluster(dir_s.clone());
     cluster(&["start", &dir_s, &port]);

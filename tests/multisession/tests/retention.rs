@@ -301,19 +301,34 @@ fn concurrent_prunes_serialize_and_remove_each_commit_once() {
             let barrier = barrier.clone();
             std::thread::spawn(move || {
                 barrier.wait();
-                one::<Value>(&mut s, "SELECT syncular.prune_commits_through($1, 'e', $2)", &[&P, &through])
+                one::<Value>(
+                    &mut s,
+                    "SELECT syncular.prune_commits_through($1, 'e', $2)",
+                    &[&P, &through],
+                )
             })
         })
         .collect();
     let results: Vec<Value> = prunes.into_iter().map(|p| p.join().unwrap()).collect();
-    let removed: i64 = results.iter().map(|r| r["removedCommits"].as_i64().unwrap()).sum();
+    let removed: i64 = results
+        .iter()
+        .map(|r| r["removedCommits"].as_i64().unwrap())
+        .sum();
     assert_eq!(removed, 15, "{results:?}");
-    assert_eq!(one::<i64>(&mut c, "SELECT syncular.horizon_seq($1)", &[&P]), 15);
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT syncular.horizon_seq($1)", &[&P]),
+        15
+    );
     assert_eq!(count(&mut c, "syncular.sync_commits"), 5);
     // Each prune reports the horizon it found and the one it left: a chain without overlap.
     let mut steps: Vec<(i64, i64)> = results
         .iter()
-        .map(|r| (r["previousHorizonSeq"].as_i64().unwrap(), r["horizonSeq"].as_i64().unwrap()))
+        .map(|r| {
+            (
+                r["previousHorizonSeq"].as_i64().unwrap(),
+                r["horizonSeq"].as_i64().unwrap(),
+            )
+        })
         .collect();
     steps.sort();
     assert_eq!(steps.last().unwrap().1, 15);

@@ -475,26 +475,74 @@ fn win_05_bounds_other_tables_empty_filters() {
 fn set_rows_scopes_replaces_exactly_for_many_rows_in_one_call() {
     let db = TestDb::new("rowbatch");
     let mut c = db.connect();
-    let set = |c: &mut postgres::Client, rows: Value| try_one::<i32>(c, "SELECT syncular.set_rows_scopes($1, 'docs', $2)", &[&P, &rows]);
-    assert_eq!(set(&mut c, json!([{"rowId":"d1","scopes":{"org_id":"o1","project_id":"p1"}},
+    let set = |c: &mut postgres::Client, rows: Value| {
+        try_one::<i32>(
+            c,
+            "SELECT syncular.set_rows_scopes($1, 'docs', $2)",
+            &[&P, &rows],
+        )
+    };
+    assert_eq!(
+        set(
+            &mut c,
+            json!([{"rowId":"d1","scopes":{"org_id":"o1","project_id":"p1"}},
                                   {"rowId":"d2","scopes":{"project_id":"p2"}},
-                                  {"rowId":"","scopes":{"project_id":"p3"}}])).unwrap(), 4);
-    assert_eq!(scopes_of(&mut c, "docs", "d1"), vec![("org_id".into(), "o1".into()), ("project_id".into(), "p1".into())]);
+                                  {"rowId":"","scopes":{"project_id":"p3"}}])
+        )
+        .unwrap(),
+        4
+    );
+    assert_eq!(
+        scopes_of(&mut c, "docs", "d1"),
+        vec![
+            ("org_id".into(), "o1".into()),
+            ("project_id".into(), "p1".into())
+        ]
+    );
     // d1 loses org_id, d2 loses everything, the row with the empty id is not listed: untouched.
-    assert_eq!(set(&mut c, json!([{"rowId":"d1","scopes":{"project_id":"p1"}},{"rowId":"d2","scopes":{}}])).unwrap(), 1);
-    assert_eq!(scopes_of(&mut c, "docs", "d1"), vec![("project_id".into(), "p1".into())]);
+    assert_eq!(
+        set(
+            &mut c,
+            json!([{"rowId":"d1","scopes":{"project_id":"p1"}},{"rowId":"d2","scopes":{}}])
+        )
+        .unwrap(),
+        1
+    );
+    assert_eq!(
+        scopes_of(&mut c, "docs", "d1"),
+        vec![("project_id".into(), "p1".into())]
+    );
     assert!(scopes_of(&mut c, "docs", "d2").is_empty());
-    assert_eq!(scopes_of(&mut c, "docs", ""), vec![("project_id".into(), "p3".into())]);
+    assert_eq!(
+        scopes_of(&mut c, "docs", ""),
+        vec![("project_id".into(), "p3".into())]
+    );
     let before = count(&mut c, "syncular.sync_row_scopes");
     for (rows, argument, reason) in [
-        (json!([{"rowId":"d1","scopes":{}},{"rowId":"d1","scopes":{}}]), "rows[1].rowId", "shape"),
-        (json!([{"rowId":"d3","scopes":{"project_id":1}}]), "rows[0].scopes.project_id", "type"),
+        (
+            json!([{"rowId":"d1","scopes":{}},{"rowId":"d1","scopes":{}}]),
+            "rows[1].rowId",
+            "shape",
+        ),
+        (
+            json!([{"rowId":"d3","scopes":{"project_id":1}}]),
+            "rows[0].scopes.project_id",
+            "type",
+        ),
         (json!([{"scopes":{}}]), "rows[0].rowId", "missing"),
         (json!({"rowId":"d1"}), "rows", "type"),
     ] {
-        expect_error(set(&mut c, rows), "SY000", "sync.storage.invalid_argument", Some(json!({"argument":argument,"reason":reason})));
+        expect_error(
+            set(&mut c, rows),
+            "SY000",
+            "sync.storage.invalid_argument",
+            Some(json!({"argument":argument,"reason":reason})),
+        );
     }
     assert_eq!(count(&mut c, "syncular.sync_row_scopes"), before);
     let rows: Vec<String> = scan_ids(&mut c, P, "docs", &json!({"project_id":["p1"]}), None, 10);
-    assert!(rows.is_empty(), "scope entries alone do not make app rows: {rows:?}");
+    assert!(
+        rows.is_empty(),
+        "scope entries alone do not make app rows: {rows:?}"
+    );
 }
