@@ -11,7 +11,9 @@
 -- - before touching the fence trigger it sets the guard's flag, so the event triggers do not
 --   react to the script's own DDL:
 --     SELECT pg_catalog.set_config('syncular.fence_guard_busy', 'on', true);
--- - released install scripts (sql/released/) and update scripts are never edited afterwards.
+-- - released install scripts (sql/released/) and update scripts are never edited afterwards;
+-- - exported symbols of the library are never removed (an update chain loads the newest
+--   library for every older install script).
 
 CREATE FUNCTION syncular.set_rows_scopes("partition" text, "tbl" text, "rows" jsonb) RETURNS integer
 VOLATILE SECURITY DEFINER PARALLEL UNSAFE
