@@ -44,6 +44,26 @@ fn assert_no_seq_scan(plans: &str, tables: &[&str]) {
     }
 }
 
+/// The plans of `sql` mention `index`.
+fn assert_uses(c: &mut Client, notices: &Arc<Mutex<Vec<String>>>, sql: &str, index: &str) {
+    let plans = plans_of(c, notices, sql);
+    assert!(
+        plans.contains(index),
+        "{sql} does not use {index}:\n{plans}"
+    );
+}
+
+/// An app-table probe whose index condition includes `_sync_row_id`, not only the partition
+/// (a collation mismatch would leave only the partition prefix usable).
+fn assert_probes_row_id(plans: &str) {
+    assert!(
+        plans
+            .lines()
+            .any(|l| l.contains("Index Cond") && l.contains("_sync_row_id")),
+        "{plans}"
+    );
+}
+
 fn setup(c: &mut Client) {
     exec(
         c,
@@ -77,7 +97,11 @@ fn idx_01_to_07_index_usage() {
     let log = ["sync_change_scopes", "sync_commits", "sync_changes"];
 
     // IDX-01: a window page.
-    let plans = plans_of(&mut c, &notices, "SELECT * FROM syncular.read_commit_window('part-1', 'tasks', '{\"project_id\":[\"p3\"]}', 0, 2000, 64)");
+    let plans = plans_of(
+        &mut c,
+        &notices,
+        r#"SELECT * FROM syncular.read_commit_window('part-1', 'tasks', '{"project_id":["p3"]}', 0, 2000, 64)"#,
+    );
     assert!(plans.contains("sync_change_scopes_pkey"), "{plans}");
     assert_no_seq_scan(&plans, &log);
 
@@ -86,15 +110,14 @@ fn idx_01_to_07_index_usage() {
         &mut c,
         "SET enable_hashjoin = off; SET enable_mergejoin = off",
     );
-    let plans = plans_of(&mut c, &notices, "SELECT * FROM syncular.scan_rows('part-1', 'tasks', '{\"project_id\":[\"p3\"]}', NULL, 50)");
+    let plans = plans_of(
+        &mut c,
+        &notices,
+        r#"SELECT * FROM syncular.scan_rows('part-1', 'tasks', '{"project_id":["p3"]}', NULL, 50)"#,
+    );
     assert_no_seq_scan(&plans, &["sync_row_scopes", "tasks"]);
     assert!(plans.contains("tasks_pkey"), "{plans}");
-    assert!(
-        plans
-            .lines()
-            .any(|l| l.contains("Index Cond") && l.contains("_sync_row_id")),
-        "{plans}"
-    );
+    assert_probes_row_id(&plans);
     exec(&mut c, "RESET enable_hashjoin; RESET enable_mergejoin");
 
     // IDX-03: the lateral multi-subscription window.
@@ -109,19 +132,26 @@ fn idx_01_to_07_index_usage() {
     );
     assert_no_seq_scan(&plans, &log);
 
-    // IDX-04: removing a row's scope entries uses sync_row_scopes_by_row.
-    let plans = plans_of(
+    // IDX-04: removing a row's scope entries uses sync_row_scopes_by_row (also in the batch form).
+    let by_row = "sync_row_scopes_by_row";
+    assert_uses(
         &mut c,
         &notices,
-        "SELECT syncular.set_row_scopes('part-1', 'tasks', 'r7', '{\"project_id\":\"p9\"}')",
+        r#"SELECT syncular.set_row_scopes('part-1', 'tasks', 'r7', '{"project_id":"p9"}')"#,
+        by_row,
     );
-    assert!(plans.contains("sync_row_scopes_by_row"), "{plans}");
-    let plans = plans_of(
+    assert_uses(
+        &mut c,
+        &notices,
+        r#"SELECT syncular.set_rows_scopes('part-1', 'tasks', '[{"rowId":"r9","scopes":{}}]')"#,
+        by_row,
+    );
+    assert_uses(
         &mut c,
         &notices,
         "SELECT syncular.delete_row_meta('part-1', 'tasks', 'r8')",
+        by_row,
     );
-    assert!(plans.contains("sync_row_scopes_by_row"), "{plans}");
 
     // IDX-05: the blob lookup and the app-row probes.
     exec(
@@ -134,36 +164,29 @@ fn idx_01_to_07_index_usage() {
         "SELECT syncular.rows_referencing_blob('part-1', 'sha256:3')",
     );
     assert!(plans.contains("sync_blob_refs_by_blob"), "{plans}");
-    assert!(
-        plans
-            .lines()
-            .any(|l| l.contains("Index Cond") && l.contains("_sync_row_id")),
-        "{plans}"
-    );
+    assert_probes_row_id(&plans);
     exec(&mut c, "RESET enable_hashjoin; RESET enable_mergejoin");
 
     // IDX-06: source coverage and the source-change probe.
-    let plans = plans_of(
+    let by_source = "sync_changes_by_source";
+    assert_uses(
         &mut c,
         &notices,
         "SELECT syncular.source_coverage_seq('part-1', ARRAY['tasks'])",
+        by_source,
     );
-    assert!(plans.contains("sync_changes_by_source"), "{plans}");
-    let plans = plans_of(
+    assert_uses(
         &mut c,
         &notices,
         "SELECT syncular.has_source_changes_above('part-1', ARRAY['tasks'], 1990)",
+        by_source,
     );
-    assert!(plans.contains("sync_changes_by_source"), "{plans}");
 
     // IDX-07: the pending read of the gate.
-    let plans = plans_of(
+    assert_uses(
         &mut c,
         &notices,
         "SELECT syncular.read_serve_gate('part-1', 1)",
-    );
-    assert!(
-        plans.contains("sync_backfill_checkpoints_pending"),
-        "{plans}"
+        "sync_backfill_checkpoints_pending",
     );
 }
