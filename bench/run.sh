@@ -9,8 +9,6 @@ DIR=${BENCH_DIR:-/tmp/syncular-bench-cluster}
 PORT=${BENCH_PORT:-55437}
 echo "== building and installing the release build"
 cargo pgrx install --release --pg-config /usr/lib/postgresql/15/bin/pg_config >/dev/null
-scripts/cluster.sh stop "$DIR"
-rm -rf "$DIR"
 trap 'scripts/cluster.sh stop "$DIR"' EXIT
-scripts/cluster.sh start "$DIR" "$PORT"
+scripts/cluster.sh fresh "$DIR" "$PORT"
 BENCH_PORT=$PORT python3 bench/run.py

@@ -2,6 +2,7 @@
 # Throwaway PostgreSQL 15 cluster run as the `postgres` OS user (PostgreSQL refuses root).
 #   scripts/cluster.sh start DIR PORT   initdb if needed, start, wait until it accepts connections
 #   scripts/cluster.sh stop DIR         stop it (fast shutdown), if running
+#   scripts/cluster.sh fresh DIR PORT   stop and remove whatever is in DIR, then start anew
 # Listens on 127.0.0.1 only; trust authentication (a throwaway test cluster, nothing else).
 set -euo pipefail
 BIN=/usr/lib/postgresql/15/bin
@@ -30,5 +31,10 @@ CONF
       as_postgres "$BIN/pg_ctl" -D "$dir" -m fast -w stop >/dev/null || true
     fi
     ;;
-  *) echo "usage: $0 start DIR PORT | stop DIR" >&2; exit 2 ;;
+  fresh)
+    "$0" stop "$dir"
+    rm -rf "$dir"
+    "$0" start "$dir" "${3:?port}"
+    ;;
+  *) echo "usage: $0 start DIR PORT | stop DIR | fresh DIR PORT" >&2; exit 2 ;;
 esac

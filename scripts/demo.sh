@@ -10,9 +10,7 @@ DIR=${SYNCULAR_DEMO_DIR:-/tmp/syncular-demo}
 PORT=${SYNCULAR_DEMO_PORT:-55438}
 echo "== building and installing the extension"
 cargo pgrx install --release --pg-config /usr/lib/postgresql/15/bin/pg_config >/dev/null
-scripts/cluster.sh stop "$DIR"
-rm -rf "$DIR"
 trap 'scripts/cluster.sh stop "$DIR"' EXIT
-scripts/cluster.sh start "$DIR" "$PORT"
+scripts/cluster.sh fresh "$DIR" "$PORT"
 echo "== throwaway cluster on 127.0.0.1:$PORT ($DIR)"
 psql -X -h 127.0.0.1 -p "$PORT" -U postgres -d postgres -f scripts/demo.sql

@@ -26,10 +26,8 @@ cargo pgrx install --pg-config "$PG_CONFIG" >/dev/null
 # Released install scripts, so older versions can be installed and updated (upgrade tests).
 cp sql/released/syncular--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 CLUSTER="$WORK/cluster"
-scripts/cluster.sh stop "$CLUSTER"
-rm -rf "$CLUSTER"
 trap 'scripts/cluster.sh stop "$CLUSTER"' EXIT
-scripts/cluster.sh start "$CLUSTER" "$PORT"
+scripts/cluster.sh fresh "$CLUSTER" "$PORT"
 SYNCULAR_TEST_PG="host=127.0.0.1 port=$PORT user=postgres" \
   cargo test --manifest-path tests/multisession/Cargo.toml -- --test-threads=4 2>&1 | tee -a "$LOG"
 
