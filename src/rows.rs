@@ -21,17 +21,13 @@ pub fn set_scopes_many(
     client: &SpiClient<'_>,
     partition: &str,
     tbl: &str,
-    rows: &[(String, Map<String, Value>)],
+    rows: &[(&str, &Map<String, Value>)],
 ) -> Result<i64> {
     let entries: Vec<(&str, &str, &str)> = rows
         .iter()
         .flat_map(|(row_id, scopes)| {
             scopes.iter().map(move |(var, value)| {
-                (
-                    row_id.as_str(),
-                    var.as_str(),
-                    value.as_str().unwrap_or_default(),
-                )
+                (*row_id, var.as_str(), value.as_str().unwrap_or_default())
             })
         })
         .collect();
@@ -58,7 +54,7 @@ pub fn set_scopes_many(
             DatumWithOid::from(entries.iter().map(|e| e.0).collect::<Vec<_>>()),
             DatumWithOid::from(entries.iter().map(|e| e.1).collect::<Vec<_>>()),
             DatumWithOid::from(entries.iter().map(|e| e.2).collect::<Vec<_>>()),
-            DatumWithOid::from(rows.iter().map(|r| r.0.as_str()).collect::<Vec<_>>()),
+            DatumWithOid::from(rows.iter().map(|r| r.0).collect::<Vec<_>>()),
         ],
     )?;
     Ok(entries.len() as i64)
@@ -72,12 +68,7 @@ pub fn set_scopes(
     row_id: &str,
     scopes: &Map<String, Value>,
 ) -> Result<i64> {
-    set_scopes_many(
-        client,
-        partition,
-        tbl,
-        &[(row_id.to_string(), scopes.clone())],
-    )
+    set_scopes_many(client, partition, tbl, &[(row_id, scopes)])
 }
 
 /// Decodes the `rows` argument of `set_rows_scopes`: `[{"rowId": string, "scopes": {var: string}}]`,
@@ -204,6 +195,10 @@ fn set_rows_scopes(
         let partition = args::text("partition", partition)?;
         let tbl = scope::log_table("tbl", tbl)?;
         let rows = scoped_rows(args::json("rows", rows)?)?;
+        let rows: Vec<(&str, &Map<String, Value>)> = rows
+            .iter()
+            .map(|(id, scopes)| (id.as_str(), scopes))
+            .collect();
         let held = db::with_spi(|client| set_scopes_many(client, &partition, &tbl, &rows))?;
         Ok(held as i32)
     })
