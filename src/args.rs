@@ -4,10 +4,6 @@
 //! `sync.storage.invalid_argument` instead of a silent NULL result.
 
 use crate::error::{Error, Result};
-use pgrx::callconv::{Arg, ArgAbi};
-use pgrx::pgrx_sql_entity_graph::metadata::{
-    ArgumentError, ReturnsError, ReturnsRef, SqlMappingRef, SqlTranslatable, TypeOrigin,
-};
 use pgrx::{pg_sys, FromDatum};
 use serde_json::{Map, Value};
 
@@ -16,14 +12,7 @@ use serde_json::{Map, Value};
 /// body runs; this type keeps the failure so the body can refuse it with a coded error.
 pub struct JsonArg(std::result::Result<Value, &'static str>);
 
-unsafe impl SqlTranslatable for JsonArg {
-    const TYPE_IDENT: &'static str = pgrx::pgrx_resolved_type!(JsonArg);
-    const TYPE_ORIGIN: TypeOrigin = TypeOrigin::External;
-    const ARGUMENT_SQL: std::result::Result<SqlMappingRef, ArgumentError> =
-        Ok(SqlMappingRef::literal("jsonb"));
-    const RETURN_SQL: std::result::Result<ReturnsRef, ReturnsError> =
-        Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
-}
+crate::jsonb::jsonb_argument!(JsonArg);
 
 impl FromDatum for JsonArg {
     unsafe fn from_polymorphic_datum(
@@ -62,16 +51,6 @@ impl FromDatum for JsonArg {
     }
 }
 
-unsafe impl<'fcx> ArgAbi<'fcx> for JsonArg {
-    unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> Self {
-        let index = arg.index();
-        unsafe {
-            arg.unbox_arg_using_from_datum()
-                .unwrap_or_else(|| panic!("argument {index} must not be null"))
-        }
-    }
-}
-
 impl JsonArg {
     /// The parsed value, or `invalid_argument` (`too_deep` / `range`) for `name`.
     pub fn value(self, name: &str) -> Result<Value> {
@@ -89,6 +68,11 @@ pub fn required<T>(name: &str, value: Option<T>) -> Result<T> {
 
 /// A required text argument that must not be empty.
 pub fn text(name: &str, value: Option<String>) -> Result<String> {
+    text_ref(name, value.as_deref()).map(str::to_string)
+}
+
+/// [`text`], borrowing the argument (hot paths).
+pub fn text_ref<'a>(name: &str, value: Option<&'a str>) -> Result<&'a str> {
     let value = required(name, value)?;
     if value.is_empty() {
         return Err(Error::invalid_argument(name, "empty"));
@@ -131,6 +115,14 @@ pub fn unwrap_json_text(value: Value) -> Value {
         }
     }
     value
+}
+
+/// The text of a jsonb string argument if it is the text of an object or array (the
+/// [`unwrap_json_text`] rule, without building the value).
+pub fn json_text(text: &str) -> Option<&str> {
+    let trimmed = text.trim_start();
+    let container = trimmed.starts_with('{') || trimmed.starts_with('[');
+    (container && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()).then_some(text)
 }
 
 /// A required jsonb argument, unwrapped.

@@ -1,16 +1,16 @@
 //! Decoding and validation of the commit document of `append_commit` (core-api §2.2).
 //!
-//! Pure Rust, no database access, so it is unit- and property-tested on its own. The first
-//! violation is reported, visiting keys in the order of the spec's tables (jsonb does not keep
-//! the client's key order): `clientId`, `clientCommitId`, `actorId`, `createdAtMs`,
-//! `writerVersion`, `changes`, then per change `table`, `rowId`, `op`, `rowVersion`, `scopes`,
-//! `payload`.
+//! Reads the `jsonb` argument in its binary form ([`crate::jsonb`]): strings are borrowed from
+//! the datum, a change's `scopes` object is passed on to SQL as the original bytes. No database
+//! access. The first violation is reported, visiting keys in the order of the spec's tables:
+//! `clientId`, `clientCommitId`, `actorId`, `createdAtMs`, `writerVersion`, `changes`, then per
+//! change `table`, `rowId`, `op`, `rowVersion`, `scopes` (its variables in byte order),
+//! `payload`. Keys the spec does not name are ignored.
 
-use crate::args::{json_int, IntProblem};
 use crate::error::{Error, Result};
+use crate::jsonb::{numeric_integer, Container, Integer, Malformed, Node, RawJsonb};
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine;
-use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 
 /// RFC 4648 standard alphabet; padding optional on input, always written on output.
@@ -27,115 +27,157 @@ pub enum Op {
     Delete = 2,
 }
 
-#[derive(Debug, PartialEq)]
-pub struct Change {
-    pub table: String,
-    pub row_id: String,
+pub struct Change<'a> {
+    pub table: &'a str,
+    pub row_id: &'a str,
     pub op: Op,
     /// NULL for deletes, whatever the document said.
     pub row_version: Option<i64>,
-    pub scopes: Map<String, Value>,
+    /// `(variable, value)` pairs of `scopes`.
+    pub scopes: Vec<(&'a str, &'a str)>,
+    /// The `scopes` object as the client sent it, stored in `sync_changes.scopes`.
+    pub scopes_jsonb: RawJsonb<'a>,
     /// NULL for deletes, whatever the document said.
     pub payload: Option<Vec<u8>>,
 }
 
-#[derive(Debug, PartialEq)]
-pub struct Commit {
-    pub client_id: String,
-    pub client_commit_id: String,
-    pub actor_id: String,
+pub struct Commit<'a> {
+    pub client_id: &'a str,
+    pub client_commit_id: &'a str,
+    pub actor_id: &'a str,
     pub created_at_ms: i64,
     pub writer_version: Option<i64>,
-    pub changes: Vec<Change>,
+    pub changes: Vec<Change<'a>>,
 }
 
-impl Commit {
+impl<'a> Commit<'a> {
     /// Distinct `(table, var, value)` over every change's scopes, in byte order.
-    pub fn scope_index(&self) -> BTreeSet<(&str, &str, &str)> {
+    pub fn scope_index(&self) -> BTreeSet<(&'a str, &'a str, &'a str)> {
         self.changes
             .iter()
             .flat_map(|c| {
-                c.scopes.iter().map(move |(var, value)| {
-                    (
-                        c.table.as_str(),
-                        var.as_str(),
-                        value.as_str().expect("validated as string"),
-                    )
-                })
+                c.scopes
+                    .iter()
+                    .map(move |&(var, value)| (c.table, var, value))
             })
             .collect()
     }
 
     /// Distinct `(table, rowId)` of the delete changes: each gets a tombstone.
-    pub fn tombstones(&self) -> BTreeSet<(&str, &str)> {
+    pub fn tombstones(&self) -> BTreeSet<(&'a str, &'a str)> {
         self.changes
             .iter()
             .filter(|c| c.op == Op::Delete)
-            .map(|c| (c.table.as_str(), c.row_id.as_str()))
+            .map(|c| (c.table, c.row_id))
             .collect()
     }
 }
 
-fn fail<T>(path: &str, reason: &str) -> Result<T> {
-    Err(Error::invalid_commit(path, reason))
+/// Where a violation is: built only when there is one.
+#[derive(Clone, Copy)]
+enum At<'k> {
+    Top(&'k str),
+    Change(usize, &'k str),
+    Scope(usize, &'k str),
 }
 
-fn string(obj: &Map<String, Value>, key: &str, path: &str, non_empty: bool) -> Result<String> {
-    match obj.get(key) {
-        None | Some(Value::Null) => fail(path, "missing"),
-        Some(Value::String(s)) if non_empty && s.is_empty() => fail(path, "empty"),
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(_) => fail(path, "type"),
+impl At<'_> {
+    fn fail<T>(self, reason: &str) -> Result<T> {
+        let path = match self {
+            At::Top(key) => key.to_string(),
+            At::Change(i, key) => format!("changes[{i}].{key}"),
+            At::Scope(i, var) => format!("changes[{i}].scopes.{var}"),
+        };
+        Err(Error::invalid_commit(&path, reason))
+    }
+}
+
+/// A datum PostgreSQL built never fails to read; if one did, the document is refused as a whole.
+fn readable<T>(read: std::result::Result<T, Malformed>) -> Result<T> {
+    read.map_err(|_| Error::invalid_commit("", "type"))
+}
+
+fn utf8<'a>(bytes: &'a [u8], at: At<'_>) -> Result<&'a str> {
+    std::str::from_utf8(bytes).or_else(|_| at.fail("type"))
+}
+
+fn field<'a>(obj: Container<'a>, key: &str) -> Result<Option<Node<'a>>> {
+    Ok(match readable(obj.get(key))? {
+        None | Some(Node::Null) => None,
+        found => found,
+    })
+}
+
+fn string<'a>(obj: Container<'a>, key: &str, at: At<'_>, non_empty: bool) -> Result<&'a str> {
+    match field(obj, key)? {
+        None => at.fail("missing"),
+        Some(Node::String(s)) if non_empty && s.is_empty() => at.fail("empty"),
+        Some(Node::String(s)) => utf8(s, at),
+        Some(_) => at.fail("type"),
     }
 }
 
 /// An optional integer `>= min`; absent or null is `None`.
-fn integer(obj: &Map<String, Value>, key: &str, path: &str, min: i64) -> Result<Option<i64>> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => match json_int(v) {
-            Ok(n) if n >= min => Ok(Some(n)),
-            Ok(_) | Err(IntProblem::Range) => fail(path, "range"),
-            Err(IntProblem::Type) => fail(path, "type"),
+fn integer(obj: Container<'_>, key: &str, at: At<'_>, min: i64) -> Result<Option<i64>> {
+    match field(obj, key)? {
+        None => Ok(None),
+        Some(Node::Number(n)) => match readable(numeric_integer(n))? {
+            Integer::Safe(v) if v >= min => Ok(Some(v)),
+            Integer::Safe(_) | Integer::Unsafe => at.fail("range"),
+            Integer::Fractional => at.fail("type"),
         },
+        Some(_) => at.fail("type"),
     }
 }
 
-fn change(value: &Value, at: &str) -> Result<Change> {
-    let Value::Object(obj) = value else {
-        return fail(at, "type");
+fn scopes<'a>(obj: Container<'a>, i: usize) -> Result<(Vec<(&'a str, &'a str)>, RawJsonb<'a>)> {
+    let map = match field(obj, "scopes")? {
+        None => return At::Change(i, "scopes").fail("missing"),
+        Some(Node::Object(map)) => map,
+        Some(_) => return At::Change(i, "scopes").fail("type"),
     };
-    let path = |key: &str| format!("{at}.{key}");
-    let table = string(obj, "table", &path("table"), true)?;
-    if table.starts_with("sync_") {
-        return fail(&path("table"), "reserved");
-    }
-    let row_id = string(obj, "rowId", &path("rowId"), false)?;
-    let op = match obj.get("op") {
-        None | Some(Value::Null) => return fail(&path("op"), "missing"),
-        Some(Value::String(s)) if s == "upsert" => Op::Upsert,
-        Some(Value::String(s)) if s == "delete" => Op::Delete,
-        Some(Value::String(_)) => return fail(&path("op"), "range"),
-        Some(_) => return fail(&path("op"), "type"),
-    };
-    let row_version = integer(obj, "rowVersion", &path("rowVersion"), 1)?;
-    let scopes = match obj.get("scopes") {
-        None | Some(Value::Null) => return fail(&path("scopes"), "missing"),
-        Some(Value::Object(map)) => {
-            if let Some((var, _)) = map.iter().find(|(_, v)| !v.is_string()) {
-                return fail(&format!("{at}.scopes.{var}"), "type");
-            }
-            map.clone()
+    let mut pairs = Vec::with_capacity(map.len());
+    // jsonb keeps keys in (length, bytes) order; violations are reported in byte order.
+    let mut first_bad: Option<&str> = None;
+    for p in 0..map.len() {
+        let (var, value) = readable(map.pair(p))?;
+        let var = utf8(var, At::Change(i, "scopes"))?;
+        match value {
+            Node::String(v) => pairs.push((var, utf8(v, At::Scope(i, var))?)),
+            _ => first_bad = Some(first_bad.map_or(var, |b| b.min(var))),
         }
-        Some(_) => return fail(&path("scopes"), "type"),
+    }
+    if let Some(var) = first_bad {
+        return At::Scope(i, var).fail("type");
+    }
+    Ok((pairs, map.to_jsonb()))
+}
+
+fn change<'a>(value: Node<'a>, i: usize) -> Result<Change<'a>> {
+    let Node::Object(obj) = value else {
+        return At::Top(&format!("changes[{i}]")).fail("type");
     };
-    let payload = match obj.get("payload") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => match BASE64.decode(s) {
+    let table = string(obj, "table", At::Change(i, "table"), true)?;
+    if table.starts_with("sync_") {
+        return At::Change(i, "table").fail("reserved");
+    }
+    let row_id = string(obj, "rowId", At::Change(i, "rowId"), false)?;
+    let op = match field(obj, "op")? {
+        None => return At::Change(i, "op").fail("missing"),
+        Some(Node::String(b"upsert")) => Op::Upsert,
+        Some(Node::String(b"delete")) => Op::Delete,
+        Some(Node::String(_)) => return At::Change(i, "op").fail("range"),
+        Some(_) => return At::Change(i, "op").fail("type"),
+    };
+    let row_version = integer(obj, "rowVersion", At::Change(i, "rowVersion"), 1)?;
+    let (scopes, scopes_jsonb) = scopes(obj, i)?;
+    let payload = match field(obj, "payload")? {
+        None => None,
+        Some(Node::String(s)) => match BASE64.decode(s) {
             Ok(bytes) => Some(bytes),
-            Err(_) => return fail(&path("payload"), "base64"),
+            Err(_) => return At::Change(i, "payload").fail("base64"),
         },
-        Some(_) => return fail(&path("payload"), "type"),
+        Some(_) => return At::Change(i, "payload").fail("type"),
     };
     let (row_version, payload) = match op {
         Op::Upsert => (row_version, payload),
@@ -147,30 +189,29 @@ fn change(value: &Value, at: &str) -> Result<Change> {
         op,
         row_version,
         scopes,
+        scopes_jsonb,
         payload,
     })
 }
 
 /// Validates the whole document; the first violation becomes `sync.storage.invalid_commit`.
-pub fn decode(doc: &Value) -> Result<Commit> {
-    let Value::Object(obj) = doc else {
-        return fail("", "type");
+pub fn decode(doc: Node<'_>) -> Result<Commit<'_>> {
+    let Node::Object(obj) = doc else {
+        return At::Top("").fail("type");
     };
-    let client_id = string(obj, "clientId", "clientId", true)?;
-    let client_commit_id = string(obj, "clientCommitId", "clientCommitId", true)?;
-    let actor_id = string(obj, "actorId", "actorId", true)?;
-    let Some(created_at_ms) = integer(obj, "createdAtMs", "createdAtMs", 0)? else {
-        return fail("createdAtMs", "missing");
+    let client_id = string(obj, "clientId", At::Top("clientId"), true)?;
+    let client_commit_id = string(obj, "clientCommitId", At::Top("clientCommitId"), true)?;
+    let actor_id = string(obj, "actorId", At::Top("actorId"), true)?;
+    let Some(created_at_ms) = integer(obj, "createdAtMs", At::Top("createdAtMs"), 0)? else {
+        return At::Top("createdAtMs").fail("missing");
     };
-    let writer_version = integer(obj, "writerVersion", "writerVersion", 0)?;
-    let changes = match obj.get("changes") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(items)) => items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| change(item, &format!("changes[{i}]")))
+    let writer_version = integer(obj, "writerVersion", At::Top("writerVersion"), 0)?;
+    let changes = match field(obj, "changes")? {
+        None => Vec::new(),
+        Some(Node::Array(items)) => (0..items.len())
+            .map(|i| change(readable(items.element(i))?, i))
             .collect::<Result<_>>()?,
-        Some(_) => return fail("changes", "type"),
+        Some(_) => return At::Top("changes").fail("type"),
     };
     Ok(Commit {
         client_id,
@@ -182,28 +223,44 @@ pub fn decode(doc: &Value) -> Result<Commit> {
     })
 }
 
-#[cfg(test)]
+/// Decoding runs on real `jsonb` values, so these are in-backend tests (`cargo pgrx test`).
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
 mod tests {
     use super::*;
     use crate::error::Code;
-    use serde_json::json;
+    use crate::jsonb::JsonbArg;
+    use pgrx::prelude::*;
+    use serde_json::{json, Value};
+
+    /// Decodes `doc` after a round trip through `jsonb_in`, as the argument arrives.
+    fn decoded<R>(doc: &Value, check: impl FnOnce(Result<Commit<'_>>) -> R) -> R {
+        let arg = JsonbArg::parse(&doc.to_string()).expect("valid jsonb");
+        let root = arg.container().and_then(|c| c.root()).expect("readable");
+        check(decode(root))
+    }
 
     fn doc(changes: Value) -> Value {
         json!({"clientId":"c1","clientCommitId":"k","actorId":"a1","createdAtMs":1,
                "writerVersion":1,"changes":changes})
     }
 
-    fn rejects(doc: &Value) -> Value {
-        match decode(doc) {
+    fn refusal(result: Result<Commit<'_>>) -> std::result::Result<Value, String> {
+        match result {
             Err(Error::Sync {
                 code: Code::InvalidCommit,
                 detail: Some(d),
-            }) => d,
-            other => panic!("expected invalid_commit, got {other:?}"),
+            }) => Ok(d),
+            Err(other) => Err(format!("expected invalid_commit, got {other:?}")),
+            Ok(_) => Err("expected invalid_commit, got a commit".into()),
         }
     }
 
-    #[test]
+    fn rejects(doc: &Value) -> Value {
+        decoded(doc, refusal).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[pg_test]
     fn scenario_log_06_cases() {
         let chg = json!({"table":"tasks","rowId":"t1","op":"upsert","rowVersion":1,
                          "scopes":{"project_id":"p1"},"payload":"AQID"});
@@ -247,68 +304,202 @@ mod tests {
             rejects(&doc(json!({}))),
             json!({"path":"changes","reason":"type"})
         );
+        assert_eq!(
+            rejects(&doc(json!([5]))),
+            json!({"path":"changes[0]","reason":"type"})
+        );
         assert_eq!(rejects(&json!(5)), json!({"path":"","reason":"type"}));
     }
 
-    #[test]
-    fn deletes_drop_version_and_payload_and_index_is_distinct() {
-        let commit = decode(&doc(json!([
-            {"table":"tasks","rowId":"t1","op":"upsert","rowVersion":1,"scopes":{"project_id":"p1"},"payload":"AQID"},
-            {"table":"tasks","rowId":"t3","op":"delete","rowVersion":4,"scopes":{"project_id":"p2"},"payload":"AQ"},
-            {"table":"tasks","rowId":"t3","op":"delete","scopes":{"project_id":"p2"}},
-            {"table":"docs","rowId":"d1","op":"upsert","scopes":{"org_id":"o1","project_id":"p1"}}
-        ])))
-        .unwrap();
-        assert_eq!(commit.changes[0].payload.as_deref(), Some(&[1u8, 2, 3][..]));
-        assert_eq!(commit.changes[1].row_version, None);
-        assert_eq!(commit.changes[1].payload, None);
-        assert_eq!(commit.scope_index().len(), 4);
+    /// jsonb orders keys by length first; violations are still reported in byte order.
+    #[pg_test]
+    fn scope_violations_are_reported_in_byte_order() {
+        let d = doc(json!([{"table":"t","rowId":"r","op":"upsert",
+                            "scopes":{"zz":"ok","b":1,"aaa":2,"c":"ok"}}]));
         assert_eq!(
-            commit.tombstones().into_iter().collect::<Vec<_>>(),
-            vec![("tasks", "t3")]
+            rejects(&d),
+            json!({"path":"changes[0].scopes.aaa","reason":"type"})
         );
     }
 
-    #[test]
+    #[pg_test]
+    fn deletes_drop_version_and_payload_and_index_is_distinct() {
+        decoded(
+            &doc(json!([
+                {"table":"tasks","rowId":"t1","op":"upsert","rowVersion":1,"scopes":{"project_id":"p1"},"payload":"AQID"},
+                {"table":"tasks","rowId":"t3","op":"delete","rowVersion":4,"scopes":{"project_id":"p2"},"payload":"AQ"},
+                {"table":"tasks","rowId":"t3","op":"delete","scopes":{"project_id":"p2"}},
+                {"table":"docs","rowId":"d1","op":"upsert","scopes":{"org_id":"o1","project_id":"p1"}}
+            ])),
+            |commit| {
+                let commit = commit.expect("valid");
+                assert_eq!(commit.changes[0].payload.as_deref(), Some(&[1u8, 2, 3][..]));
+                assert_eq!(commit.changes[0].row_version, Some(1));
+                assert_eq!(commit.changes[1].row_version, None);
+                assert_eq!(commit.changes[1].payload, None);
+                assert_eq!(
+                    commit.scope_index().into_iter().collect::<Vec<_>>(),
+                    vec![
+                        ("docs", "org_id", "o1"),
+                        ("docs", "project_id", "p1"),
+                        ("tasks", "project_id", "p1"),
+                        ("tasks", "project_id", "p2"),
+                    ]
+                );
+                assert_eq!(
+                    commit.tombstones().into_iter().collect::<Vec<_>>(),
+                    vec![("tasks", "t3")]
+                );
+            },
+        );
+    }
+
+    #[pg_test]
     fn unpadded_base64_is_accepted() {
-        let commit = decode(&doc(json!([
-            {"table":"t","rowId":"","op":"upsert","scopes":{},"payload":"AQI"}
-        ])))
-        .unwrap();
-        assert_eq!(commit.changes[0].payload.as_deref(), Some(&[1u8, 2][..]));
+        decoded(
+            &doc(json!([{"table":"t","rowId":"","op":"upsert","scopes":{},"payload":"AQI"}])),
+            |commit| {
+                let commit = commit.expect("valid");
+                assert_eq!(commit.changes[0].payload.as_deref(), Some(&[1u8, 2][..]));
+            },
+        );
+    }
+
+    /// Every field of a change read back exactly, including non-ASCII text, many changes (past
+    /// jsonb's 32-entry offset stride) and the scopes object passed on byte for byte.
+    #[pg_test]
+    fn fields_read_back_exactly() {
+        let changes: Vec<Value> = (0..70)
+            .map(|i| json!({"table":format!("täble{}", i % 3),"rowId":format!("row-{i}-ü"),
+                            "op":if i % 5 == 0 {"delete"} else {"upsert"},
+                            "rowVersion":i + 1,"scopes":{"project_id":format!("p{i}"),"org":"o"},
+                            "payload":BASE64.encode(vec![i as u8; i]),"ignored":{"x":[1,2,{"y":null}]}}))
+            .collect();
+        let mut d = doc(Value::Array(changes.clone()));
+        d["createdAtMs"] = json!(1_750_000_000_000i64);
+        d["writerVersion"] = json!(7.0);
+        decoded(&d, |commit| {
+            let commit = commit.expect("valid");
+            assert_eq!(
+                (commit.client_id, commit.client_commit_id, commit.actor_id),
+                ("c1", "k", "a1")
+            );
+            assert_eq!(commit.created_at_ms, 1_750_000_000_000);
+            assert_eq!(commit.writer_version, Some(7));
+            assert_eq!(commit.changes.len(), 70);
+            for (i, (c, want)) in commit.changes.iter().zip(&changes).enumerate() {
+                assert_eq!(c.table, want["table"].as_str().unwrap());
+                assert_eq!(c.row_id, want["rowId"].as_str().unwrap());
+                let delete = i % 5 == 0;
+                assert_eq!(c.op, if delete { Op::Delete } else { Op::Upsert });
+                assert_eq!(c.row_version, (!delete).then_some(i as i64 + 1));
+                assert_eq!(c.payload, (!delete).then(|| vec![i as u8; i]));
+                let mut scopes = c.scopes.clone();
+                scopes.sort_unstable();
+                assert_eq!(
+                    scopes,
+                    vec![
+                        ("org", "o"),
+                        ("project_id", want["scopes"]["project_id"].as_str().unwrap())
+                    ]
+                );
+                let datum = c.scopes_jsonb.into_datum().expect("datum");
+                let back = unsafe { pgrx::JsonB::from_datum(datum, false) }.expect("jsonb");
+                assert_eq!(back.0, want["scopes"]);
+            }
+        });
+    }
+
+    /// Integer fields: the numeric reader agrees with PostgreSQL's own arithmetic on what is
+    /// integral and what fits in ±(2^53 − 1).
+    #[pg_test]
+    fn integers_follow_numeric_semantics() {
+        let cases = [
+            "0",
+            "-0",
+            "1",
+            "-1",
+            "9999",
+            "10000",
+            "123456789",
+            "9007199254740991",
+            "9007199254740992",
+            "-9007199254740991",
+            "-9007199254740992",
+            "1e15",
+            "1e16",
+            "1e300",
+            "2.0",
+            "2.50",
+            "0.0001",
+            "1e-300",
+            "100000000.000",
+            "-7.000000001",
+            "99999999999999999999999999",
+            "12345678901234.0",
+            "0.5e1",
+            "1.5e1",
+        ];
+        for text in cases {
+            let d: Value = serde_json::from_str(&format!(
+                r#"{{"clientId":"c","clientCommitId":"k","actorId":"a","createdAtMs":1,"writerVersion":{text}}}"#
+            ))
+            .unwrap_or_else(|_| panic!("{text}"));
+            let expected = Spi::get_one::<String>(&format!(
+                "SELECT CASE WHEN n <> trunc(n) THEN 'type'
+                             WHEN abs(n) > 9007199254740991 THEN 'range'
+                             WHEN n < 0 THEN 'range' ELSE n::bigint::text END
+                 FROM (SELECT '{text}'::numeric AS n) x"
+            ))
+            .expect("query")
+            .expect("value");
+            // Round-trip the number through jsonb text so serde's own float reading plays no part.
+            let arg =
+                JsonbArg::parse(&d.to_string().replace(&d["writerVersion"].to_string(), text))
+                    .expect("jsonb");
+            let root = arg.container().and_then(|c| c.root()).expect("readable");
+            let got = match decode(root) {
+                Ok(c) => c.writer_version.expect("present").to_string(),
+                Err(e) => refusal(Err(e)).expect("invalid_commit")["reason"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            };
+            assert_eq!(got, expected, "writerVersion {text}");
+        }
     }
 
     /// Hostile documents: any JSON value, and near-valid documents with one field replaced by
     /// an arbitrary value. Decoding never panics; it returns a commit or `invalid_commit` with a
     /// `path` and a `reason` from the fixed set.
-    mod properties {
-        use super::*;
-        use proptest::prelude::*;
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
 
-        fn any_json() -> impl Strategy<Value = Value> {
-            let leaf = prop_oneof![
-                Just(Value::Null),
-                any::<bool>().prop_map(Value::from),
-                any::<i64>().prop_map(Value::from),
-                any::<f64>()
-                    .prop_filter("finite", |f| f.is_finite())
-                    .prop_map(Value::from),
-                ".{0,12}".prop_map(Value::from),
-                "[A-Za-z0-9+/=%]{0,16}".prop_map(Value::from),
-            ];
-            leaf.prop_recursive(6, 64, 8, |inner| {
-                prop_oneof![
-                    prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-                    prop::collection::btree_map("[a-zA-Z]{1,12}", inner, 0..6)
-                        .prop_map(|m| Value::Object(m.into_iter().collect())),
-                ]
-            })
-        }
+    fn any_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            "[^\u{0}]{0,12}".prop_map(Value::from),
+            "[A-Za-z0-9+/=%]{0,16}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(6, 64, 8, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map("[a-zA-Z]{1,12}", inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
 
-        const REASONS: &[&str] = &["missing", "type", "range", "empty", "reserved", "base64"];
+    const REASONS: &[&str] = &["missing", "type", "range", "empty", "reserved", "base64"];
 
-        fn check(doc: &Value) -> std::result::Result<(), TestCaseError> {
-            match decode(doc) {
+    fn check(doc: &Value) -> std::result::Result<(), TestCaseError> {
+        decoded(doc, |result| {
+            match result {
                 Ok(commit) => {
                     prop_assert!(!commit.client_id.is_empty());
                     for c in &commit.changes {
@@ -328,29 +519,61 @@ mod tests {
                 Err(other) => prop_assert!(false, "unexpected {other:?}"),
             }
             Ok(())
-        }
+        })
+    }
 
-        proptest! {
-            #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+    fn run<S: Strategy>(
+        strategy: S,
+        test: impl Fn(S::Value) -> std::result::Result<(), TestCaseError>,
+    ) {
+        let config = Config {
+            cases: 2000,
+            failure_persistence: None,
+            ..Config::default()
+        };
+        TestRunner::new(config)
+            .run(&strategy, test)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
 
-            #[test]
-            fn any_value_is_decoded_or_refused(doc in any_json()) {
-                check(&doc)?;
+    #[pg_test]
+    fn any_value_is_decoded_or_refused() {
+        run(any_json(), |doc| check(&doc));
+    }
+
+    #[pg_test]
+    fn one_corrupted_field_is_refused_precisely() {
+        let strategy = (
+            prop::sample::select(vec![
+                "clientId",
+                "clientCommitId",
+                "actorId",
+                "createdAtMs",
+                "writerVersion",
+                "changes",
+            ]),
+            prop::sample::select(vec![
+                "table",
+                "rowId",
+                "op",
+                "rowVersion",
+                "scopes",
+                "payload",
+            ]),
+            any_json(),
+            any::<bool>(),
+        );
+        run(strategy, |(key, change_key, value, in_change)| {
+            let mut d = doc(
+                json!([{"table":"tasks","rowId":"t1","op":"upsert","rowVersion":1,
+                                    "scopes":{"project_id":"p1"},"payload":"AQID"}]),
+            );
+            if in_change {
+                d["changes"][0][change_key] = value;
+            } else {
+                d[key] = value;
             }
-
-            #[test]
-            fn one_corrupted_field_is_refused_precisely(
-                key in prop::sample::select(vec!["clientId", "clientCommitId", "actorId", "createdAtMs",
-                                                 "writerVersion", "changes"]),
-                change_key in prop::sample::select(vec!["table", "rowId", "op", "rowVersion", "scopes", "payload"]),
-                value in any_json(),
-                in_change in any::<bool>(),
-            ) {
-                let mut d = doc(json!([{"table":"tasks","rowId":"t1","op":"upsert","rowVersion":1,
-                                        "scopes":{"project_id":"p1"},"payload":"AQID"}]));
-                if in_change { d["changes"][0][change_key] = value; } else { d[key] = value; }
-                check(&d)?;
-            }
-        }
+            check(&d)
+        });
     }
 }

@@ -4,7 +4,8 @@
 //! - [`error`]: the error catalogue and the one place that raises it;
 //! - [`args`], [`db`]: argument decoding and SPI with kept plans;
 //! - [`fence`]: the writer-fence trigger and functions (core-api §1);
-//! - [`commit`], [`log`]: commit documents, allocation and append (core-api §2);
+//! - [`jsonb`], [`commit`], [`log`]: the binary commit document, allocation and append
+//!   (core-api §2);
 //! - [`gate`]: the serve gate (core-api §3);
 //! - [`checkpoint`]: backfill checkpoints (core-api §4);
 //! - [`barrier`]: the schema barrier (core-api §5);
@@ -35,6 +36,7 @@ mod db;
 mod error;
 mod fence;
 mod gate;
+mod jsonb;
 mod log;
 mod prune;
 mod pull;

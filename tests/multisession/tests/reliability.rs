@@ -430,15 +430,18 @@ fn crafted_hostile_inputs() {
             Some(json!({"path": key, "reason": reason})),
         );
     }
+    // Beyond what a double holds: still a number to jsonb, and out of range for the field.
+    let mut huge = serde_json::to_string(&doc("num", json!([]), Some(V))).unwrap();
+    huge = huge.replacen("\"createdAtMs\":", "\"createdAtMs\":1e400,\"was\":", 1);
     expect_error(
         try_one::<i64>(
             &mut c,
-            "SELECT syncular.append_commit('part-1', '{\"createdAtMs\": 1e400}')",
-            &[],
+            "SELECT syncular.append_commit('part-1', $1::text::jsonb)",
+            &[&huge],
         ),
-        "SY000",
-        "sync.storage.invalid_argument",
-        Some(json!({"argument":"commit","reason":"range"})),
+        "SY005",
+        "sync.storage.invalid_commit",
+        Some(json!({"path":"createdAtMs","reason":"range"})),
     );
     // Table names with quotes, dots and SQL: data in the log, quoted identifiers in DDL.
     let evil = "a\"b.c'; DROP TABLE public.tasks; --";

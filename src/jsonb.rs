@@ -1,0 +1,420 @@
+//! A zero-copy reader of PostgreSQL's binary `jsonb` format, for the hot path (`append_commit`).
+//!
+//! The general argument type ([`crate::args::JsonArg`]) turns a `jsonb` into text and parses it
+//! again with serde: two conversions and an allocation per value. For a commit document that was
+//! most of the call's cost beyond the inserts themselves (docs/BENCHMARKS.md). This reader looks
+//! the few keys it needs up in the detoasted datum, borrows strings from it, and hands nested
+//! containers (a change's `scopes`) to SQL as `jsonb` again by copying their bytes — which is what
+//! PostgreSQL itself does for a binary sub-value (`JsonbValueToJsonb`).
+//!
+//! Layout (`src/include/utils/jsonb.h`, unchanged from 9.4 to 18): a container is a `u32` header
+//! (`count` + object/array/scalar flags), then one `JEntry` per child (objects: all keys, then the
+//! values in key order), then the children's data. A `JEntry` holds the child's type and either
+//! its length or, every 32nd entry, its end offset. Numerics and containers start at the next
+//! 4-byte boundary. Object keys are sorted by length, then bytes. Every access is bounds-checked:
+//! a malformed datum reads as [`Malformed`], never as a panic.
+
+use pgrx::pg_sys;
+use pgrx::{FromDatum, IntoDatum};
+
+const JB_CMASK: u32 = 0x0FFF_FFFF;
+const JB_FSCALAR: u32 = 0x1000_0000;
+const JB_FOBJECT: u32 = 0x2000_0000;
+const JB_FARRAY: u32 = 0x4000_0000;
+
+const JENTRY_OFFLENMASK: u32 = 0x0FFF_FFFF;
+const JENTRY_TYPEMASK: u32 = 0x7000_0000;
+const JENTRY_HAS_OFF: u32 = 0x8000_0000;
+const JENTRY_ISSTRING: u32 = 0x0000_0000;
+const JENTRY_ISNUMERIC: u32 = 0x1000_0000;
+const JENTRY_ISBOOL_FALSE: u32 = 0x2000_0000;
+const JENTRY_ISBOOL_TRUE: u32 = 0x3000_0000;
+const JENTRY_ISNULL: u32 = 0x4000_0000;
+const JENTRY_ISCONTAINER: u32 = 0x5000_0000;
+
+/// Containers nested deeper than this are refused (`too_deep`), the limit serde's parser applies
+/// to the other JSON arguments.
+pub const MAX_DEPTH: usize = 128;
+
+/// The datum does not follow the jsonb layout (cannot happen for a value PostgreSQL built).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Malformed;
+
+type Read<T> = std::result::Result<T, Malformed>;
+
+/// One container (object, array, or the one-element array that wraps a top-level scalar),
+/// borrowed from a detoasted datum.
+#[derive(Clone, Copy)]
+pub struct Container<'a> {
+    bytes: &'a [u8],
+}
+
+/// A value inside a container.
+#[derive(Clone, Copy)]
+pub enum Node<'a> {
+    Null,
+    /// `true` or `false` (no caller needs which).
+    Bool,
+    /// A `numeric` varlena (header included).
+    Number(&'a [u8]),
+    /// The string's bytes in the database encoding.
+    String(&'a [u8]),
+    Array(Container<'a>),
+    Object(Container<'a>),
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> Read<u32> {
+    let word = bytes.get(at..at + 4).ok_or(Malformed)?;
+    Ok(u32::from_ne_bytes(word.try_into().map_err(|_| Malformed)?))
+}
+
+fn int_align(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+impl<'a> Container<'a> {
+    /// The container that starts at `bytes` (a jsonb datum's data, past its varlena header).
+    pub fn new(bytes: &'a [u8]) -> Read<Self> {
+        u32_at(bytes, 0)?;
+        Ok(Container { bytes })
+    }
+
+    fn header(&self) -> u32 {
+        u32_at(self.bytes, 0).unwrap_or(0)
+    }
+
+    /// Number of elements (arrays) or key/value pairs (objects).
+    pub fn len(&self) -> usize {
+        (self.header() & JB_CMASK) as usize
+    }
+
+    fn is_object(&self) -> bool {
+        self.header() & JB_FOBJECT != 0
+    }
+
+    fn entries(&self) -> usize {
+        if self.is_object() {
+            2 * self.len()
+        } else {
+            self.len()
+        }
+    }
+
+    fn entry(&self, i: usize) -> Read<u32> {
+        u32_at(self.bytes, 4 + 4 * i)
+    }
+
+    /// Start of child `index`'s data, relative to the end of the `JEntry` array
+    /// (`getJsonbOffset`): lengths summed back to the nearest stored offset.
+    fn offset(&self, index: usize) -> Read<usize> {
+        let mut offset = 0usize;
+        for i in (0..index).rev() {
+            let entry = self.entry(i)?;
+            offset += (entry & JENTRY_OFFLENMASK) as usize;
+            if entry & JENTRY_HAS_OFF != 0 {
+                break;
+            }
+        }
+        Ok(offset)
+    }
+
+    /// Child `index` (`fillJsonbValue`).
+    fn child(&self, index: usize) -> Read<Node<'a>> {
+        let entry = self.entry(index)?;
+        let offset = self.offset(index)?;
+        let field = (entry & JENTRY_OFFLENMASK) as usize;
+        let len = if entry & JENTRY_HAS_OFF != 0 {
+            field.checked_sub(offset).ok_or(Malformed)?
+        } else {
+            field
+        };
+        let base = 4 + 4 * self.entries();
+        let slice = |from: usize| {
+            let (start, end) = (base + from, base + offset + len);
+            if start > end {
+                return Err(Malformed);
+            }
+            self.bytes.get(start..end).ok_or(Malformed)
+        };
+        Ok(match entry & JENTRY_TYPEMASK {
+            JENTRY_ISSTRING => Node::String(slice(offset)?),
+            JENTRY_ISNUMERIC => Node::Number(slice(int_align(offset))?),
+            JENTRY_ISBOOL_FALSE | JENTRY_ISBOOL_TRUE => Node::Bool,
+            JENTRY_ISNULL => Node::Null,
+            JENTRY_ISCONTAINER => {
+                let inner = Container::new(slice(int_align(offset))?)?;
+                if inner.is_object() {
+                    Node::Object(inner)
+                } else if inner.header() & JB_FARRAY != 0 {
+                    Node::Array(inner)
+                } else {
+                    return Err(Malformed);
+                }
+            }
+            _ => return Err(Malformed),
+        })
+    }
+
+    /// The root value: the scalar of a scalar document, else the container itself.
+    pub fn root(self) -> Read<Node<'a>> {
+        let header = self.header();
+        if header & JB_FSCALAR != 0 {
+            self.child(0)
+        } else if header & JB_FOBJECT != 0 {
+            Ok(Node::Object(self))
+        } else if header & JB_FARRAY != 0 {
+            Ok(Node::Array(self))
+        } else {
+            Err(Malformed)
+        }
+    }
+
+    /// Array element `i`.
+    pub fn element(&self, i: usize) -> Read<Node<'a>> {
+        if i >= self.len() {
+            return Err(Malformed);
+        }
+        self.child(i)
+    }
+
+    /// Key and value of an object's pair `i` (pairs are in jsonb key order: length, then bytes).
+    pub fn pair(&self, i: usize) -> Read<(&'a [u8], Node<'a>)> {
+        if i >= self.len() {
+            return Err(Malformed);
+        }
+        match self.child(i)? {
+            Node::String(key) => Ok((key, self.child(i + self.len())?)),
+            _ => Err(Malformed),
+        }
+    }
+
+    /// An object's value for `key`: binary search in jsonb key order.
+    pub fn get(&self, key: &str) -> Read<Option<Node<'a>>> {
+        let key = key.as_bytes();
+        let (mut low, mut high) = (0, self.len());
+        while low < high {
+            let mid = (low + high) / 2;
+            let Node::String(candidate) = self.child(mid)? else {
+                return Err(Malformed);
+            };
+            match (candidate.len(), candidate).cmp(&(key.len(), key)) {
+                std::cmp::Ordering::Equal => return Ok(Some(self.child(mid + self.len())?)),
+                std::cmp::Ordering::Less => low = mid + 1,
+                std::cmp::Ordering::Greater => high = mid,
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether containers nest more than `limit` levels deep, counting this one. The walk looks
+    /// at entry types only and stops `limit` levels down, so it is bounded whatever the input.
+    pub fn nests_deeper_than(&self, limit: usize) -> Read<bool> {
+        if limit == 0 {
+            return Ok(true);
+        }
+        for i in 0..self.entries() {
+            if self.entry(i)? & JENTRY_TYPEMASK != JENTRY_ISCONTAINER {
+                continue;
+            }
+            if let Node::Array(c) | Node::Object(c) = self.child(i)? {
+                if c.nests_deeper_than(limit - 1)? {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// This container as a `jsonb` value of its own (a copy of its bytes, as
+    /// `JsonbValueToJsonb` makes of a binary sub-value).
+    pub fn to_jsonb(self) -> RawJsonb<'a> {
+        RawJsonb(self.bytes)
+    }
+}
+
+/// Integer reading of a `numeric` (core-api §0.2 numbers).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Integer {
+    /// Integral and within ±(2^53 − 1).
+    Safe(i64),
+    /// Integral, but outside ±(2^53 − 1).
+    Unsafe,
+    /// Has a fractional part (or is not a finite number).
+    Fractional,
+}
+
+/// Reads a `numeric` varlena (`src/backend/utils/adt/numeric.c`): base-10000 digits with a
+/// weight, short or long header. `2.0` is integral (jsonb keeps the scale).
+pub fn numeric_integer(varlena: &[u8]) -> Read<Integer> {
+    const NUMERIC_SIGN_MASK: u16 = 0xC000;
+    const NUMERIC_NEG: u16 = 0x4000;
+    const NUMERIC_SHORT: u16 = 0x8000;
+    const NUMERIC_SPECIAL: u16 = 0xC000;
+    const SHORT_SIGN: u16 = 0x2000;
+    const SHORT_WEIGHT_SIGN: u16 = 0x0040;
+    const SHORT_WEIGHT_MASK: u16 = 0x003F;
+    let first = *varlena.first().ok_or(Malformed)?;
+    // 1-byte varlena header (VARATT_IS_1B) or 4-byte uncompressed (the only two jsonb stores).
+    let (header_len, total) = if first & 0x01 == 0x01 {
+        (1, (first >> 1) as usize)
+    } else {
+        (4, (u32_at(varlena, 0)? >> 2) as usize)
+    };
+    let body = varlena.get(header_len..total).ok_or(Malformed)?;
+    let word = |at: usize| -> Read<u16> {
+        let b = body.get(at..at + 2).ok_or(Malformed)?;
+        Ok(u16::from_ne_bytes([b[0], b[1]]))
+    };
+    let head = word(0)?;
+    let (negative, weight, digits_at) = match head & NUMERIC_SIGN_MASK {
+        NUMERIC_SPECIAL => return Ok(Integer::Fractional),
+        NUMERIC_SHORT => {
+            let magnitude = (head & SHORT_WEIGHT_MASK) as i32;
+            let weight = if head & SHORT_WEIGHT_SIGN != 0 {
+                magnitude - 64
+            } else {
+                magnitude
+            };
+            (head & SHORT_SIGN != 0, weight, 2)
+        }
+        sign => (sign == NUMERIC_NEG, word(2)? as i16 as i32, 4),
+    };
+    let digits = body.get(digits_at..).ok_or(Malformed)?;
+    if digits.len() % 2 != 0 {
+        return Err(Malformed);
+    }
+    // Digit i is worth 10000^(weight - i). Past 10^16 (weight ≥ 4 with a non-zero digit) is
+    // beyond 2^53 anyway, so i128 cannot overflow in what we do sum.
+    let mut value: i128 = 0;
+    let mut unsafe_magnitude = false;
+    for (i, pair) in digits.chunks_exact(2).enumerate() {
+        let digit = u16::from_ne_bytes([pair[0], pair[1]]) as i128;
+        let exponent = weight - i as i32;
+        if digit == 0 {
+            continue;
+        }
+        if exponent < 0 {
+            return Ok(Integer::Fractional);
+        }
+        if exponent >= 4 {
+            unsafe_magnitude = true;
+            continue;
+        }
+        value += digit * 10_000i128.pow(exponent as u32);
+    }
+    let max = crate::args::MAX_SAFE as i128;
+    if unsafe_magnitude || value > max {
+        return Ok(Integer::Unsafe);
+    }
+    Ok(Integer::Safe(if negative { -value } else { value } as i64))
+}
+
+/// Declares `$ty` (which implements `FromDatum`) as a function argument of SQL type `jsonb`,
+/// and lets a NULL through to the body (functions are not STRICT, see [`crate::args`]).
+macro_rules! jsonb_argument {
+    ($ty:ident) => {
+        unsafe impl ::pgrx::pgrx_sql_entity_graph::metadata::SqlTranslatable for $ty {
+            const TYPE_IDENT: &'static str = ::pgrx::pgrx_resolved_type!($ty);
+            const TYPE_ORIGIN: ::pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
+                ::pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin::External;
+            const ARGUMENT_SQL: ::std::result::Result<
+                ::pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef,
+                ::pgrx::pgrx_sql_entity_graph::metadata::ArgumentError,
+            > = Ok(::pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"));
+            const RETURN_SQL: ::std::result::Result<
+                ::pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef,
+                ::pgrx::pgrx_sql_entity_graph::metadata::ReturnsError,
+            > = Ok(::pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef::One(
+                ::pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"),
+            ));
+        }
+
+        unsafe impl<'fcx> ::pgrx::callconv::ArgAbi<'fcx> for $ty {
+            unsafe fn unbox_arg_unchecked(arg: ::pgrx::callconv::Arg<'_, 'fcx>) -> Self {
+                let index = arg.index();
+                unsafe {
+                    arg.unbox_arg_using_from_datum()
+                        .unwrap_or_else(|| panic!("argument {index} must not be null"))
+                }
+            }
+        }
+    };
+}
+pub(crate) use jsonb_argument;
+
+/// A `jsonb` argument, detoasted but not parsed.
+pub struct JsonbArg {
+    /// The container bytes, past the varlena header. Palloc'd in the call's memory context (or
+    /// the argument datum itself), so valid for the whole call.
+    data: *const u8,
+    len: usize,
+}
+
+impl JsonbArg {
+    /// The document's top container, borrowed for as long as the argument lives.
+    pub fn container(&self) -> Read<Container<'_>> {
+        // SAFETY: `data..data+len` is the detoasted datum, alive for the function call, and
+        // `self` cannot outlive the call (it is an argument value).
+        Container::new(unsafe { std::slice::from_raw_parts(self.data, self.len) })
+    }
+
+    /// A new argument from the text of a JSON document (for documents bound as a jsonb string).
+    pub fn parse(text: &str) -> Option<JsonbArg> {
+        let text = std::ffi::CString::new(text).ok()?;
+        // jsonb_in raises on invalid input; the caller only passes text it already knows parses.
+        let datum = unsafe {
+            pgrx::direct_function_call_as_datum(
+                pg_sys::jsonb_in,
+                &[Some(pg_sys::Datum::from(text.as_ptr()))],
+            )?
+        };
+        unsafe { JsonbArg::from_polymorphic_datum(datum, false, pg_sys::JSONBOID) }
+    }
+}
+
+jsonb_argument!(JsonbArg);
+
+impl FromDatum for JsonbArg {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _: pg_sys::Oid,
+    ) -> Option<JsonbArg> {
+        if is_null {
+            return None;
+        }
+        unsafe {
+            // Not the `_packed` variant: the container must keep its 4-byte alignment.
+            let detoasted = pg_sys::pg_detoast_datum(datum.cast_mut_ptr());
+            let total = pgrx::varsize_any(detoasted as *const _);
+            let data = pgrx::vardata_any(detoasted as *const _) as *const u8;
+            let header = data as usize - detoasted as usize;
+            Some(JsonbArg {
+                data,
+                len: total.saturating_sub(header),
+            })
+        }
+    }
+}
+
+/// The bytes of a jsonb container, passed to SQL as a `jsonb` value.
+#[derive(Clone, Copy)]
+pub struct RawJsonb<'a>(&'a [u8]);
+
+impl IntoDatum for RawJsonb<'_> {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        let size = self.0.len() + pg_sys::VARHDRSZ;
+        unsafe {
+            let out = pg_sys::palloc(size) as *mut u8;
+            // SET_VARSIZE for a 4-byte header: the length shifted left by two (little and big
+            // endian builds differ; pgrx's helper knows which one this is).
+            pgrx::set_varsize_4b(out as *mut pg_sys::varlena, size as i32);
+            std::ptr::copy_nonoverlapping(self.0.as_ptr(), out.add(pg_sys::VARHDRSZ), self.0.len());
+            Some(pg_sys::Datum::from(out))
+        }
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
