@@ -8,7 +8,7 @@
 //! `payload`. Keys the spec does not name are ignored.
 
 use crate::error::{Error, Result};
-use crate::jsonb::{numeric_integer, Container, Integer, Malformed, Node, RawJsonb};
+use crate::jsonb::{numeric_integer, Integer, Malformed, Node, RawJsonb};
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine;
 use std::collections::BTreeSet;
@@ -101,15 +101,13 @@ fn utf8<'a>(bytes: &'a [u8], at: At<'_>) -> Result<&'a str> {
     std::str::from_utf8(bytes).or_else(|_| at.fail("type"))
 }
 
-fn field<'a>(obj: Container<'a>, key: &str) -> Result<Option<Node<'a>>> {
-    Ok(match readable(obj.get(key))? {
-        None | Some(Node::Null) => None,
-        found => found,
-    })
+/// A present, non-null value.
+fn given(node: Option<Node<'_>>) -> Option<Node<'_>> {
+    node.filter(|n| !matches!(n, Node::Null))
 }
 
-fn string<'a>(obj: Container<'a>, key: &str, at: At<'_>, non_empty: bool) -> Result<&'a str> {
-    match field(obj, key)? {
+fn string<'a>(node: Option<Node<'a>>, at: At<'_>, non_empty: bool) -> Result<&'a str> {
+    match given(node) {
         None => at.fail("missing"),
         Some(Node::String(s)) if non_empty && s.is_empty() => at.fail("empty"),
         Some(Node::String(s)) => utf8(s, at),
@@ -118,8 +116,8 @@ fn string<'a>(obj: Container<'a>, key: &str, at: At<'_>, non_empty: bool) -> Res
 }
 
 /// An optional integer `>= min`; absent or null is `None`.
-fn integer(obj: Container<'_>, key: &str, at: At<'_>, min: i64) -> Result<Option<i64>> {
-    match field(obj, key)? {
+fn integer(node: Option<Node<'_>>, at: At<'_>, min: i64) -> Result<Option<i64>> {
+    match given(node) {
         None => Ok(None),
         Some(Node::Number(n)) => match readable(numeric_integer(n))? {
             Integer::Safe(v) if v >= min => Ok(Some(v)),
@@ -130,48 +128,53 @@ fn integer(obj: Container<'_>, key: &str, at: At<'_>, min: i64) -> Result<Option
     }
 }
 
-fn scopes<'a>(obj: Container<'a>, i: usize) -> Result<(Vec<(&'a str, &'a str)>, RawJsonb<'a>)> {
-    let map = match field(obj, "scopes")? {
+type Scopes<'a> = (Vec<(&'a str, &'a str)>, RawJsonb<'a>);
+
+fn scopes<'a>(node: Option<Node<'a>>, i: usize) -> Result<Scopes<'a>> {
+    let map = match given(node) {
         None => return At::Change(i, "scopes").fail("missing"),
         Some(Node::Object(map)) => map,
         Some(_) => return At::Change(i, "scopes").fail("type"),
     };
-    let mut pairs = Vec::with_capacity(map.len());
+    let pairs = readable(map.pairs())?;
+    let mut scopes = Vec::with_capacity(pairs.len());
     // jsonb keeps keys in (length, bytes) order; violations are reported in byte order.
     let mut first_bad: Option<&str> = None;
-    for p in 0..map.len() {
-        let (var, value) = readable(map.pair(p))?;
+    for (var, value) in pairs {
         let var = utf8(var, At::Change(i, "scopes"))?;
         match value {
-            Node::String(v) => pairs.push((var, utf8(v, At::Scope(i, var))?)),
+            Node::String(v) => scopes.push((var, utf8(v, At::Scope(i, var))?)),
             _ => first_bad = Some(first_bad.map_or(var, |b| b.min(var))),
         }
     }
     if let Some(var) = first_bad {
         return At::Scope(i, var).fail("type");
     }
-    Ok((pairs, map.to_jsonb()))
+    Ok((scopes, map.to_jsonb()))
 }
 
-fn change<'a>(value: Node<'a>, i: usize) -> Result<Change<'a>> {
+const CHANGE_KEYS: [&str; 6] = ["table", "rowId", "op", "rowVersion", "scopes", "payload"];
+
+fn change(value: Node<'_>, i: usize) -> Result<Change<'_>> {
     let Node::Object(obj) = value else {
         return At::Top(&format!("changes[{i}]")).fail("type");
     };
-    let table = string(obj, "table", At::Change(i, "table"), true)?;
+    let [table, row_id, op, row_version, scope_map, payload] = readable(obj.fields(CHANGE_KEYS))?;
+    let table = string(table, At::Change(i, "table"), true)?;
     if table.starts_with("sync_") {
         return At::Change(i, "table").fail("reserved");
     }
-    let row_id = string(obj, "rowId", At::Change(i, "rowId"), false)?;
-    let op = match field(obj, "op")? {
+    let row_id = string(row_id, At::Change(i, "rowId"), false)?;
+    let op = match given(op) {
         None => return At::Change(i, "op").fail("missing"),
         Some(Node::String(b"upsert")) => Op::Upsert,
         Some(Node::String(b"delete")) => Op::Delete,
         Some(Node::String(_)) => return At::Change(i, "op").fail("range"),
         Some(_) => return At::Change(i, "op").fail("type"),
     };
-    let row_version = integer(obj, "rowVersion", At::Change(i, "rowVersion"), 1)?;
-    let (scopes, scopes_jsonb) = scopes(obj, i)?;
-    let payload = match field(obj, "payload")? {
+    let row_version = integer(row_version, At::Change(i, "rowVersion"), 1)?;
+    let (scopes, scopes_jsonb) = scopes(scope_map, i)?;
+    let payload = match given(payload) {
         None => None,
         Some(Node::String(s)) => match BASE64.decode(s) {
             Ok(bytes) => Some(bytes),
@@ -194,22 +197,35 @@ fn change<'a>(value: Node<'a>, i: usize) -> Result<Change<'a>> {
     })
 }
 
+const COMMIT_KEYS: [&str; 6] = [
+    "clientId",
+    "clientCommitId",
+    "actorId",
+    "createdAtMs",
+    "writerVersion",
+    "changes",
+];
+
 /// Validates the whole document; the first violation becomes `sync.storage.invalid_commit`.
 pub fn decode(doc: Node<'_>) -> Result<Commit<'_>> {
     let Node::Object(obj) = doc else {
         return At::Top("").fail("type");
     };
-    let client_id = string(obj, "clientId", At::Top("clientId"), true)?;
-    let client_commit_id = string(obj, "clientCommitId", At::Top("clientCommitId"), true)?;
-    let actor_id = string(obj, "actorId", At::Top("actorId"), true)?;
-    let Some(created_at_ms) = integer(obj, "createdAtMs", At::Top("createdAtMs"), 0)? else {
+    let [client_id, client_commit_id, actor_id, created_at_ms, writer_version, changes] =
+        readable(obj.fields(COMMIT_KEYS))?;
+    let client_id = string(client_id, At::Top("clientId"), true)?;
+    let client_commit_id = string(client_commit_id, At::Top("clientCommitId"), true)?;
+    let actor_id = string(actor_id, At::Top("actorId"), true)?;
+    let Some(created_at_ms) = integer(created_at_ms, At::Top("createdAtMs"), 0)? else {
         return At::Top("createdAtMs").fail("missing");
     };
-    let writer_version = integer(obj, "writerVersion", At::Top("writerVersion"), 0)?;
-    let changes = match field(obj, "changes")? {
+    let writer_version = integer(writer_version, At::Top("writerVersion"), 0)?;
+    let changes = match given(changes) {
         None => Vec::new(),
-        Some(Node::Array(items)) => (0..items.len())
-            .map(|i| change(readable(items.element(i))?, i))
+        Some(Node::Array(items)) => items
+            .children()
+            .enumerate()
+            .map(|(i, item)| change(readable(item)?, i))
             .collect::<Result<_>>()?,
         Some(_) => return At::Top("changes").fail("type"),
     };

@@ -9,80 +9,24 @@
 use crate::args;
 use crate::db;
 use crate::error::{self, Code, Error};
+use crate::heap::{self, SyncTable};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use serde_json::json;
 
 const LOCK: pg_sys::LOCKMODE = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
 
-/// The two tables the fence reads.
-#[derive(Clone, Copy)]
-enum FenceTable {
-    WriterFence = 0,
-    SchemaMeta = 1,
-}
-
-impl FenceTable {
-    fn name(self) -> &'static std::ffi::CStr {
-        match self {
-            FenceTable::WriterFence => c"sync_writer_fence",
-            FenceTable::SchemaMeta => c"sync_schema_meta",
-        }
-    }
-}
-
-thread_local! {
-    /// (schema OID, table OIDs) as last resolved by this backend: the trigger fires once per
-    /// inserted commit row, and resolving names costs five catalog-cache lookups.
-    static RESOLVED: std::cell::Cell<(pg_sys::Oid, [pg_sys::Oid; 2])> =
-        const { std::cell::Cell::new((pg_sys::InvalidOid, [pg_sys::InvalidOid; 2])) };
-}
-
-/// Opens one of the fence's tables. The cached OID is used only while it still names that table
-/// in the cached schema (a dropped and re-created extension gets new OIDs and is re-resolved).
-unsafe fn open_table(table: FenceTable) -> error::Result<pg_sys::Relation> {
-    let (namespace, oids) = RESOLVED.with(std::cell::Cell::get);
-    let cached = oids[table as usize];
-    if cached != pg_sys::InvalidOid {
-        let relation = pg_sys::try_table_open(cached, LOCK);
-        if !relation.is_null() {
-            let form = &*(*relation).rd_rel;
-            let name = std::ffi::CStr::from_ptr(form.relname.data.as_ptr());
-            if form.relnamespace == namespace && name == table.name() {
-                return Ok(relation);
-            }
-            pg_sys::table_close(relation, LOCK);
-        }
-    }
-    let namespace = pg_sys::get_namespace_oid(c"syncular".as_ptr(), false);
-    let oid = pg_sys::get_relname_relid(table.name().as_ptr(), namespace);
-    if oid == pg_sys::InvalidOid {
-        return Err(Error::Internal(format!(
-            "syncular: {:?} is missing",
-            table.name()
-        )));
-    }
-    let mut fresh = if RESOLVED.with(std::cell::Cell::get).0 == namespace {
-        oids
-    } else {
-        [pg_sys::InvalidOid; 2]
-    };
-    fresh[table as usize] = oid;
-    RESOLVED.with(|c| c.set((namespace, fresh)));
-    Ok(pg_sys::table_open(oid, LOCK))
-}
-
 /// Reads one `bigint` column of the row whose primary key equals `key`, by a direct scan of the
 /// primary-key index with `snapshot`. No SPI, no executor, no privilege check: the fence lookup
 /// must not depend on the inserting role (core-api §1.2) and runs once per inserted commit row.
 unsafe fn lookup_by_key(
-    table: FenceTable,
+    table: SyncTable,
     key: pg_sys::Datum,
     (equality, collation): (u32, pg_sys::Oid),
     column: i32,
     snapshot: pg_sys::Snapshot,
 ) -> error::Result<Option<i64>> {
-    let relation = open_table(table)?;
+    let relation = heap::open(table, LOCK)?;
     let index_id = pg_sys::RelationGetPrimaryKeyIndex(relation);
     if index_id == pg_sys::InvalidOid {
         pg_sys::table_close(relation, LOCK);
@@ -124,14 +68,14 @@ pub fn requirement(partition: &str) -> error::Result<Option<i64>> {
         let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
         let partition_key = partition.into_datum().expect("text is never NULL here");
         let fence = lookup_by_key(
-            FenceTable::WriterFence,
+            SyncTable::WriterFence,
             partition_key,
             (pg_sys::F_TEXTEQ, pg_sys::C_COLLATION_OID),
             2,
             snapshot,
         );
         let floor = lookup_by_key(
-            FenceTable::SchemaMeta,
+            SyncTable::SchemaMeta,
             pg_sys::Datum::from(1i32),
             (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
             4,

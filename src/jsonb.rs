@@ -104,45 +104,38 @@ impl<'a> Container<'a> {
         u32_at(self.bytes, 4 + 4 * i)
     }
 
-    /// Start of child `index`'s data, relative to the end of the `JEntry` array
-    /// (`getJsonbOffset`): lengths summed back to the nearest stored offset.
-    fn offset(&self, index: usize) -> Read<usize> {
-        let mut offset = 0usize;
-        for i in (0..index).rev() {
+    /// The children in entry order (objects: every key, then every value), each child's offset
+    /// following from the previous one's end (`getJsonbOffset` sums lengths back to the last
+    /// stored offset; walking forward needs no sum at all).
+    pub fn children(self) -> impl Iterator<Item = Read<Node<'a>>> {
+        let base = 4 + 4 * self.entries();
+        let mut end = 0usize;
+        (0..self.entries()).map(move |i| {
             let entry = self.entry(i)?;
-            offset += (entry & JENTRY_OFFLENMASK) as usize;
-            if entry & JENTRY_HAS_OFF != 0 {
-                break;
-            }
-        }
-        Ok(offset)
+            let start = end;
+            let field = (entry & JENTRY_OFFLENMASK) as usize;
+            end = if entry & JENTRY_HAS_OFF != 0 {
+                field
+            } else {
+                start + field
+            };
+            self.node(entry, base + start, base + end)
+        })
     }
 
-    /// Child `index` (`fillJsonbValue`).
-    fn child(&self, index: usize) -> Read<Node<'a>> {
-        let entry = self.entry(index)?;
-        let offset = self.offset(index)?;
-        let field = (entry & JENTRY_OFFLENMASK) as usize;
-        let len = if entry & JENTRY_HAS_OFF != 0 {
-            field.checked_sub(offset).ok_or(Malformed)?
-        } else {
-            field
-        };
-        let base = 4 + 4 * self.entries();
-        let slice = |from: usize| {
-            let (start, end) = (base + from, base + offset + len);
-            if start > end {
-                return Err(Malformed);
-            }
-            self.bytes.get(start..end).ok_or(Malformed)
+    /// The value whose data is `bytes[start..end]` (`fillJsonbValue`).
+    fn node(&self, entry: u32, start: usize, end: usize) -> Read<Node<'a>> {
+        let slice = |from: usize| match self.bytes.get(from..end) {
+            Some(bytes) if from <= end => Ok(bytes),
+            _ => Err(Malformed),
         };
         Ok(match entry & JENTRY_TYPEMASK {
-            JENTRY_ISSTRING => Node::String(slice(offset)?),
-            JENTRY_ISNUMERIC => Node::Number(slice(int_align(offset))?),
+            JENTRY_ISSTRING => Node::String(slice(start)?),
+            JENTRY_ISNUMERIC => Node::Number(slice(int_align(start))?),
             JENTRY_ISBOOL_FALSE | JENTRY_ISBOOL_TRUE => Node::Bool,
             JENTRY_ISNULL => Node::Null,
             JENTRY_ISCONTAINER => {
-                let inner = Container::new(slice(int_align(offset))?)?;
+                let inner = Container::new(slice(int_align(start))?)?;
                 if inner.is_object() {
                     Node::Object(inner)
                 } else if inner.header() & JB_FARRAY != 0 {
@@ -159,7 +152,7 @@ impl<'a> Container<'a> {
     pub fn root(self) -> Read<Node<'a>> {
         let header = self.header();
         if header & JB_FSCALAR != 0 {
-            self.child(0)
+            self.children().next().unwrap_or(Err(Malformed))
         } else if header & JB_FOBJECT != 0 {
             Ok(Node::Object(self))
         } else if header & JB_FARRAY != 0 {
@@ -169,41 +162,37 @@ impl<'a> Container<'a> {
         }
     }
 
-    /// Array element `i`.
-    pub fn element(&self, i: usize) -> Read<Node<'a>> {
-        if i >= self.len() {
-            return Err(Malformed);
-        }
-        self.child(i)
+    /// An object's pairs, in jsonb key order (length, then bytes).
+    pub fn pairs(self) -> Read<Vec<(&'a [u8], Node<'a>)>> {
+        let children = self.children().collect::<Read<Vec<_>>>()?;
+        let (keys, values) = children.split_at(self.len().min(children.len()));
+        keys.iter()
+            .zip(values)
+            .map(|(key, value)| match key {
+                Node::String(key) => Ok((*key, *value)),
+                _ => Err(Malformed),
+            })
+            .collect()
     }
 
-    /// Key and value of an object's pair `i` (pairs are in jsonb key order: length, then bytes).
-    pub fn pair(&self, i: usize) -> Read<(&'a [u8], Node<'a>)> {
-        if i >= self.len() {
-            return Err(Malformed);
-        }
-        match self.child(i)? {
-            Node::String(key) => Ok((key, self.child(i + self.len())?)),
-            _ => Err(Malformed),
-        }
-    }
-
-    /// An object's value for `key`: binary search in jsonb key order.
-    pub fn get(&self, key: &str) -> Read<Option<Node<'a>>> {
-        let key = key.as_bytes();
-        let (mut low, mut high) = (0, self.len());
-        while low < high {
-            let mid = (low + high) / 2;
-            let Node::String(candidate) = self.child(mid)? else {
+    /// An object's values for `keys`, in one pass over its entries (`None`: absent).
+    pub fn fields<const K: usize>(self, keys: [&str; K]) -> Read<[Option<Node<'a>>; K]> {
+        let mut found = [None; K];
+        let mut wanted = Vec::with_capacity(self.len());
+        let mut children = self.children();
+        for _ in 0..self.len() {
+            let Node::String(key) = children.next().ok_or(Malformed)?? else {
                 return Err(Malformed);
             };
-            match (candidate.len(), candidate).cmp(&(key.len(), key)) {
-                std::cmp::Ordering::Equal => return Ok(Some(self.child(mid + self.len())?)),
-                std::cmp::Ordering::Less => low = mid + 1,
-                std::cmp::Ordering::Greater => high = mid,
+            wanted.push(keys.iter().position(|k| k.as_bytes() == key));
+        }
+        for slot in wanted {
+            let value = children.next().ok_or(Malformed)??;
+            if let Some(k) = slot {
+                found[k] = Some(value);
             }
         }
-        Ok(None)
+        Ok(found)
     }
 
     /// Whether containers nest more than `limit` levels deep, counting this one. The walk looks
@@ -212,11 +201,8 @@ impl<'a> Container<'a> {
         if limit == 0 {
             return Ok(true);
         }
-        for i in 0..self.entries() {
-            if self.entry(i)? & JENTRY_TYPEMASK != JENTRY_ISCONTAINER {
-                continue;
-            }
-            if let Node::Array(c) | Node::Object(c) = self.child(i)? {
+        for child in self.children() {
+            if let Node::Array(c) | Node::Object(c) = child? {
                 if c.nests_deeper_than(limit - 1)? {
                     return Ok(true);
                 }

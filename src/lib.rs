@@ -2,7 +2,8 @@
 //!
 //! `lib.rs` only wires the modules together; each module owns one concern of the spec:
 //! - [`error`]: the error catalogue and the one place that raises it;
-//! - [`args`], [`db`]: argument decoding and SPI with kept plans;
+//! - [`args`], [`db`]: argument decoding and SPI with kept plans; [`heap`]: the extension's
+//!   tables below SQL (cached OIDs, direct inserts into the commit log);
 //! - [`fence`]: the writer-fence trigger and functions (core-api §1);
 //! - [`jsonb`], [`commit`], [`log`]: the binary commit document, allocation and append
 //!   (core-api §2);
@@ -36,6 +37,7 @@ mod db;
 mod error;
 mod fence;
 mod gate;
+mod heap;
 mod jsonb;
 mod log;
 mod prune;
@@ -94,6 +96,53 @@ mod tests {
             bigint("SELECT count(*) FROM syncular.sync_change_scopes"),
             3
         );
+    }
+
+    /// The change rows and scope index are inserted below SQL only while their tables are as
+    /// created: with a trigger on `sync_changes` (or a column added) the whole commit is one
+    /// statement again, the trigger fires for every change, and the rows are the same.
+    #[pg_test]
+    fn direct_and_statement_appends_write_the_same_rows() {
+        let rows = |p: &str| {
+            Spi::get_one::<String>(&format!(
+                "SELECT string_agg(format('%s|%s|%s|%s|%s|%s|%s|%s', commit_seq, idx, tbl, row_id, op,
+                                          row_version, scopes, encode(payload, 'hex')), ';' ORDER BY commit_seq, idx)
+                 || '/' || (SELECT string_agg(format('%s|%s|%s|%s', tbl, var, value, commit_seq), ';'
+                                              ORDER BY tbl, var, value, commit_seq)
+                            FROM syncular.sync_change_scopes WHERE partition = '{p}')
+                 || '/' || (SELECT string_agg(format('%s|%s|%s', tbl, row_id, commit_seq), ';' ORDER BY tbl, row_id)
+                            FROM syncular.sync_tombstones WHERE partition = '{p}')
+                 FROM syncular.sync_changes WHERE partition = '{p}'"
+            ))
+            .expect("query")
+            .expect("rows")
+        };
+        let commit = r#"'{"clientId":"c1","clientCommitId":"k","actorId":"a1","createdAtMs":1,
+            "changes":[{"table":"tasks","rowId":"t1","op":"upsert","rowVersion":3,
+                        "scopes":{"project_id":"p1","org":"o"},"payload":"AQID"},
+                       {"table":"tasks","rowId":"t2","op":"delete","scopes":{"project_id":"p1"}},
+                       {"table":"notes","rowId":"n1","op":"upsert","scopes":{}}]}'"#;
+        let append = |p: &str| {
+            Spi::run(&format!("SELECT syncular.append_commit('{p}', {commit})")).expect("append")
+        };
+        append("direct");
+        Spi::run(
+            "CREATE TABLE public.audit (n int);
+             CREATE FUNCTION public.audit_change() RETURNS trigger LANGUAGE plpgsql AS
+               $$BEGIN INSERT INTO public.audit VALUES (NEW.idx); RETURN NEW; END$$;
+             CREATE TRIGGER audit AFTER INSERT ON syncular.sync_changes
+               FOR EACH ROW EXECUTE FUNCTION public.audit_change();",
+        )
+        .expect("trigger");
+        append("triggered");
+        assert_eq!(bigint("SELECT count(*) FROM public.audit"), 3);
+        Spi::run("DROP TRIGGER audit ON syncular.sync_changes").expect("drop");
+        Spi::run("ALTER TABLE syncular.sync_change_scopes ADD COLUMN note text").expect("alter");
+        append("altered");
+        let direct = rows("direct");
+        assert!(direct.contains("tasks|org|o|1"), "{direct}");
+        assert_eq!(rows("triggered"), direct);
+        assert_eq!(rows("altered"), direct);
     }
 
     /// The fence reads the latest committed state plus this transaction's own earlier writes.

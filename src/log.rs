@@ -9,10 +9,12 @@ use crate::args;
 use crate::commit::{self, Change, Commit};
 use crate::db;
 use crate::error::{self, Error, Result};
+use crate::heap::{DirectInsert, SyncTable};
 use crate::jsonb::{self, JsonbArg, Node};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
+use std::ffi::CStr;
 
 /// The partition lock as held by this transaction.
 pub struct Locked {
@@ -68,17 +70,17 @@ pub fn lock(client: &SpiClient<'_>, partition: &str) -> Result<Locked> {
     })
 }
 
-/// Allocation, commit row, changes and scope index in one set-based statement, plus the
-/// tombstones when the commit deletes rows (`$tombstones`). The fence trigger fires on the
-/// `sync_commits` insert; its error aborts the whole statement, increment included.
+/// The append as SQL, assembled from fragments: allocation and commit row (`$1`…`$6`), the
+/// change rows and scope index (`$9`…`$18`, when they are not inserted directly), the tombstones
+/// (`$7`, `$8`, when the commit deletes rows). The fence trigger fires on the `sync_commits`
+/// insert; its error aborts the whole statement, increment included.
 ///
-/// Why this shape (measured, docs/BENCHMARKS.md): the arrays are unnested by set-returning
-/// functions in the select list (a ProjectSet streams them), not in `FROM` (a function scan
-/// first copies each array into a tuplestore). The scope index is a plain INSERT: its rows are
-/// distinct (deduplicated in Rust) and carry a `commit_seq` allocated by this very statement, so
-/// no row can conflict with them. A commit without deletes leaves the tombstone upsert out.
+/// Why this shape (measured, docs/BENCHMARKS.md): arrays are unnested by set-returning functions
+/// in the select list (a ProjectSet streams them; `FROM unnest(…)` would first copy each array
+/// into a tuplestore). The scope index is a plain INSERT: its rows are distinct (deduplicated in
+/// Rust) and carry a `commit_seq` this statement allocated, so none can conflict.
 macro_rules! append_sql {
-    ($tombstones:literal) => {
+    ($($fragment:expr),*) => {
         concat!(
             "WITH alloc AS (
   INSERT INTO syncular.sync_partitions AS p (partition, max_commit_seq, horizon_seq)
@@ -90,39 +92,78 @@ macro_rules! append_sql {
     (partition, commit_seq, client_id, client_commit_id, actor_id, created_at_ms, writer_version)
   SELECT $1, alloc.seq, $2, $3, $4, $5, $6 FROM alloc
   RETURNING commit_seq
-), change_rows AS (
-  INSERT INTO syncular.sync_changes
-    (partition, commit_seq, idx, tbl, row_id, op, row_version, scopes, payload)
-  SELECT $1, commit_row.commit_seq, unnest($7::int4[]), unnest($8::text[]), unnest($9::text[]),
-         unnest($10::int2[]), unnest($11::int8[]), unnest($12::jsonb[]), unnest($13::bytea[])
-  FROM commit_row
-), scope_rows AS (
-  INSERT INTO syncular.sync_change_scopes (partition, tbl, var, value, commit_seq)
-  SELECT $1, unnest($14::text[]), unnest($15::text[]), unnest($16::text[]), commit_row.commit_seq
-  FROM commit_row
 )",
-            $tombstones,
+            $($fragment,)*
             "
 SELECT commit_seq FROM commit_row"
         )
     };
 }
 
-const APPEND_SQL: &str = append_sql!("");
+macro_rules! rows_fragment {
+    () => {
+        ", change_rows AS (
+  INSERT INTO syncular.sync_changes
+    (partition, commit_seq, idx, tbl, row_id, op, row_version, scopes, payload)
+  SELECT $1, commit_row.commit_seq, unnest($9::int4[]), unnest($10::text[]), unnest($11::text[]),
+         unnest($12::int2[]), unnest($13::int8[]), unnest($14::jsonb[]), unnest($15::bytea[])
+  FROM commit_row
+), scope_rows AS (
+  INSERT INTO syncular.sync_change_scopes (partition, tbl, var, value, commit_seq)
+  SELECT $1, unnest($16::text[]), unnest($17::text[]), unnest($18::text[]), commit_row.commit_seq
+  FROM commit_row
+)"
+    };
+}
 
-const APPEND_WITH_TOMBSTONES_SQL: &str = append_sql!(
-    ", tombstone_rows AS (
+macro_rules! tombstones_fragment {
+    () => {
+        ", tombstone_rows AS (
   INSERT INTO syncular.sync_tombstones (partition, tbl, row_id, commit_seq)
-  SELECT $1, unnest($17::text[]), unnest($18::text[]), commit_row.commit_seq FROM commit_row
+  SELECT $1, unnest($7::text[]), unnest($8::text[]), commit_row.commit_seq FROM commit_row
   ON CONFLICT (partition, tbl, row_id) DO UPDATE SET commit_seq = EXCLUDED.commit_seq
 )"
-);
+    };
+}
+
+/// `[without tombstones, with tombstones]`, for each way of writing the change rows.
+const COMMIT_ONLY_SQL: [&str; 2] = [append_sql!(), append_sql!(tombstones_fragment!())];
+const WHOLE_COMMIT_SQL: [&str; 2] = [
+    append_sql!(rows_fragment!()),
+    append_sql!(rows_fragment!(), tombstones_fragment!()),
+];
+
+const CHANGE_COLUMNS: &[(&CStr, pg_sys::Oid)] = &[
+    (c"partition", pg_sys::TEXTOID),
+    (c"commit_seq", pg_sys::INT8OID),
+    (c"idx", pg_sys::INT4OID),
+    (c"tbl", pg_sys::TEXTOID),
+    (c"row_id", pg_sys::TEXTOID),
+    (c"op", pg_sys::INT2OID),
+    (c"row_version", pg_sys::INT8OID),
+    (c"scopes", pg_sys::JSONBOID),
+    (c"payload", pg_sys::BYTEAOID),
+];
+
+const SCOPE_COLUMNS: &[(&CStr, pg_sys::Oid)] = &[
+    (c"partition", pg_sys::TEXTOID),
+    (c"tbl", pg_sys::TEXTOID),
+    (c"var", pg_sys::TEXTOID),
+    (c"value", pg_sys::TEXTOID),
+    (c"commit_seq", pg_sys::INT8OID),
+];
 
 /// Appends a validated commit; returns its `commit_seq`.
+///
+/// The commit row goes through SQL (the allocation is an upsert with its row lock, and the fence
+/// trigger must fire), the change rows and scope index are inserted directly ([`heap`]) unless
+/// those tables carry anything a statement would have to run, then everything is one statement.
 pub fn append<'a>(client: &SpiClient<'_>, partition: &str, commit: &Commit<'a>) -> Result<i64> {
-    let changes = &commit.changes;
-    let column = |f: fn(&Change<'a>) -> &'a str| changes.iter().map(f).collect::<Vec<_>>();
-    let scopes = commit.scope_index();
+    let direct = (
+        DirectInsert::open(SyncTable::Changes, CHANGE_COLUMNS)?,
+        DirectInsert::open(SyncTable::ChangeScopes, SCOPE_COLUMNS)?,
+    );
+    let tombstones = commit.tombstones();
     let mut args = vec![
         DatumWithOid::from(partition),
         DatumWithOid::from(commit.client_id),
@@ -130,6 +171,66 @@ pub fn append<'a>(client: &SpiClient<'_>, partition: &str, commit: &Commit<'a>) 
         DatumWithOid::from(commit.actor_id),
         DatumWithOid::from(commit.created_at_ms),
         DatumWithOid::from(commit.writer_version),
+        DatumWithOid::from(tombstones.iter().map(|t| t.0).collect::<Vec<_>>()),
+        DatumWithOid::from(tombstones.iter().map(|t| t.1).collect::<Vec<_>>()),
+    ];
+    let with_tombstones = !tombstones.is_empty() as usize;
+    let (Some(mut changes), Some(mut scopes)) = direct else {
+        args.extend(change_arrays(commit));
+        let sql = WHOLE_COMMIT_SQL[with_tombstones];
+        return commit_seq(db::write(client, sql, &args)?);
+    };
+    if with_tombstones == 0 {
+        args.truncate(6);
+    }
+    let seq = commit_seq(db::write(client, COMMIT_ONLY_SQL[with_tombstones], &args)?)?;
+    let partition = partition.into_datum();
+    let seq_datum = seq.into_datum();
+    for (idx, change) in commit.changes.iter().enumerate() {
+        let values = [
+            partition,
+            seq_datum,
+            (idx as i32).into_datum(),
+            change.table.into_datum(),
+            change.row_id.into_datum(),
+            (change.op as i16).into_datum(),
+            change.row_version.into_datum(),
+            change.scopes_jsonb.into_datum(),
+            change.payload.as_deref().into_datum(),
+        ];
+        insert(&mut changes, &values)?;
+    }
+    for (table, var, value) in commit.scope_index() {
+        let values = [
+            partition,
+            table.into_datum(),
+            var.into_datum(),
+            value.into_datum(),
+            seq_datum,
+        ];
+        insert(&mut scopes, &values)?;
+    }
+    Ok(seq)
+}
+
+fn insert(table: &mut DirectInsert, row: &[Option<pg_sys::Datum>]) -> Result<()> {
+    let mut values = [pg_sys::Datum::from(0usize); 9];
+    let mut nulls = [true; 9];
+    for (i, value) in row.iter().enumerate() {
+        if let Some(v) = value {
+            values[i] = *v;
+            nulls[i] = false;
+        }
+    }
+    table.insert(&values[..row.len()], &nulls[..row.len()])
+}
+
+/// `$9`…`$18` of the whole-commit statement: the change rows and the scope index as arrays.
+fn change_arrays<'a>(commit: &Commit<'a>) -> Vec<DatumWithOid<'a>> {
+    let changes = &commit.changes;
+    let column = |f: fn(&Change<'a>) -> &'a str| changes.iter().map(f).collect::<Vec<_>>();
+    let scopes = commit.scope_index();
+    vec![
         DatumWithOid::from((0..changes.len() as i32).collect::<Vec<_>>()),
         DatumWithOid::from(column(|c| c.table)),
         DatumWithOid::from(column(|c| c.row_id)),
@@ -145,21 +246,11 @@ pub fn append<'a>(client: &SpiClient<'_>, partition: &str, commit: &Commit<'a>) 
         DatumWithOid::from(scopes.iter().map(|s| s.0).collect::<Vec<_>>()),
         DatumWithOid::from(scopes.iter().map(|s| s.1).collect::<Vec<_>>()),
         DatumWithOid::from(scopes.iter().map(|s| s.2).collect::<Vec<_>>()),
-    ];
-    let tombstones = commit.tombstones();
-    let sql = if tombstones.is_empty() {
-        APPEND_SQL
-    } else {
-        args.push(DatumWithOid::from(
-            tombstones.iter().map(|t| t.0).collect::<Vec<_>>(),
-        ));
-        args.push(DatumWithOid::from(
-            tombstones.iter().map(|t| t.1).collect::<Vec<_>>(),
-        ));
-        APPEND_WITH_TOMBSTONES_SQL
-    };
-    db::first::<i64>(db::write(client, sql, &args)?)?
-        .ok_or_else(|| Error::Internal("append returned no commit_seq".into()))
+    ]
+}
+
+fn commit_seq(table: pgrx::spi::SpiTupleTable<'_>) -> Result<i64> {
+    db::first::<i64>(table)?.ok_or_else(|| Error::Internal("append returned no commit_seq".into()))
 }
 
 /// Reads the commit document of `append_commit` in its binary form and validates all of it.
