@@ -560,22 +560,8 @@ mod tests {
     #[pg_test]
     fn one_corrupted_field_is_refused_precisely() {
         let strategy = (
-            prop::sample::select(vec![
-                "clientId",
-                "clientCommitId",
-                "actorId",
-                "createdAtMs",
-                "writerVersion",
-                "changes",
-            ]),
-            prop::sample::select(vec![
-                "table",
-                "rowId",
-                "op",
-                "rowVersion",
-                "scopes",
-                "payload",
-            ]),
+            prop::sample::select(COMMIT_KEYS.to_vec()),
+            prop::sample::select(CHANGE_KEYS.to_vec()),
             any_json(),
             any::<bool>(),
         );
