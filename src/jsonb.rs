@@ -178,7 +178,8 @@ impl<'a> Container<'a> {
     /// An object's values for `keys`, in one pass over its entries (`None`: absent).
     pub fn fields<const K: usize>(self, keys: [&str; K]) -> Read<[Option<Node<'a>>; K]> {
         let mut found = [None; K];
-        let mut wanted = Vec::with_capacity(self.len());
+        // A count beyond what the bytes can hold is malformed; do not reserve for it.
+        let mut wanted = Vec::with_capacity(self.len().min(self.bytes.len() / 8));
         let mut children = self.children();
         for _ in 0..self.len() {
             let Node::String(key) = children.next().ok_or(Malformed)?? else {

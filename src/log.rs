@@ -198,7 +198,7 @@ pub fn append<'a>(client: &SpiClient<'_>, partition: &str, commit: &Commit<'a>) 
             change.scopes_jsonb.into_datum(),
             change.payload.as_deref().into_datum(),
         ];
-        insert(&mut changes, &values)?;
+        insert(&mut changes, values)?;
     }
     for (table, var, value) in commit.scope_index() {
         let values = [
@@ -208,21 +208,16 @@ pub fn append<'a>(client: &SpiClient<'_>, partition: &str, commit: &Commit<'a>) 
             value.into_datum(),
             seq_datum,
         ];
-        insert(&mut scopes, &values)?;
+        insert(&mut scopes, values)?;
     }
     Ok(seq)
 }
 
-fn insert(table: &mut DirectInsert, row: &[Option<pg_sys::Datum>]) -> Result<()> {
-    let mut values = [pg_sys::Datum::from(0usize); 9];
-    let mut nulls = [true; 9];
-    for (i, value) in row.iter().enumerate() {
-        if let Some(v) = value {
-            values[i] = *v;
-            nulls[i] = false;
-        }
-    }
-    table.insert(&values[..row.len()], &nulls[..row.len()])
+/// One row of `N` columns, NULL where `None`.
+fn insert<const N: usize>(table: &mut DirectInsert, row: [Option<pg_sys::Datum>; N]) -> Result<()> {
+    let nulls = row.map(|value| value.is_none());
+    let values = row.map(|value| value.unwrap_or(pg_sys::Datum::from(0usize)));
+    table.insert(&values, &nulls)
 }
 
 /// `$9`…`$18` of the whole-commit statement: the change rows and the scope index as arrays.

@@ -12,17 +12,72 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::JsonB;
 use serde_json::{json, Map, Value};
+use std::collections::HashMap;
 
 /// Makes each row's `sync_row_scopes` entries exactly its `(var, value)` pairs, for any number
-/// of rows of one table in one set-based statement: stale entries are deleted (through
-/// `sync_row_scopes_by_row`), missing ones inserted, unchanged ones untouched. Returns the number
-/// of entries the rows now hold.
+/// of rows of one table. Returns the number of entries the rows now hold.
+///
+/// Most writes of a row leave its scopes as they were (an update of other columns), so the
+/// entries are read first and only rows whose entries differ are written. The read runs with a
+/// fresh snapshot that includes this transaction's latest writes (earlier firings of the
+/// row-meta trigger in the same statement).
 pub fn set_scopes_many(
     client: &SpiClient<'_>,
     partition: &str,
     tbl: &str,
     rows: &[(&str, &Map<String, Value>)],
 ) -> Result<i64> {
+    let wanted = |scopes: &Map<String, Value>| -> Vec<(String, String)> {
+        scopes
+            .iter()
+            .map(|(var, value)| (var.clone(), value.as_str().unwrap_or_default().to_string()))
+            .collect()
+    };
+    let held = db::write(
+        client,
+        "SELECT r.row_id::text, r.var::text, r.value::text
+           FROM unnest($3::text[]) AS t(row_id)
+           JOIN syncular.sync_row_scopes r
+             ON r.partition = $1 AND r.tbl = $2 AND r.row_id = t.row_id COLLATE \"C\"",
+        &[
+            DatumWithOid::from(partition),
+            DatumWithOid::from(tbl),
+            DatumWithOid::from(rows.iter().map(|r| r.0).collect::<Vec<_>>()),
+        ],
+    )?;
+    let mut held_by_row: HashMap<String, Vec<(String, String)>> = HashMap::new();
+    for entry in held {
+        let text = |i| entry.get::<String>(i).map(Option::unwrap_or_default);
+        held_by_row
+            .entry(text(1)?)
+            .or_default()
+            .push((text(2)?, text(3)?));
+    }
+    let changed: Vec<(&str, &Map<String, Value>)> = rows
+        .iter()
+        .filter(|(row_id, scopes)| {
+            let mut held = held_by_row.remove(*row_id).unwrap_or_default();
+            let mut want = wanted(scopes);
+            held.sort_unstable();
+            want.sort_unstable();
+            held != want
+        })
+        .copied()
+        .collect();
+    if !changed.is_empty() {
+        replace_scopes(client, partition, tbl, &changed)?;
+    }
+    Ok(rows.iter().map(|(_, scopes)| scopes.len() as i64).sum())
+}
+
+/// Writes the rows' entries in one set-based statement: stale entries are deleted (through
+/// `sync_row_scopes_by_row`), missing ones inserted, unchanged ones untouched.
+fn replace_scopes(
+    client: &SpiClient<'_>,
+    partition: &str,
+    tbl: &str,
+    rows: &[(&str, &Map<String, Value>)],
+) -> Result<()> {
     let entries: Vec<(&str, &str, &str)> = rows
         .iter()
         .flat_map(|(row_id, scopes)| {
@@ -57,7 +112,7 @@ pub fn set_scopes_many(
             DatumWithOid::from(rows.iter().map(|r| r.0).collect::<Vec<_>>()),
         ],
     )?;
-    Ok(entries.len() as i64)
+    Ok(())
 }
 
 /// One row's scope entries (set_row_scopes, the row-meta trigger).

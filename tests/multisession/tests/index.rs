@@ -146,6 +146,13 @@ fn idx_01_to_07_index_usage() {
         r#"SELECT syncular.set_rows_scopes('part-1', 'tasks', '[{"rowId":"r9","scopes":{}}]')"#,
         by_row,
     );
+    // Unchanged scopes: only the comparing read runs, through the same index.
+    assert_uses(
+        &mut c,
+        &notices,
+        r#"SELECT syncular.set_rows_scopes('part-1', 'tasks', '[{"rowId":"r10","scopes":{"project_id":"p10"}}]')"#,
+        by_row,
+    );
     assert_uses(
         &mut c,
         &notices,

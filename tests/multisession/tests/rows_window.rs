@@ -546,3 +546,45 @@ fn set_rows_scopes_replaces_exactly_for_many_rows_in_one_call() {
         "scope entries alone do not make app rows: {rows:?}"
     );
 }
+
+/// Rows whose scopes did not change are compared, not rewritten (an update of other columns is
+/// the common push); a changed row in the same call is still replaced exactly.
+#[test]
+fn unchanged_row_scopes_are_not_rewritten() {
+    let db = TestDb::new("rowsame");
+    let mut c = db.connect();
+    let set = |c: &mut postgres::Client, rows: Value| {
+        one::<i32>(c, "SELECT syncular.set_rows_scopes($1, 'docs', $2)", &[&P, &rows])
+    };
+    let versions = |c: &mut postgres::Client| -> Vec<(String, String, String)> {
+        c.query(
+            "SELECT row_id, var || '=' || value, xmin::text FROM syncular.sync_row_scopes
+              WHERE tbl = 'docs' ORDER BY 1, 2",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+    };
+    let rows = json!([{"rowId":"d1","scopes":{"org_id":"o1","project_id":"p1"}},
+                      {"rowId":"d2","scopes":{"project_id":"p2"}}]);
+    assert_eq!(set(&mut c, rows.clone()), 3);
+    let written = versions(&mut c);
+    // Same scopes again, in another transaction: the entries keep the xmin of their insert.
+    assert_eq!(set(&mut c, rows), 3);
+    assert_eq!(versions(&mut c), written);
+    // d1 unchanged, d2 moved: only d2's entries are new.
+    assert_eq!(
+        set(
+            &mut c,
+            json!([{"rowId":"d1","scopes":{"project_id":"p1","org_id":"o1"}},
+                   {"rowId":"d2","scopes":{"project_id":"p9"}}])
+        ),
+        3
+    );
+    let after = versions(&mut c);
+    assert_eq!(after[..2], written[..2]);
+    assert_eq!(after[2].1, "project_id=p9");
+    assert_ne!(after[2].2, written[2].2);
+}
