@@ -136,6 +136,14 @@ mod tests {
         .expect("trigger");
         append("triggered");
         assert_eq!(bigint("SELECT count(*) FROM public.audit"), 3);
+        // The statement form without tombstones, too.
+        Spi::run(
+            r#"SELECT syncular.append_commit('no-deletes', '{"clientId":"c1","clientCommitId":"k",
+                 "actorId":"a1","createdAtMs":1,"changes":[{"table":"tasks","rowId":"t1",
+                 "op":"upsert","scopes":{"project_id":"p1"}}]}')"#,
+        )
+        .expect("append");
+        assert_eq!(bigint("SELECT count(*) FROM public.audit"), 4);
         Spi::run("DROP TRIGGER audit ON syncular.sync_changes").expect("drop");
         Spi::run("ALTER TABLE syncular.sync_change_scopes ADD COLUMN note text").expect("alter");
         append("altered");
