@@ -21,6 +21,8 @@ SECONDS = int(os.environ.get("BENCH_SECONDS", "3"))
 # …); the table shows the median round of each side. A single run on a shared 2-core VM moves by
 # ±10–30 %, more than several of the effects measured here.
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+# The append rotations (upstream, CTE floor, append_commit) carry the issue's targets: more rounds.
+TARGET_ROUNDS = int(os.environ.get("BENCH_TARGET_ROUNDS", "5"))
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 UPSTREAM_DDL = os.path.join(ROOT, "tests", "fixtures", "upstream-0.24-ddl.sql")
@@ -226,9 +228,56 @@ def setup_ext():
     psql("ext", "SELECT syncular.register_table('tasks_meta', 'public.tasks_meta', true)")
     layouts = json.dumps({"tasks": [{"name": "id", "type": "string", "nullable": False}]})
     psql("ext", f"BEGIN; SELECT syncular.migrate_schema(1, '{layouts}'); COMMIT;")
-    # Window data: 10^4 and 10^6 one-change commits, bulk-loaded (history predates the fence).
+    setup_window()
+    psql("ext", "INSERT INTO syncular.sync_writer_fence VALUES ('fenced', 1)")
+    # Steady state: every partition row exists before the clock starts. (Upstream's
+    # `SELECT … FOR UPDATE` on a missing partition row locks nothing, so concurrent first pushes
+    # to one new partition race and fail; the extension's lock_partition creates the row.)
+    partitions = ["p-shared", "fenced", "unfenced"] + [f"{k}-{c}" for k in ("p", "a", "f", "fenced-off") for c in range(8)]
+    values = ",".join(f"('{p}', 0, 0)" for p in partitions)
+    for db in ("ext", "upstream"):
+        psql(db, f"INSERT INTO {'syncular.' if db == 'ext' else ''}sync_partitions VALUES {values} ON CONFLICT DO NOTHING")
+    for db in ("ext", "upstream"):
+        seed_right_edge(db)
+    psql("ext", "VACUUM ANALYZE")
+    psql("upstream", "VACUUM ANALYZE")
+    # Write the bulk load out now, not during the first workloads.
+    psql("postgres", "CHECKPOINT")
+
+
+RIGHT_EDGE = "zz-right-edge"
+
+
+def seed_right_edge(db):
+    """Rows under a partition that sorts after every benchmarked one, enough to fill several leaf
+    pages of every index the workloads write. An insert into the rightmost leaf of a B-tree skips
+    the descent (PostgreSQL's rightmost-leaf fast path); without these rows whichever workload's
+    partition sorts last would get it — twice as fast at N=100 — as no partition of a production
+    log with many partitions does. With them, every workload descends the tree."""
+    s = "syncular." if db == "ext" else ""
+    p = RIGHT_EDGE
+    g = "FROM generate_series(1, 2000) i"
+    tables = ["tasks", "tasks_meta"] if db == "ext" else ["tasks"]
+    psql(db, "SET session_replication_role = replica;\n" + "\n".join(
+        [f"INSERT INTO {s}sync_partitions(partition, max_commit_seq, horizon_seq) VALUES ('{p}', 2000, 0);",
+         f"INSERT INTO {s}sync_commits(partition, commit_seq, client_id, client_commit_id, actor_id, created_at_ms, writer_version) "
+         f"SELECT '{p}', i, 'c', 'k' || i, 'actor', 1750000000000, 1 {g};",
+         f"INSERT INTO {s}sync_changes(partition, commit_seq, idx, tbl, row_id, op, row_version, scopes, payload) "
+         f"SELECT '{p}', i, 0, 'tasks', 'r' || i, 1, 1, '{{\"project_id\":\"proj\"}}', '\\x01' {g};",
+         f"INSERT INTO {s}sync_change_scopes(partition, tbl, var, value, commit_seq) SELECT '{p}', 'tasks', 'project_id', 'proj', i {g};",
+         f"INSERT INTO {s}sync_row_scopes(partition, tbl, var, value, row_id) SELECT '{p}', 'tasks', 'project_id', 'proj', 'r' || i {g};",
+         f"INSERT INTO {s}sync_push_results(partition, client_id, client_commit_id, result) SELECT '{p}', 'c', 'k' || i, '{{}}' {g};"]
+        + [f"INSERT INTO {t}(\"_sync_partition\", \"_sync_row_id\", id, project_id, title, \"_sync_server_version\", \"_sync_scopes\", "
+           f"\"_sync_payload\") SELECT '{p}', 'r' || i, 'r' || i, 'proj', 't', 1, '{{\"project_id\":\"proj\"}}', '\\x01' {g};" for t in tables]))
+
+
+def setup_window():
+    """The window workload's history: 10^4 and 10^6 one-change commits, bulk-loaded (history
+    predates the fence) into a database of its own, so that the append and push workloads write
+    into log indexes as small as upstream's fresh ones."""
+    psql("window_db", "CREATE EXTENSION syncular")
     for part, n in (("w4", 10_000), ("w6", 1_000_000)):
-        psql("ext", f"""
+        psql("window_db", f"""
           SET session_replication_role = replica;
           INSERT INTO syncular.sync_commits
             SELECT '{part}', i, 'c', 'k' || i, 'actor', 1750000000000, 1 FROM generate_series(1, {n}) i;
@@ -238,18 +287,7 @@ def setup_ext():
           INSERT INTO syncular.sync_change_scopes
             SELECT '{part}', 'tasks', 'project_id', 'p' || (i % 100), i FROM generate_series(1, {n}) i;
           INSERT INTO syncular.sync_partitions VALUES ('{part}', {n}, 0);""")
-    psql("ext", "INSERT INTO syncular.sync_writer_fence VALUES ('fenced', 1)")
-    # Steady state: every partition row exists before the clock starts. (Upstream's
-    # `SELECT … FOR UPDATE` on a missing partition row locks nothing, so concurrent first pushes
-    # to one new partition race and fail; the extension's lock_partition creates the row.)
-    partitions = ["p-shared", "fenced", "unfenced"] + [f"{k}-{c}" for k in ("p", "a", "f", "fenced-off") for c in range(8)]
-    values = ",".join(f"('{p}', 0, 0)" for p in partitions)
-    for db in ("ext", "upstream"):
-        psql(db, f"INSERT INTO {'syncular.' if db == 'ext' else ''}sync_partitions VALUES {values} ON CONFLICT DO NOTHING")
-    psql("ext", "VACUUM ANALYZE")
-    psql("upstream", "VACUUM ANALYZE")
-    # Write the bulk load out now, not during the first workloads.
-    psql("postgres", "CHECKPOINT")
+    psql("window_db", "VACUUM ANALYZE")
 
 
 def machine():
@@ -270,23 +308,35 @@ def main():
     started = time.time()
     psql("postgres", "CREATE DATABASE upstream")
     psql("postgres", "CREATE DATABASE ext")
+    psql("postgres", "CREATE DATABASE window_db")
     psql_file("upstream", UPSTREAM_DDL)
     psql("upstream", "CREATE TABLE floor_rows (client_id int, k bigint)")
-    print("setting up (bulk-loading 10^4 and 10^6 commits for the window workload)...", flush=True)
+    print("setting up (bulk-loading 10^4 and 10^6 commits for the window workload into window_db)...", flush=True)
     setup_ext()
     results = []
 
     only = os.environ.get("BENCH_ONLY")
 
-    def pair(label, clients, up_script, ext_script, up_db="upstream", ext_db="ext"):
-        if only and only not in label:
+    def rotate(clients, sides, rows, rounds=ROUNDS):
+        """Run the sides in turn, `rounds` times over (a, b, c, a, b, c, …), and report each row
+        (label, baseline side, syncular side) from the two sides' median rounds. Rows that share
+        a side share its measurement, so their ratios are taken against the same rounds."""
+        if only and not any(only in label for label, _, _ in rows):
             return
-        name = label.replace(" ", "_").replace(",", "")
-        sides = [(up_db, write_script(f"{name}-up.sql", up_script)), (ext_db, write_script(f"{name}-ext.sql", ext_script))]
-        rounds = [[pgbench(db, script, clients) for db, script in sides] for _ in range(ROUNDS)]
-        up, ex = (median([r[i] for r in rounds]) for i in (0, 1))
-        results.append((label, clients, up, ex))
-        print(f"{label:<44} c={clients}  baseline {up[0]:>8.0f} tps {up[1]:>7.2f} ms | syncular {ex[0]:>8.0f} tps {ex[1]:>7.2f} ms | x{ex[0] / up[0]:.2f}", flush=True)
+        scripts = {key: (db, write_script(f"{key}.sql", text)) for key, db, text in sides}
+        runs = {key: [] for key in scripts}
+        for _ in range(rounds):
+            for key, (db, script) in scripts.items():
+                runs[key].append(pgbench(db, script, clients))
+        for label, base, ours in rows:
+            up, ex = median(runs[base]), median(runs[ours])
+            results.append((label, clients, up, ex))
+            print(f"{label:<44} c={clients}  baseline {up[0]:>8.0f} tps {up[1]:>7.2f} ms | syncular {ex[0]:>8.0f} tps {ex[1]:>7.2f} ms | x{ex[0] / up[0]:.2f}", flush=True)
+
+    def pair(label, clients, up_script, ext_script, up_db="upstream", ext_db="ext"):
+        name = label.replace(" ", "_").replace(",", "").replace("^", "")
+        rotate(clients, [(f"{name}-up", up_db, up_script), (f"{name}-ext", ext_db, ext_script)],
+               [(label, f"{name}-up", f"{name}-ext")])
 
     # a) push
     for n in (1, 10, 100):
@@ -295,16 +345,21 @@ def main():
         pair(f"push N={n}, one shared partition", 4, upstream_push(n, True), ext_push(n, True))
         pair(f"push N={n}, own partitions, batched rows + row-meta trigger", 1, upstream_push(n, False), ext_push_batched(n, False))
         pair(f"push N={n}, own partitions, batched rows + set_rows_scopes", 1, upstream_push(n, False), ext_push_batched_call(n, False))
-    # b) append
+    # b) + c) append against upstream and the floors, all sides in one rotation per N: both
+    #    ratios of a row pair are taken against the same append_commit rounds.
     for n in (1, 10, 100):
-        pair(f"append N={n}", 1, upstream_append(n), ext_append(n))
-    # c) floors (baseline column = the floor, syncular column = append_commit)
-    for n in (1, 10, 100):
-        pair(f"append N={n} vs one-statement CTE floor", 1, floor_cte(n), ext_append(n), up_db="ext")
-    pair("append N=10 vs one-row INSERT floor", 1, floor_insert(), ext_append(10), up_db="ext")
+        sides = [(f"append-{n}-upstream", "upstream", upstream_append(n)),
+                 (f"append-{n}-cte-floor", "ext", floor_cte(n)),
+                 (f"append-{n}-syncular", "ext", ext_append(n))]
+        rows = [(f"append N={n}", sides[0][0], sides[2][0]),
+                (f"append N={n} vs one-statement CTE floor", sides[1][0], sides[2][0])]
+        if n == 10:
+            sides.append(("append-10-insert-floor", "ext", floor_insert()))
+            rows.append(("append N=10 vs one-row INSERT floor", sides[3][0], sides[2][0]))
+        rotate(1, sides, rows, TARGET_ROUNDS)
     # d) window (baseline column = 10^4 commits, syncular column = 10^6)
     pair("window 100 changes: 10^4 vs 10^6 commits", 1,
-         window_script("w4", 10_000 - 100 * 100, 10_000), window_script("w6", 1_000_000 - 100 * 100, 1_000_000), up_db="ext")
+         window_script("w4", 10_000 - 100 * 100, 10_000), window_script("w6", 1_000_000 - 100 * 100, 1_000_000), up_db="window_db", ext_db="window_db")
     # e) fence overhead: interleaved rounds, best of three per variant (the effect is smaller
     #    than the noise of a shared 2-core machine; the best round is the least disturbed).
     variants = {
@@ -358,13 +413,54 @@ def trigger_cost(append_latency_ms):
     print(f"fence trigger: {per_row_us:.1f} us per row = {100 * FENCE_COST['share']:.1f} % of append_commit N=1 ({append_latency_ms:.3f} ms)", flush=True)
 
 
+def target_lines(results):
+    """The issue's targets, judged on this run's rows (those that ran)."""
+    by_label = {(label, clients): (up, ex) for label, clients, up, ex in results}
+    rows = []
+
+    def ratio(label):
+        up, ex = by_label[(label, 1)]
+        return ex[0] / up[0]
+
+    if ("append N=10", 1) in by_label:
+        rows.append(("`append_commit` N=10 ≥ 4× upstream's append statements", f"{ratio('append N=10'):.2f}×",
+                     ratio("append N=10") >= 4))
+    if ("append N=10 vs one-statement CTE floor", 1) in by_label:
+        r = ratio("append N=10 vs one-statement CTE floor")
+        rows.append(("`append_commit` N=10 ≥ 0.9× the one-statement CTE floor", f"{r:.2f}×", r >= 0.9))
+    push = [(ratio(label), label) for label, clients in by_label if clients == 1 and label.startswith("push N=10, own")]
+    if push:
+        r, label = max(push)
+        how = label.split("own partitions")[1].lstrip(", ") or "per-row statements"
+        rows.append(("push N=10, 1 client ≥ 3× upstream", f"{r:.2f}× ({how})", r >= 3))
+    if FENCE_COST:
+        rows.append(("fence overhead ≤ 3 %", f"{100 * FENCE_COST['share']:.1f} %", FENCE_COST["share"] <= 0.03))
+    window = by_label.get(("window 100 changes: 10^4 vs 10^6 commits", 1))
+    if window:
+        r = window[1][1] / window[0][1]
+        rows.append(("window latency at 10^6 ≤ 1.2× at 10^4", f"{r:.2f}×", r <= 1.2))
+    if not rows:
+        return []
+    lines = ["", "Targets of issue 4, judged on this run:", "",
+             "| target | this run | |", "|---|---|---|"]
+    lines += [f"| {name} | {value} | {'met' if met else 'missed'} |" for name, value, met in rows]
+    if ("append N=10", 1) in by_label and ("append N=10 vs one-statement CTE floor", 1) in by_label:
+        upstream = by_label[("append N=10", 1)][0][0]
+        floor = by_label[("append N=10 vs one-statement CTE floor", 1)][0][0]
+        lines += ["", f"In this run the one-statement CTE floor itself ran at {floor / upstream:.2f}× upstream's append "
+                      f"statements, so 4× upstream asks `append_commit` for {400 * upstream / floor:.0f} % of the floor."]
+    return lines
+
+
 def report(results, elapsed):
     lines = []
     lines.append("# Benchmarks\n")
     lines.append("Generated by `bench/run.sh` (one run, all workloads side by side). Do not edit by hand.\n")
     lines.append(f"- Machine: {machine()}")
     lines.append(f"- Settings: pgbench `-M prepared`, loopback TCP, {ROUNDS} interleaved rounds of {SECONDS} s per side and workload "
-                 "(baseline, syncular, baseline, …; the table shows each side's median round), one `-j` thread per client; "
+                 f"({TARGET_ROUNDS} for the append rows, where upstream, the CTE floor and `append_commit` take turns and both "
+                 "ratios use the same `append_commit` rounds; the table shows each side's median round), one `-j` thread per client; "
+                 "the window's 10^6-commit history in a database of its own, so upstream and the extension write into equally fresh log tables; "
                  "throwaway cluster with `fsync = off` (both sides alike: the comparison is round trips and CPU, not disk).")
     lines.append(f"- Extension: release build. Baseline: `tests/fixtures/upstream-0.24-ddl.sql` + `bench/upstream-0.24-push.py` (the shared replay of upstream 0.24's statements).")
     lines.append(f"- Whole run: {elapsed:.0f} s.\n")
@@ -378,6 +474,7 @@ def report(results, elapsed):
                      f"`session_replication_role = replica`, fastest of 5 interleaved pairs): **{FENCE_COST['per_row_us']:.1f} µs per row = "
                      f"{100 * FENCE_COST['share']:.1f} %** of an `append_commit` of one change ({FENCE_COST['latency']:.3f} ms above). "
                      "The pgbench pair above has more noise than the effect it measures.")
+    lines.extend(target_lines(results))
     lines.append("")
     lines.append("Columns: *baseline* is upstream 0.24's statements for `push` and `append` rows; for the floor rows it is the "
                  "floor; for the window row it is the same window at 10^4 commits (syncular column: 10^6); for the fence rows it "
