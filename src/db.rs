@@ -14,7 +14,7 @@
 
 use crate::error::Result;
 use pgrx::datum::DatumWithOid;
-use pgrx::pg_sys::PgOid;
+use pgrx::pg_sys::{self, PgOid};
 use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiTupleTable};
 use pgrx::Spi;
 use std::cell::RefCell;
@@ -68,6 +68,37 @@ pub fn write<'conn>(
 ) -> Result<SpiTupleTable<'conn>> {
     let stmt = plan(client, sql, args, true)?;
     Ok(client.select(stmt, None, args)?)
+}
+
+/// Like [`write`], for a statement whose parameters are all keys with an index made for them
+/// (`= ANY ($n)` on an index column): it runs its generic plan, never a custom one. The plan
+/// cache plans such a statement again on every call when the column statistics are skewed (one
+/// partition holding most rows, as in a single-tenant database): a custom plan always looks
+/// cheaper there than the generic one, though both use the same index.
+pub fn write_generic<'conn>(
+    client: &SpiClient<'conn>,
+    sql: &'static str,
+    args: &[DatumWithOid<'_>],
+) -> Result<SpiTupleTable<'conn>> {
+    // SAFETY: the setting is made in a GUC nest level of its own and undone right after the
+    // statement; an error in between unwinds it with the (sub)transaction, as for a function's
+    // own SET clause.
+    unsafe {
+        let level = pg_sys::NewGUCNestLevel();
+        pg_sys::set_config_option(
+            c"plan_cache_mode".as_ptr(),
+            c"force_generic_plan".as_ptr(),
+            pg_sys::GucContext::PGC_USERSET,
+            pg_sys::GucSource::PGC_S_SESSION,
+            pg_sys::GucAction::GUC_ACTION_SAVE,
+            true,
+            0,
+            false,
+        );
+        let result = write(client, sql, args);
+        pg_sys::AtEOXact_GUC(true, level);
+        result
+    }
 }
 
 /// Like [`read`], for a statement text built at run time around an app table's quoted name.

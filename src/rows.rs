@@ -33,12 +33,11 @@ pub fn set_scopes_many(
             .map(|(var, value)| (var.clone(), value.as_str().unwrap_or_default().to_string()))
             .collect()
     };
-    let held = db::write(
+    let held = db::write_generic(
         client,
         "SELECT r.row_id::text, r.var::text, r.value::text
-           FROM unnest($3::text[]) AS t(row_id)
-           JOIN syncular.sync_row_scopes r
-             ON r.partition = $1 AND r.tbl = $2 AND r.row_id = t.row_id COLLATE \"C\"",
+           FROM syncular.sync_row_scopes r
+          WHERE r.partition = $1 AND r.tbl = $2 AND r.row_id = ANY ($3::text[] COLLATE \"C\")",
         &[
             DatumWithOid::from(partition),
             DatumWithOid::from(tbl),
@@ -86,16 +85,14 @@ fn replace_scopes(
             })
         })
         .collect();
-    db::write(
+    db::write_generic(
         client,
         "WITH wanted AS (
            SELECT w.row_id, w.var, w.value
              FROM unnest($3::text[], $4::text[], $5::text[]) AS w(row_id, var, value)
-         ), targets AS (
-           SELECT DISTINCT t.row_id FROM unnest($6::text[]) AS t(row_id)
          ), stale AS (
-           DELETE FROM syncular.sync_row_scopes r USING targets t
-            WHERE r.partition = $1 AND r.tbl = $2 AND r.row_id = t.row_id COLLATE \"C\"
+           DELETE FROM syncular.sync_row_scopes r
+            WHERE r.partition = $1 AND r.tbl = $2 AND r.row_id = ANY ($6::text[] COLLATE \"C\")
               AND NOT EXISTS (SELECT 1 FROM wanted w
                                WHERE w.row_id COLLATE \"C\" = r.row_id AND w.var COLLATE \"C\" = r.var
                                  AND w.value COLLATE \"C\" = r.value)

@@ -197,3 +197,44 @@ fn idx_01_to_07_index_usage() {
         "sync_backfill_checkpoints_pending",
     );
 }
+
+/// With statistics where one partition holds every row (a single-tenant database), the plan
+/// cache would plan a key lookup again on every call: a custom plan for a rare partition always
+/// looks cheaper than the generic one. The row-scope statements run their generic plan, and it
+/// probes sync_row_scopes_by_row with the whole key — parameters in the index condition, no
+/// sequential scan — from the first call on.
+#[test]
+fn row_scope_statements_keep_one_generic_index_plan_under_skewed_statistics() {
+    let db = TestDb::new("idxskew");
+    let mut plain = db.connect();
+    exec(
+        &mut plain,
+        "INSERT INTO syncular.sync_row_scopes
+         SELECT 'big', 'tasks', 'project_id', 'p' || (i % 20), 'r' || i FROM generate_series(1, 5000) i;
+         ANALYZE syncular.sync_row_scopes;",
+    );
+    let (mut c, notices) = explaining(&db);
+    exec(&mut c, "RESET enable_seqscan");
+    for i in 0..8 {
+        // Unchanged scopes run the comparing read only; changed ones also the write.
+        for scopes in [format!("p{i}"), format!("p{i}")] {
+            let rows = json!([{"rowId": "r1", "scopes": {"project_id": scopes}},
+                              {"rowId": "r2", "scopes": {"project_id": scopes}}]);
+            let plans = plans_of(
+                &mut c,
+                &notices,
+                &format!("SELECT syncular.set_rows_scopes('small', 'tasks', '{rows}')"),
+            );
+            assert_no_seq_scan(&plans, &["sync_row_scopes"]);
+            let probes: Vec<&str> = plans
+                .lines()
+                .filter(|l| l.contains("Index Cond") && l.contains("row_id = ANY"))
+                .collect();
+            assert!(!probes.is_empty(), "call {i}: no row_id probe:\n{plans}");
+            assert!(
+                probes.iter().all(|l| l.contains("partition = $1")),
+                "call {i}: a custom plan:\n{plans}"
+            );
+        }
+    }
+}
