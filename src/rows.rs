@@ -27,12 +27,6 @@ pub fn set_scopes_many(
     tbl: &str,
     rows: &[(&str, &Map<String, Value>)],
 ) -> Result<i64> {
-    let wanted = |scopes: &Map<String, Value>| -> Vec<(String, String)> {
-        scopes
-            .iter()
-            .map(|(var, value)| (var.clone(), value.as_str().unwrap_or_default().to_string()))
-            .collect()
-    };
     let held = db::write_generic(
         client,
         "SELECT r.row_id::text, r.var::text, r.value::text
@@ -56,10 +50,13 @@ pub fn set_scopes_many(
         .iter()
         .filter(|(row_id, scopes)| {
             let mut held = held_by_row.remove(*row_id).unwrap_or_default();
-            let mut want = wanted(scopes);
+            let mut want: Vec<(&str, &str)> = entries_of(scopes).collect();
             held.sort_unstable();
             want.sort_unstable();
-            held != want
+            !held
+                .iter()
+                .map(|(var, value)| (var.as_str(), value.as_str()))
+                .eq(want)
         })
         .copied()
         .collect();
@@ -67,6 +64,13 @@ pub fn set_scopes_many(
         replace_scopes(client, partition, tbl, &changed)?;
     }
     Ok(rows.iter().map(|(_, scopes)| scopes.len() as i64).sum())
+}
+
+/// A row's scope entries as `(var, value)` text pairs (values were validated as strings).
+fn entries_of(scopes: &Map<String, Value>) -> impl Iterator<Item = (&str, &str)> {
+    scopes
+        .iter()
+        .map(|(var, value)| (var.as_str(), value.as_str().unwrap_or_default()))
 }
 
 /// Writes the rows' entries in one set-based statement: stale entries are deleted (through
@@ -80,9 +84,7 @@ fn replace_scopes(
     let entries: Vec<(&str, &str, &str)> = rows
         .iter()
         .flat_map(|(row_id, scopes)| {
-            scopes.iter().map(move |(var, value)| {
-                (*row_id, var.as_str(), value.as_str().unwrap_or_default())
-            })
+            entries_of(scopes).map(move |(var, value)| (*row_id, var, value))
         })
         .collect();
     db::write_generic(
