@@ -248,6 +248,21 @@ def setup_ext():
 RIGHT_EDGE = "zz-right-edge"
 
 
+def log_history_sql(schema, partition, n, project):
+    """`n` one-change commits under `partition` (commit, change and scope-index rows, and the
+    partition's counter), written below the fence; `project` is the change's scope value as an
+    SQL expression of `i`."""
+    g = f"FROM generate_series(1, {n}) i"
+    return "\n".join([
+        "SET session_replication_role = replica;",
+        f"INSERT INTO {schema}sync_commits(partition, commit_seq, client_id, client_commit_id, actor_id, created_at_ms, writer_version) "
+        f"SELECT '{partition}', i, 'c', 'k' || i, 'actor', 1750000000000, 1 {g};",
+        f"INSERT INTO {schema}sync_changes(partition, commit_seq, idx, tbl, row_id, op, row_version, scopes, payload) "
+        f"SELECT '{partition}', i, 0, 'tasks', 'r' || i, 1, 1, jsonb_build_object('project_id', {project}), '\\x0102' {g};",
+        f"INSERT INTO {schema}sync_change_scopes(partition, tbl, var, value, commit_seq) SELECT '{partition}', 'tasks', 'project_id', {project}, i {g};",
+        f"INSERT INTO {schema}sync_partitions(partition, max_commit_seq, horizon_seq) VALUES ('{partition}', {n}, 0);"])
+
+
 def seed_right_edge(db):
     """Rows under a partition that sorts after every benchmarked one, enough to fill several leaf
     pages of every index the workloads write. An insert into the rightmost leaf of a B-tree skips
@@ -258,13 +273,8 @@ def seed_right_edge(db):
     p = RIGHT_EDGE
     g = "FROM generate_series(1, 2000) i"
     tables = ["tasks", "tasks_meta"] if db == "ext" else ["tasks"]
-    psql(db, "SET session_replication_role = replica;\n" + "\n".join(
-        [f"INSERT INTO {s}sync_partitions(partition, max_commit_seq, horizon_seq) VALUES ('{p}', 2000, 0);",
-         f"INSERT INTO {s}sync_commits(partition, commit_seq, client_id, client_commit_id, actor_id, created_at_ms, writer_version) "
-         f"SELECT '{p}', i, 'c', 'k' || i, 'actor', 1750000000000, 1 {g};",
-         f"INSERT INTO {s}sync_changes(partition, commit_seq, idx, tbl, row_id, op, row_version, scopes, payload) "
-         f"SELECT '{p}', i, 0, 'tasks', 'r' || i, 1, 1, '{{\"project_id\":\"proj\"}}', '\\x01' {g};",
-         f"INSERT INTO {s}sync_change_scopes(partition, tbl, var, value, commit_seq) SELECT '{p}', 'tasks', 'project_id', 'proj', i {g};",
+    psql(db, "\n".join(
+        [log_history_sql(s, p, 2000, "'proj'"),
          f"INSERT INTO {s}sync_row_scopes(partition, tbl, var, value, row_id) SELECT '{p}', 'tasks', 'project_id', 'proj', 'r' || i {g};",
          f"INSERT INTO {s}sync_push_results(partition, client_id, client_commit_id, result) SELECT '{p}', 'c', 'k' || i, '{{}}' {g};"]
         + [f"INSERT INTO {t}(\"_sync_partition\", \"_sync_row_id\", id, project_id, title, \"_sync_server_version\", \"_sync_scopes\", "
@@ -277,18 +287,8 @@ def setup_window():
     into log indexes as small as upstream's fresh ones."""
     psql("window_db", "CREATE EXTENSION syncular")
     for part, n in (("w4", 10_000), ("w6", 1_000_000)):
-        psql("window_db", f"""
-          SET session_replication_role = replica;
-          INSERT INTO syncular.sync_commits
-            SELECT '{part}', i, 'c', 'k' || i, 'actor', 1750000000000, 1 FROM generate_series(1, {n}) i;
-          INSERT INTO syncular.sync_changes
-            SELECT '{part}', i, 0, 'tasks', 'r' || i, 1, 1, jsonb_build_object('project_id', 'p' || (i % 100)), '\\x0102'
-              FROM generate_series(1, {n}) i;
-          INSERT INTO syncular.sync_change_scopes
-            SELECT '{part}', 'tasks', 'project_id', 'p' || (i % 100), i FROM generate_series(1, {n}) i;
-          INSERT INTO syncular.sync_partitions VALUES ('{part}', {n}, 0);""")
+        psql("window_db", log_history_sql("syncular.", part, n, "'p' || (i % 100)"))
     psql("window_db", "VACUUM ANALYZE")
-
 
 def machine():
     cpu = "unknown"
