@@ -157,9 +157,8 @@ def ext_push_batched(n, shared):
     ])
 
 
-def upstream_append(n):
+def upstream_append(n, p="'a-' || :client_id"):
     """Upstream's append: allocation feeding the commit insert, then one statement per change."""
-    p = "'a-' || :client_id"
     w = [r"\set cc random(1, 2000000000)", "BEGIN;"]
     w.append(f"WITH allocated AS (INSERT INTO sync_partitions(partition, max_commit_seq) VALUES (({p}), 1) ON CONFLICT (partition) DO UPDATE SET max_commit_seq = sync_partitions.max_commit_seq + 1 RETURNING max_commit_seq) INSERT INTO sync_commits(partition, commit_seq, client_id, client_commit_id, actor_id, created_at_ms, writer_version) SELECT ({p}), max_commit_seq, 'c', :cc::text, 'actor', 1750000000000, 1 FROM allocated RETURNING commit_seq \\gset")
     for i in range(n):
@@ -188,21 +187,49 @@ def floor_insert():
                       "INSERT INTO floor_rows(client_id, k) VALUES (:client_id, :cc);"])
 
 
-def floor_cte(n):
+def floor_alloc(p):
+    """The floors' commit-seq allocation: the upsert `append_commit` runs, as a CTE `alloc(seq)`."""
+    return (f"alloc AS (INSERT INTO syncular.sync_partitions AS p (partition, max_commit_seq, horizon_seq) VALUES (({p}), 1, 0) "
+            f"ON CONFLICT (partition) DO UPDATE SET max_commit_seq = p.max_commit_seq + 1 RETURNING p.max_commit_seq AS seq)")
+
+
+def floor_cte(n, p="'f-' || :client_id"):
     """Hand-written set-based statement: the same allocation, commit, change and scope-index rows
     as append_commit writes, in one writable CTE (the fence trigger fires on the commit insert)."""
-    p = "'f-' || :client_id"
     values = ",".join(f"({i}, 'r{i}')" for i in range(n))
     return "\n".join([
         r"\set cc random(1, 2000000000)",
-        f"WITH alloc AS (INSERT INTO syncular.sync_partitions AS p (partition, max_commit_seq, horizon_seq) VALUES (({p}), 1, 0) "
-        f"ON CONFLICT (partition) DO UPDATE SET max_commit_seq = p.max_commit_seq + 1 RETURNING p.max_commit_seq AS seq), "
+        f"WITH {floor_alloc(p)}, "
         f"c AS (INSERT INTO syncular.sync_commits (partition, commit_seq, client_id, client_commit_id, actor_id, created_at_ms, writer_version) "
         f"SELECT ({p}), seq, 'c', :cc::text, 'actor', 1750000000000, 1 FROM alloc RETURNING commit_seq), "
         f"ch AS (INSERT INTO syncular.sync_changes (partition, commit_seq, idx, tbl, row_id, op, row_version, scopes, payload) "
         f"SELECT ({p}), c.commit_seq, v.idx, 'tasks', v.row_id, 1, 2, '{{\"project_id\":\"proj\"}}'::jsonb, '\\x0102030405060708' "
         f"FROM c, (VALUES {values}) AS v(idx, row_id)), "
         f"sc AS (INSERT INTO syncular.sync_change_scopes (partition, tbl, var, value, commit_seq) SELECT ({p}), 'tasks', 'project_id', 'proj', c.commit_seq FROM c) "
+        f"SELECT commit_seq FROM c;",
+    ])
+
+
+def floor_document(n, p="'d-' || :client_id"):
+    """The floor fed the same input as append_commit: one writable CTE that reads the commit
+    document (the same text, cast to jsonb per call) and inserts the same rows, validating nothing.
+    The constant floor above reads no input at all: its rows are constants of the prepared plan."""
+    return "\n".join([
+        r"\set cc random(1, 2000000000)",
+        f"WITH d AS (SELECT ('{commit_doc(n)}')::jsonb AS doc), "
+        f"{floor_alloc(p)}, "
+        f"c AS (INSERT INTO syncular.sync_commits (partition, commit_seq, client_id, client_commit_id, actor_id, created_at_ms, writer_version) "
+        f"SELECT ({p}), seq, doc->>'clientId', doc->>'clientCommitId', doc->>'actorId', (doc->>'createdAtMs')::bigint, "
+        f"(doc->>'writerVersion')::bigint FROM alloc, d RETURNING commit_seq), "
+        f"e AS (SELECT x.* FROM d, ROWS FROM (jsonb_to_recordset(d.doc->'changes') "
+        f"AS (\"table\" text, \"rowId\" text, op text, \"rowVersion\" bigint, scopes jsonb, payload text)) WITH ORDINALITY "
+        f"AS x(\"table\", \"rowId\", op, \"rowVersion\", scopes, payload, ord)), "
+        f"ch AS (INSERT INTO syncular.sync_changes (partition, commit_seq, idx, tbl, row_id, op, row_version, scopes, payload) "
+        f"SELECT ({p}), c.commit_seq, e.ord - 1, e.\"table\", e.\"rowId\", CASE e.op WHEN 'delete' THEN 2 ELSE 1 END, "
+        f"e.\"rowVersion\", e.scopes, decode(e.payload, 'base64') FROM c, e), "
+        f"sc AS (INSERT INTO syncular.sync_change_scopes (partition, tbl, var, value, commit_seq) "
+        f"SELECT DISTINCT ON (e.\"table\", s.key, s.value) ({p}), e.\"table\", s.key, s.value, c.commit_seq "
+        f"FROM c, e, jsonb_each_text(e.scopes) AS s) "
         f"SELECT commit_seq FROM c;",
     ])
 
@@ -233,7 +260,7 @@ def setup_ext():
     # Steady state: every partition row exists before the clock starts. (Upstream's
     # `SELECT … FOR UPDATE` on a missing partition row locks nothing, so concurrent first pushes
     # to one new partition race and fail; the extension's lock_partition creates the row.)
-    partitions = ["p-shared", "fenced", "unfenced"] + [f"{k}-{c}" for k in ("p", "a", "f", "fenced-off") for c in range(8)]
+    partitions = ["p-shared", "fenced", "unfenced"] + [f"{k}-{c}" for k in ("p", "a", "f", "d", "zzz-tail", "fenced-off") for c in range(8)]
     values = ",".join(f"('{p}', 0, 0)" for p in partitions)
     for db in ("ext", "upstream"):
         psql(db, f"INSERT INTO {'syncular.' if db == 'ext' else ''}sync_partitions VALUES {values} ON CONFLICT DO NOTHING")
@@ -369,9 +396,22 @@ def main():
         rows = [(f"append N={n}", sides[0][0], sides[2][0]),
                 (f"append N={n} vs one-statement CTE floor", sides[1][0], sides[2][0])]
         if n == 10:
-            sides.append(("append-10-insert-floor", "ext", floor_insert()))
-            rows.append(("append N=10 vs one-row INSERT floor", sides[3][0], sides[2][0]))
+            sides += [("append-10-document-floor", "ext", floor_document(n)),
+                      ("append-10-insert-floor", "ext", floor_insert())]
+            rows += [("append N=10 vs CTE floor fed the same document", sides[3][0], sides[2][0]),
+                     ("append N=10 vs one-row INSERT floor", sides[4][0], sides[2][0])]
         rotate(1, sides, rows, TARGET_ROUNDS)
+    if os.environ.get("BENCH_RIGHT_EDGE") == "1":
+        # Opt-in (about 45 s more): the N=10 append sides on one partition that sorts after every
+        # other, so that every insert of every side takes the rightmost-leaf fast path, as in a
+        # log with a single partition.
+        tail = "'zzz-tail-' || :client_id"
+        rotate(1, [("tail-10-upstream", "upstream", upstream_append(10, tail)),
+                   ("tail-10-cte-floor", "ext", floor_cte(10, tail)),
+                   ("tail-10-syncular", "ext", ext_append(10, tail))],
+               [("append N=10, one partition at the right edge", "tail-10-upstream", "tail-10-syncular"),
+                ("append N=10 vs CTE floor, one partition at the right edge", "tail-10-cte-floor", "tail-10-syncular")],
+               TARGET_ROUNDS)
     # d) window (baseline column = 10^4 commits, syncular column = 10^6)
     pair("window 100 changes: 10^4 vs 10^6 commits", 1,
          window_script("w4", 10_000 - 100 * 100, 10_000), window_script("w6", 1_000_000 - 100 * 100, 1_000_000), up_db="window_db", ext_db="window_db")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks: upstream 0.24's statement replay vs the extension, side by side in one run, on a
-# throwaway cluster. Writes docs/BENCHMARKS.md. About 9 minutes (BENCH_SECONDS per round).
+# throwaway cluster. Writes docs/BENCHMARKS.md. About 9–10 minutes (BENCH_SECONDS per round).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
