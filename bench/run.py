@@ -387,31 +387,29 @@ def main():
                TARGET_ROUNDS)
         pair(f"push N={n}, own partitions", 4, upstream_push(n, False), ext_push(n, False))
         pair(f"push N={n}, one shared partition", 4, upstream_push(n, True), ext_push(n, True))
-    # b) + c) append against upstream and the floors, all sides in one rotation per N: both
-    #    ratios of a row pair are taken against the same append_commit rounds.
-    for n in (1, 10, 100):
-        sides = [(f"append-{n}-upstream", "upstream", upstream_append(n)),
-                 (f"append-{n}-cte-floor", "ext", floor_cte(n)),
-                 (f"append-{n}-syncular", "ext", ext_append(n))]
-        rows = [(f"append N={n}", sides[0][0], sides[2][0]),
-                (f"append N={n} vs one-statement CTE floor", sides[1][0], sides[2][0])]
-        if n == 10:
-            sides += [("append-10-document-floor", "ext", floor_document(n)),
-                      ("append-10-insert-floor", "ext", floor_insert())]
-            rows += [("append N=10 vs CTE floor fed the same document", sides[3][0], sides[2][0]),
-                     ("append N=10 vs one-row INSERT floor", sides[4][0], sides[2][0])]
+    def append_rotation(n, key, where="", partition=None, floors=()):
+        """Upstream's append statements, the constant CTE floor, `append_commit` and any further
+        `floors` ((label, side key, script)) for N changes, in one rotation: every ratio is taken
+        against the same `append_commit` rounds. Row labels end in `where`; `partition`, when
+        given, is the one partition every side writes (else each side has its own)."""
+        at = () if partition is None else (partition,)
+        up, floor, ours = f"{key}-upstream", f"{key}-cte-floor", f"{key}-syncular"
+        sides = [(up, "upstream", upstream_append(n, *at)), (floor, "ext", floor_cte(n, *at)),
+                 (ours, "ext", ext_append(n, *at))] + [(side, "ext", script) for _, side, script in floors]
+        rows = [(f"append N={n}{where}", up, ours), (f"append N={n} vs one-statement CTE floor{where}", floor, ours)]
+        rows += [(f"append N={n} vs {label}{where}", side, ours) for label, side, _ in floors]
         rotate(1, sides, rows, TARGET_ROUNDS)
+
+    # b) + c) append against upstream and the floors, all sides in one rotation per N.
+    for n in (1, 10, 100):
+        floors = [("CTE floor fed the same document", "append-10-document-floor", floor_document(n)),
+                  ("one-row INSERT floor", "append-10-insert-floor", floor_insert())] if n == 10 else []
+        append_rotation(n, f"append-{n}", floors=floors)
     if os.environ.get("BENCH_RIGHT_EDGE") == "1":
         # Opt-in (about 45 s more): the N=10 append sides on one partition that sorts after every
         # other, so that every insert of every side takes the rightmost-leaf fast path, as in a
         # log with a single partition.
-        tail = "'zzz-tail-' || :client_id"
-        rotate(1, [("tail-10-upstream", "upstream", upstream_append(10, tail)),
-                   ("tail-10-cte-floor", "ext", floor_cte(10, tail)),
-                   ("tail-10-syncular", "ext", ext_append(10, tail))],
-               [("append N=10, one partition at the right edge", "tail-10-upstream", "tail-10-syncular"),
-                ("append N=10 vs CTE floor, one partition at the right edge", "tail-10-cte-floor", "tail-10-syncular")],
-               TARGET_ROUNDS)
+        append_rotation(10, "tail-10", ", one partition at the right edge", "'zzz-tail-' || :client_id")
     # d) window (baseline column = 10^4 commits, syncular column = 10^6)
     pair("window 100 changes: 10^4 vs 10^6 commits", 1,
          window_script("w4", 10_000 - 100 * 100, 10_000), window_script("w6", 1_000_000 - 100 * 100, 1_000_000), up_db="window_db", ext_db="window_db")
@@ -484,8 +482,8 @@ def target_lines(results):
         return ex[0] / up[0]
 
     if ("append N=10", 1) in by_label:
-        rows.append(("`append_commit` N=10 ≥ 4× upstream's append statements", f"{ratio('append N=10'):.2f}×",
-                     ratio("append N=10") >= 4))
+        r = ratio("append N=10")
+        rows.append(("`append_commit` N=10 ≥ 4× upstream's append statements", f"{r:.2f}×", r >= 4))
     if ("append N=10 vs one-statement CTE floor", 1) in by_label:
         r = ratio("append N=10 vs one-statement CTE floor")
         rows.append(("`append_commit` N=10 ≥ 0.9× the one-statement CTE floor", f"{r:.2f}×", r >= 0.9))
