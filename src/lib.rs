@@ -2,6 +2,7 @@
 //!
 //! `lib.rs` only wires the modules together; each module owns one concern of the spec:
 //! - [`error`]: the error catalogue and the one place that raises it;
+//! - [`access`]: the calling role, the extension owner, and the switches between them;
 //! - [`args`], [`db`]: argument decoding and SPI with kept plans; [`heap`]: the extension's
 //!   tables below SQL (cached OIDs, direct inserts into the commit log);
 //! - [`fence`]: the writer-fence trigger and functions (core-api §1);
@@ -14,7 +15,7 @@
 //! - [`scope`], [`pull`]: scope filters, the commit window and the bootstrap scan;
 //! - [`tables`], [`rows`]: the app-table registry and row metadata (scopes, blobs, tombstones);
 //! - [`queue`]: the reaction outbox; [`clients`]: client records and cursors;
-//! - [`admin`]: blob-reference and admin reads, adoption of a 0.24 database.
+//! - [`admin`]: blob-reference and admin reads; [`adopt`]: adoption of a 0.24 database.
 
 //!
 //! Privileges, decided per function: the API functions are `SECURITY DEFINER` (pinned
@@ -27,7 +28,9 @@
 
 use pgrx::prelude::*;
 
+mod access;
 mod admin;
+mod adopt;
 mod args;
 mod barrier;
 mod checkpoint;

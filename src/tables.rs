@@ -6,6 +6,7 @@
 //! (ownership of the relation), then switch to the extension owner only around their writes
 //! to `sync_*` tables and the trigger DDL, as a definer function would.
 
+use crate::access;
 use crate::args;
 use crate::db;
 use crate::error::{self, Code, Error};
@@ -65,31 +66,6 @@ pub fn lookup(client: &SpiClient<'_>, tbl: &str) -> error::Result<Option<Relatio
 /// The registered, existing relation of `tbl`; otherwise `unknown_table`.
 pub fn resolve(client: &SpiClient<'_>, tbl: &str) -> error::Result<Relation> {
     lookup(client, tbl)?.ok_or_else(|| unknown_table(tbl))
-}
-
-/// Runs `body` with the rights of the extension's owner (SECURITY_LOCAL_USERID_CHANGE), and
-/// switches back. An error aborts the (sub)transaction, which restores the user as well.
-pub fn as_extension_owner<R>(
-    client: &SpiClient<'_>,
-    body: impl FnOnce() -> error::Result<R>,
-) -> error::Result<R> {
-    let owner = db::first::<pg_sys::Oid>(db::read(
-        client,
-        "SELECT e.extowner FROM pg_catalog.pg_extension e WHERE e.extname = 'syncular'",
-        &[],
-    )?)?
-    .ok_or_else(|| Error::Internal("syncular is not installed".into()))?;
-    let (mut user, mut context) = (pg_sys::InvalidOid, 0);
-    unsafe {
-        pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
-        pg_sys::SetUserIdAndSecContext(
-            owner,
-            context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
-        );
-    }
-    let outcome = body();
-    unsafe { pg_sys::SetUserIdAndSecContext(user, context) };
-    outcome
 }
 
 /// The calling role must own the relation (directly or through membership), as
@@ -192,7 +168,7 @@ pub fn register(
     if !well_formed {
         return Err(Error::invalid_argument("relation", "shape"));
     }
-    as_extension_owner(client, || {
+    access::as_extension_owner(client, || {
         if let Some((previous, _)) = registration(client, tbl)? {
             drop_row_meta_trigger(client, &previous)?;
         }
@@ -260,7 +236,7 @@ fn retire_table(tbl: Option<String>) -> JsonB {
             return Err(unknown_table(&tbl));
         }
         db::with_spi(|client| {
-            let previous = as_extension_owner(client, || registration(client, &tbl))?;
+            let previous = access::as_extension_owner(client, || registration(client, &tbl))?;
             if let Some((relation, _)) = &previous {
                 let oid = db::first::<pg_sys::Oid>(db::read(
                     client,
@@ -271,7 +247,7 @@ fn retire_table(tbl: Option<String>) -> JsonB {
                     require_owner(client, oid, "tbl")?;
                 }
             }
-            as_extension_owner(client, || {
+            access::as_extension_owner(client, || {
                 let (row_scopes, blob_refs) = rows::delete_table_meta(client, &tbl)?;
                 if let Some((relation, _)) = &previous {
                     drop_row_meta_trigger(client, relation)?;
