@@ -4,6 +4,8 @@
 #   scripts/cluster.sh stop DIR         stop it (fast shutdown), if running
 #   scripts/cluster.sh fresh DIR PORT   stop and remove whatever is in DIR, then start anew
 # Listens on 127.0.0.1 only; trust authentication (a throwaway test cluster, nothing else).
+# With SYNCULAR_CLUSTER_MEMORY_KB set, every server process runs under that address-space limit
+# (ulimit -v), so an allocation beyond it fails inside the server (the argument-cap test).
 set -euo pipefail
 BIN=/usr/lib/postgresql/15/bin
 cmd=${1:?start|stop}; dir=${2:?cluster directory}
@@ -24,7 +26,9 @@ max_connections = 100
 shared_preload_libraries = ''
 CONF
     fi
-    as_postgres "$BIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 start >/dev/null
+    limit=${SYNCULAR_CLUSTER_MEMORY_KB:-unlimited}
+    as_postgres bash -c 'ulimit -v "$1" && exec "$2" -D "$3" -l "$3/server.log" -w -t 60 start' \
+      _ "$limit" "$BIN/pg_ctl" "$dir" >/dev/null
     ;;
   stop)
     if [ -f "$dir/postmaster.pid" ]; then

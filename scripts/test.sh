@@ -2,8 +2,8 @@
 # Every test of syncular, from a fresh Debian 12 machine (as root) or a developer's:
 #  1. unit tests and in-backend #[pg_test]s: `cargo pgrx test pg15` (runs as `postgres`);
 #  2. the scenario suite (several real sessions, committed transactions, locks): installs the
-#     extension into PostgreSQL 15, starts a throwaway cluster as `postgres`, and runs
-#     tests/multisession against it with a real client.
+#     extension into PostgreSQL 15, starts a throwaway cluster as `postgres` (and a second one
+#     under a memory limit for the argument caps), and runs tests/multisession against them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -26,8 +26,14 @@ cargo pgrx install --pg-config "$PG_CONFIG" >/dev/null
 # Released install scripts, so older versions can be installed and updated (upgrade tests).
 cp sql/released/syncular--*.sql "$("$PG_CONFIG" --sharedir)/extension/"
 CLUSTER="$WORK/cluster"
-trap 'scripts/cluster.sh stop "$CLUSTER"' EXIT
+# A second cluster whose server processes run under a 1.5 GiB address-space limit: the argument
+# caps test (tests/multisession/tests/limits.rs) shows no argument can abort a backend there.
+LIMITED="$WORK/cluster-limited"
+LIMITED_PORT=$((PORT + 1))
+trap 'scripts/cluster.sh stop "$CLUSTER"; scripts/cluster.sh stop "$LIMITED"' EXIT
 scripts/cluster.sh fresh "$CLUSTER" "$PORT"
+SYNCULAR_CLUSTER_MEMORY_KB=1572864 scripts/cluster.sh fresh "$LIMITED" "$LIMITED_PORT"
+export SYNCULAR_TEST_PG_LIMITED="host=127.0.0.1 port=$LIMITED_PORT user=postgres"
 SYNCULAR_TEST_PG="host=127.0.0.1 port=$PORT user=postgres" \
   cargo test --manifest-path tests/multisession/Cargo.toml -- --test-threads=4 2>&1 | tee -a "$LOG"
 

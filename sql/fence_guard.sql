@@ -20,10 +20,8 @@ CREATE TRIGGER sync_commits_writer_fence
 -- Both do nothing while an extension script of ours runs (updates manage the trigger
 -- themselves) and while they are reacting to their own DDL.
 
-CREATE FUNCTION syncular._fence_guard_busy() RETURNS boolean
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
-  SELECT coalesce(current_setting('syncular.fence_guard_busy', true), '') = 'on'
-$$;
+-- syncular._fence_guard_busy() and syncular._fence_guard_hold(boolean) (src/fence.rs) keep the
+-- guard's flag in backend memory for one transaction: not a setting, so no session can set it.
 
 -- Number of enabled native fence triggers on sync_commits.
 CREATE FUNCTION syncular._native_fence_triggers() RETURNS bigint
@@ -41,11 +39,11 @@ BEGIN
     RETURN;
   END IF;
   IF syncular._native_fence_triggers() = 0 THEN
-    PERFORM pg_catalog.set_config('syncular.fence_guard_busy', 'on', true);
+    PERFORM syncular._fence_guard_hold(true);
     CREATE TRIGGER sync_commits_writer_fence_guard
       BEFORE INSERT ON syncular.sync_commits
       FOR EACH ROW EXECUTE FUNCTION syncular.writer_fence_trigger();
-    PERFORM pg_catalog.set_config('syncular.fence_guard_busy', 'off', true);
+    PERFORM syncular._fence_guard_hold(false);
   END IF;
 END
 $$;
@@ -67,7 +65,7 @@ BEGIN
   IF NOT foreign_fence THEN
     RETURN;
   END IF;
-  PERFORM pg_catalog.set_config('syncular.fence_guard_busy', 'on', true);
+  PERFORM syncular._fence_guard_hold(true);
   DROP TRIGGER sync_commits_writer_fence ON syncular.sync_commits;
   IF EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
               WHERE t.tgrelid = 'syncular.sync_commits'::regclass
@@ -79,7 +77,7 @@ BEGIN
       BEFORE INSERT ON syncular.sync_commits
       FOR EACH ROW EXECUTE FUNCTION syncular.writer_fence_trigger();
   END IF;
-  PERFORM pg_catalog.set_config('syncular.fence_guard_busy', 'off', true);
+  PERFORM syncular._fence_guard_hold(false);
 END
 $$;
 

@@ -1,8 +1,12 @@
--- Privileges: every API function is SECURITY DEFINER with a pinned search_path (the three
--- administrative ones are SECURITY INVOKER and check the caller). Nobody but the extension
--- owner may call anything until an operator grants EXECUTE (docs/API.md, "Privileges").
+-- Privileges (docs/SECURITY.md). Every function pins its search_path; most are SECURITY DEFINER,
+-- those that must know their caller are SECURITY INVOKER and check it. Nobody but the extension
+-- owner may call anything, except through the two roles below.
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA syncular FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA syncular FROM PUBLIC;
+
+-- syncular_host / syncular_admin: created if missing and granted exactly the lists of
+-- src/grants.rs. Every update script ends by running this again (docs/SECURITY.md).
+SELECT syncular._grant_api_roles();
 
 -- Writer fence (core-api §1)
 COMMENT ON FUNCTION syncular.writer_fence_trigger() IS
@@ -67,9 +71,9 @@ COMMENT ON FUNCTION syncular.partition_state(text) IS
 
 -- App tables and row metadata (storage-api §2)
 COMMENT ON FUNCTION syncular.register_table(text, regclass, boolean) IS
-  'Registers the relation holding an app table (caller must own it); optionally installs the row-meta trigger.';
+  'Registers the relation holding an app table (caller must own it, and hold the privileges of an earlier registrant); optionally installs the row-meta trigger.';
 COMMENT ON FUNCTION syncular.retire_table(text) IS
-  'Removes a retired table''s row scopes, blob refs, registration and trigger; keeps history.';
+  'Removes a retired table''s row scopes, blob refs, registration and trigger (caller must hold the registrant''s privileges); keeps history.';
 COMMENT ON FUNCTION syncular.row_meta_trigger() IS
   'Row trigger installed by register_table(..., true): keeps sync_row_scopes and sync_blob_refs in step with the host''s writes.';
 COMMENT ON FUNCTION syncular.set_row_scopes(text, text, text, jsonb) IS
@@ -145,10 +149,18 @@ COMMENT ON FUNCTION syncular.scope_activity(text, text, text, integer) IS 'The n
 
 -- Administration (storage-api §10)
 COMMENT ON FUNCTION syncular.adopt_legacy_tables(name, name) IS
-  'One-time adoption of a 0.24 database''s tables into the (empty) extension tables, in the caller''s transaction.';
+  'Extension owner or superuser only: one-time adoption of a 0.24 database''s tables into the (empty) extension tables, in the caller''s transaction.';
 
 -- Internal: the fence guard (core-api §1.5)
 COMMENT ON FUNCTION syncular._fence_guard_on_drop() IS 'Event trigger: recreates the native fence trigger dropped by a 0.24 host''s startup DDL.';
 COMMENT ON FUNCTION syncular._fence_guard_on_create() IS 'Event trigger: replaces a foreign sync_commits_writer_fence trigger with the native one.';
-COMMENT ON FUNCTION syncular._fence_guard_busy() IS 'Internal: true while the fence guard reacts to its own DDL.';
+COMMENT ON FUNCTION syncular._fence_guard_busy() IS 'Internal: true while the fence guard reacts to its own DDL (transaction-local state no session can set).';
+COMMENT ON FUNCTION syncular._fence_guard_hold(boolean) IS 'Internal, extension owner only: sets the fence guard''s busy flag for the rest of the (sub)transaction.';
+
+-- Repairs (docs/SECURITY.md)
+COMMENT ON FUNCTION syncular.repair_schema_marker(bigint, bigint, text) IS
+  'Extension owner only: lowers the stored schema version and the global writer floor, with a reason; audited in sync_repairs.';
+COMMENT ON FUNCTION syncular.repair_writer_fence(text, bigint, text) IS
+  'Extension owner only: lowers a partition''s writer fence, with a reason; audited in sync_repairs.';
+COMMENT ON FUNCTION syncular._grant_api_roles() IS 'Internal, extension owner only: creates the roles syncular_host and syncular_admin if missing and grants them the API (run by every install and update script).';
 COMMENT ON FUNCTION syncular._native_fence_triggers() IS 'Internal: number of enabled native fence triggers on sync_commits.';

@@ -174,13 +174,32 @@ CREATE TABLE syncular.sync_schema_meta (
   required_writer_version bigint  NOT NULL DEFAULT 0
 );
 
--- 15. App-table registry: logical table name -> the host's relation.
+-- 15. App-table registry: logical table name -> the host's relation. `relation` (its OID; a
+-- dump writes the qualified name) is what every use opens; relation_schema / relation_name are
+-- its name when it was registered, kept for reading. `registered_by` is the role that made the
+-- registration: replacing or retiring it needs that role's privileges (docs/SECURITY.md).
 CREATE TABLE syncular.sync_app_tables (
-  tbl               text    COLLATE "C" PRIMARY KEY,
-  relation_schema   name    NOT NULL,
-  relation_name     name    NOT NULL,
-  maintain_row_meta boolean NOT NULL DEFAULT false,
-  registered_at_ms  bigint  NOT NULL
+  tbl               text     COLLATE "C" PRIMARY KEY,
+  relation_schema   name     NOT NULL,
+  relation_name     name     NOT NULL,
+  maintain_row_meta boolean  NOT NULL DEFAULT false,
+  registered_at_ms  bigint   NOT NULL,
+  relation          regclass NOT NULL,
+  registered_by     regrole  NOT NULL
+);
+
+-- 16. Audit trail of the owner-only repairs (repair_schema_marker, repair_writer_fence): who
+-- lowered what, from which state, and why. Stamped with the server clock: an audit record must
+-- not take its time from the caller.
+CREATE TABLE syncular.sync_repairs (
+  repaired_at  timestamptz NOT NULL,
+  session_role name        NOT NULL,
+  acting_role  name        NOT NULL,
+  action       text        COLLATE "C" NOT NULL,
+  partition    text        COLLATE "C",
+  before       jsonb       NOT NULL,
+  after        jsonb       NOT NULL,
+  reason       text        NOT NULL
 );
 
 -- pg_dump skips the rows of extension member tables unless they are registered here.
@@ -199,3 +218,4 @@ SELECT pg_catalog.pg_extension_config_dump('syncular.sync_backfill_checkpoints',
 SELECT pg_catalog.pg_extension_config_dump('syncular.sync_writer_fence', '');
 SELECT pg_catalog.pg_extension_config_dump('syncular.sync_schema_meta', '');
 SELECT pg_catalog.pg_extension_config_dump('syncular.sync_app_tables', '');
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_repairs', '');

@@ -3,6 +3,10 @@
 -- 0.2.0: the fence trigger reads the fence and the marker with direct primary-key index scans;
 -- jsonb arguments are parsed without panics (deep nesting and out-of-range numbers become
 -- sync.storage.invalid_argument); new function set_rows_scopes (batch set_row_scopes).
+-- Security (docs/SECURITY.md): registrations keep the relation's OID and their registrant; the
+-- functions that read app tables run as the caller and read the table as its owner in a
+-- restricted security context; control state left the session-settable settings; the roles
+-- syncular_host and syncular_admin; owner-only repairs audited in sync_repairs; argument caps.
 -- tests/multisession/tests/upgrade.rs proves that an install updated by this script and a fresh
 -- install of 0.2.0 have the same catalog.
 --
@@ -22,3 +26,128 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'set_rows_scopes_wrapper';
 REVOKE ALL ON FUNCTION syncular.set_rows_scopes(text, text, jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION syncular.set_rows_scopes(text, text, jsonb) IS
   'Batch set_row_scopes: makes each listed row''s scope entries exactly its scopes, in one statement; returns the entries held.';
+
+-- Registrations: the relation by OID and the role that registered it. A registration whose
+-- relation no longer exists could never be read again (every use needed the relation); it is
+-- dropped here, its row metadata stays until retire_table. The registrant of an existing
+-- registration is taken to be the relation's owner.
+ALTER TABLE syncular.sync_app_tables ADD COLUMN relation regclass, ADD COLUMN registered_by regrole;
+UPDATE syncular.sync_app_tables a
+   SET relation = c.oid::regclass, registered_by = c.relowner::regrole
+  FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = a.relation_schema AND c.relname = a.relation_name;
+DELETE FROM syncular.sync_app_tables WHERE relation IS NULL;
+ALTER TABLE syncular.sync_app_tables
+  ALTER COLUMN relation SET NOT NULL, ALTER COLUMN registered_by SET NOT NULL;
+
+CREATE TABLE syncular.sync_repairs (
+  repaired_at  timestamptz NOT NULL,
+  session_role name        NOT NULL,
+  acting_role  name        NOT NULL,
+  action       text        COLLATE "C" NOT NULL,
+  partition    text        COLLATE "C",
+  before       jsonb       NOT NULL,
+  after        jsonb       NOT NULL,
+  reason       text        NOT NULL
+);
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_repairs', '');
+REVOKE ALL ON syncular.sync_repairs FROM PUBLIC;
+
+-- The fence guard's flag: backend memory instead of a setting any session could set.
+CREATE OR REPLACE FUNCTION syncular._fence_guard_busy() RETURNS boolean
+VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', '_fence_guard_busy_wrapper';
+CREATE FUNCTION syncular._fence_guard_hold(busy boolean) RETURNS void
+VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', '_fence_guard_hold_wrapper';
+REVOKE ALL ON FUNCTION syncular._fence_guard_hold(boolean) FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION syncular._fence_guard_on_drop() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF pg_catalog.to_regclass('syncular.sync_commits') IS NULL OR syncular._fence_guard_busy() THEN
+    RETURN;
+  END IF;
+  IF syncular._native_fence_triggers() = 0 THEN
+    PERFORM syncular._fence_guard_hold(true);
+    CREATE TRIGGER sync_commits_writer_fence_guard
+      BEFORE INSERT ON syncular.sync_commits
+      FOR EACH ROW EXECUTE FUNCTION syncular.writer_fence_trigger();
+    PERFORM syncular._fence_guard_hold(false);
+  END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION syncular._fence_guard_on_create() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  foreign_fence boolean;
+BEGIN
+  IF pg_catalog.to_regclass('syncular.sync_commits') IS NULL OR syncular._fence_guard_busy() THEN
+    RETURN;
+  END IF;
+  SELECT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_trigger t
+     WHERE t.tgrelid = 'syncular.sync_commits'::regclass
+       AND t.tgname = 'sync_commits_writer_fence'
+       AND t.tgfoid <> 'syncular.writer_fence_trigger()'::regprocedure)
+    INTO foreign_fence;
+  IF NOT foreign_fence THEN
+    RETURN;
+  END IF;
+  PERFORM syncular._fence_guard_hold(true);
+  DROP TRIGGER sync_commits_writer_fence ON syncular.sync_commits;
+  IF EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t
+              WHERE t.tgrelid = 'syncular.sync_commits'::regclass
+                AND t.tgname = 'sync_commits_writer_fence_guard') THEN
+    ALTER TRIGGER sync_commits_writer_fence_guard ON syncular.sync_commits
+      RENAME TO sync_commits_writer_fence;
+  ELSE
+    CREATE TRIGGER sync_commits_writer_fence
+      BEFORE INSERT ON syncular.sync_commits
+      FOR EACH ROW EXECUTE FUNCTION syncular.writer_fence_trigger();
+  END IF;
+  PERFORM syncular._fence_guard_hold(false);
+END
+$$;
+
+-- Readers of app tables need their caller: SECURITY INVOKER, switching rights themselves.
+ALTER FUNCTION syncular.get_row_scopes(text, text, text) SECURITY INVOKER;
+ALTER FUNCTION syncular.scan_rows(text, text, jsonb, text, integer) SECURITY INVOKER;
+ALTER FUNCTION syncular.rows_referencing_blob(text, text) SECURITY INVOKER;
+
+CREATE FUNCTION syncular.repair_schema_marker(schema_version bigint, writer_floor bigint, reason text)
+RETURNS jsonb VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'repair_schema_marker_wrapper';
+CREATE FUNCTION syncular.repair_writer_fence("partition" text, required_writer_version bigint, reason text)
+RETURNS jsonb VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'repair_writer_fence_wrapper';
+REVOKE ALL ON FUNCTION syncular.repair_schema_marker(bigint, bigint, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION syncular.repair_writer_fence(text, bigint, text) FROM PUBLIC;
+
+CREATE FUNCTION syncular._grant_api_roles() RETURNS void
+VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', '_grant_api_roles_wrapper';
+REVOKE ALL ON FUNCTION syncular._grant_api_roles() FROM PUBLIC;
+COMMENT ON FUNCTION syncular._grant_api_roles() IS 'Internal, extension owner only: creates the roles syncular_host and syncular_admin if missing and grants them the API (run by every install and update script).';
+
+COMMENT ON FUNCTION syncular._fence_guard_busy() IS 'Internal: true while the fence guard reacts to its own DDL (transaction-local state no session can set).';
+COMMENT ON FUNCTION syncular._fence_guard_hold(boolean) IS 'Internal, extension owner only: sets the fence guard''s busy flag for the rest of the (sub)transaction.';
+COMMENT ON FUNCTION syncular.repair_schema_marker(bigint, bigint, text) IS
+  'Extension owner only: lowers the stored schema version and the global writer floor, with a reason; audited in sync_repairs.';
+COMMENT ON FUNCTION syncular.repair_writer_fence(text, bigint, text) IS
+  'Extension owner only: lowers a partition''s writer fence, with a reason; audited in sync_repairs.';
+COMMENT ON FUNCTION syncular.register_table(text, regclass, boolean) IS
+  'Registers the relation holding an app table (caller must own it, and hold the privileges of an earlier registrant); optionally installs the row-meta trigger.';
+COMMENT ON FUNCTION syncular.retire_table(text) IS
+  'Removes a retired table''s row scopes, blob refs, registration and trigger (caller must hold the registrant''s privileges); keeps history.';
+COMMENT ON FUNCTION syncular.adopt_legacy_tables(name, name) IS
+  'Extension owner or superuser only: one-time adoption of a 0.24 database''s tables into the (empty) extension tables, in the caller''s transaction.';
+
+-- Last, as in every update script: the roles get exactly the grants of this version.
+SELECT syncular._grant_api_roles();

@@ -1,5 +1,6 @@
 //! Blob-reference reads and admin reads (storage-api §8–§9).
 
+use crate::access;
 use crate::args;
 use crate::db;
 use crate::error::{self, Result};
@@ -7,51 +8,68 @@ use crate::tables;
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::{json, Value};
+use std::collections::HashMap;
 
-#[pg_extern(stable, parallel_unsafe, security_definer)]
+/// SECURITY INVOKER: the references are read with the extension's rights, each referencing
+/// table as its owner in a restricted security context, and only for a caller that holds `SELECT`
+/// on it (docs/SECURITY.md). A planted reference therefore runs nobody's code with more rights
+/// than its author's.
+#[pg_extern(stable, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn rows_referencing_blob(partition: Option<String>, blob_id: Option<String>) -> JsonB {
+fn rows_referencing_blob(partition: Option<&str>, blob_id: Option<&str>) -> JsonB {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let blob_id = args::text("blob_id", blob_id)?;
+        let caller = access::current_role();
         db::with_spi(|client| {
-            let tables: Vec<String> = db::read(
-                client,
-                "SELECT DISTINCT tbl FROM syncular.sync_blob_refs
-                  WHERE partition = $1 AND blob_id = $2 ORDER BY tbl",
-                &[partition.as_str().into(), blob_id.as_str().into()],
-            )?
-            .map(|row| Ok(row.get::<String>(1)?.unwrap_or_default()))
-            .collect::<Result<_>>()?;
+            let refs: Vec<(String, String)> = access::as_extension_owner(client, || {
+                db::read(
+                    client,
+                    "SELECT tbl::text, row_id::text FROM syncular.sync_blob_refs
+                      WHERE partition = $1 AND blob_id = $2 ORDER BY tbl, row_id",
+                    &[partition.as_str().into(), blob_id.as_str().into()],
+                )?
+                .map(|row| {
+                    Ok((
+                        row.get::<String>(1)?.unwrap_or_default(),
+                        row.get::<String>(2)?.unwrap_or_default(),
+                    ))
+                })
+                .collect::<Result<_>>()
+            })?;
             let mut out = Vec::new();
-            for tbl in tables {
-                // Unregistered tables and vanished relations are skipped, not errors.
-                let Some(relation) = tables::lookup(client, &tbl)? else {
+            for group in refs.chunk_by(|a, b| a.0 == b.0) {
+                let tbl = &group[0].0;
+                // Unregistered tables and vanished or changed relations are skipped, not errors.
+                let Ok(relation) = tables::open(client, tbl)? else {
                     continue;
                 };
+                if !relation.readable_by(caller) {
+                    return Err(crate::error::Error::invalid_argument("tbl", "privilege")
+                        .with_hint(format!(
+                            "the calling role needs SELECT on the relation registered for {tbl}"
+                        )));
+                }
+                let row_ids: Vec<&str> = group.iter().map(|r| r.1.as_str()).collect();
                 let sql = format!(
-                    "SELECT b.row_id, a.\"_sync_scopes\"
-                       FROM syncular.sync_blob_refs b
-                       JOIN {} a ON a.\"_sync_partition\" = $1::text COLLATE \"default\"
-                                AND a.\"_sync_row_id\" = b.row_id COLLATE \"default\"
-                      WHERE b.partition = $1 AND b.blob_id = $2 AND b.tbl = $3
-                      ORDER BY b.row_id",
+                    "SELECT a.\"_sync_row_id\", a.\"_sync_scopes\" FROM {} a
+                      WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = ANY ($2::text[])",
                     relation.qualified()
                 );
-                let rows = db::read_dynamic(
-                    client,
-                    &sql,
-                    &[
-                        partition.as_str().into(),
-                        blob_id.as_str().into(),
-                        tbl.as_str().into(),
-                    ],
-                )?;
-                for row in rows {
-                    let scopes = row.get::<JsonB>(2)?.map(|j| args::unwrap_json_text(j.0));
-                    out.push(
-                        json!({"table": tbl, "rowId": row.get::<String>(1)?, "scopes": scopes}),
-                    );
+                let mut scopes: HashMap<String, Option<Value>> = relation.as_owner(|| {
+                    db::read_dynamic(client, &sql, &[partition.as_str().into(), row_ids.into()])?
+                        .map(|row| {
+                            Ok((
+                                row.get::<String>(1)?.unwrap_or_default(),
+                                row.get::<JsonB>(2)?.map(|j| args::unwrap_json_text(j.0)),
+                            ))
+                        })
+                        .collect()
+                })?;
+                for (_, row_id) in group {
+                    if let Some(scopes) = scopes.remove(row_id) {
+                        out.push(json!({"table": tbl, "rowId": row_id, "scopes": scopes}));
+                    }
                 }
             }
             Ok(JsonB(Value::Array(out)))
@@ -61,7 +79,7 @@ fn rows_referencing_blob(partition: Option<String>, blob_id: Option<String>) -> 
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn referenced_blob_ids(partition: Option<String>) -> Vec<String> {
+fn referenced_blob_ids(partition: Option<&str>) -> Vec<String> {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         db::with_spi(|client| {
@@ -79,15 +97,15 @@ fn referenced_blob_ids(partition: Option<String>) -> Vec<String> {
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn list_commit_metadata(
-    partition: Option<String>,
+    partition: Option<&str>,
     after_seq: Option<i64>,
     lim: Option<i32>,
-    tbl: default!(Option<String>, "NULL"),
+    tbl: default!(Option<&str>, "NULL"),
 ) -> JsonB {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let after = args::count("after_seq", after_seq)?;
-        let lim = args::required("lim", lim)?;
+        let lim = args::row_limit("lim", lim)?;
         let tbl = tbl
             .map(|t| crate::scope::log_table("tbl", Some(t)))
             .transpose()?;
@@ -132,16 +150,16 @@ fn list_commit_metadata(
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn scope_activity(
-    partition: Option<String>,
-    variable: Option<String>,
-    value: Option<String>,
+    partition: Option<&str>,
+    variable: Option<&str>,
+    value: Option<&str>,
     lim: Option<i32>,
 ) -> JsonB {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let variable = args::text("variable", variable)?;
-        let value = args::required("value", value)?;
-        let lim = args::required("lim", lim)?;
+        let value = args::key("value", value)?;
+        let lim = args::row_limit("lim", lim)?;
         if lim <= 0 {
             return Ok(JsonB(json!([])));
         }

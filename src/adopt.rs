@@ -285,7 +285,7 @@ fn adopt(client: &SpiClient<'_>, source: &str, app_schema: Option<&str>) -> Resu
                 &[app_schema.into(), name.as_str().into()],
             )?)?;
             if let Some(oid) = oid {
-                tables::register(client, &name, oid, false)?;
+                tables::register(client, &name, oid, false, tables::Registrant::RelationOwner)?;
                 registered += 1;
             }
         }
@@ -314,7 +314,7 @@ fn adopt_legacy_tables(
             return Err(Error::invalid_transaction_state("no_transaction_block"));
         }
         let text = |v: Option<&core::ffi::CStr>| v.map(|c| c.to_string_lossy().into_owned());
-        let source = args::text("source_schema", text(source_schema))?;
+        let source = args::text("source_schema", text(source_schema).as_deref())?;
         let app_schema = text(app_schema).filter(|s| !s.is_empty());
         db::with_spi(|client| adopt(client, &source, app_schema.as_deref())).map(JsonB)
     })

@@ -4,6 +4,7 @@
 //! `sync.storage.invalid_argument` instead of a silent NULL result.
 
 use crate::error::{Error, Result};
+use pgrx::datum::Array;
 use pgrx::{pg_sys, FromDatum};
 use serde_json::{Map, Value};
 
@@ -23,8 +24,19 @@ impl FromDatum for JsonArg {
         if is_null {
             return None;
         }
+        // SAFETY: a non-NULL jsonb argument datum; the detoasted copy lives in the call's
+        // memory context and `jsonb_out`'s text is freed right after it is parsed.
         unsafe {
-            let detoasted = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
+            // Not the `_packed` variant: the size check walks the container, which must keep its
+            // 4-byte alignment.
+            let detoasted = pg_sys::pg_detoast_datum(datum.cast_mut_ptr());
+            let total = pgrx::varsize_any(detoasted as *const _);
+            let data = pgrx::vardata_any(detoasted as *const _) as *const u8;
+            let bytes =
+                std::slice::from_raw_parts(data, total - (data as usize - detoasted as usize));
+            if crate::jsonb::over_limits(bytes) {
+                return Some(JsonArg(Err("too_large")));
+            }
             let text: *mut std::ffi::c_char = pgrx::direct_function_call_as_datum(
                 pg_sys::jsonb_out,
                 &[Some(pg_sys::Datum::from(detoasted))],
@@ -62,20 +74,64 @@ impl JsonArg {
 /// Largest integer that round-trips through a JavaScript number.
 pub const MAX_SAFE: i64 = (1 << 53) - 1;
 
+/// Size caps of the arguments (docs/API.md, "Limits"). They keep every call's memory a small
+/// multiple of a bounded input: a larger argument is refused with reason `too_large` before
+/// anything is copied or parsed, so no argument can exhaust a backend's memory (an allocation
+/// failure in Rust aborts the whole server, docs/SECURITY.md).
+pub mod limits {
+    /// Bytes of one text argument (a partition, table, id, key, name) or `text[]` element.
+    pub const KEY_BYTES: usize = 4096;
+    /// Elements of one `text[]` argument.
+    pub const ARRAY_ELEMENTS: usize = 100_000;
+    /// Bytes of one `jsonb` argument, as stored (binary).
+    pub const DOCUMENT_BYTES: usize = 32 << 20;
+    /// Values (objects, arrays, scalars, at every depth) in one `jsonb` argument.
+    pub const DOCUMENT_VALUES: usize = 1_000_000;
+    /// Rows one call returns at most (`lim`, `limit_changes`).
+    pub const RESULT_ROWS: i64 = 100_000;
+}
+
 pub fn required<T>(name: &str, value: Option<T>) -> Result<T> {
     value.ok_or_else(|| Error::invalid_argument(name, "missing"))
 }
 
-/// A required text argument that must not be empty.
-pub fn text(name: &str, value: Option<String>) -> Result<String> {
-    text_ref(name, value.as_deref()).map(str::to_string)
+/// A required text argument that must not be empty, copied once it is known to fit.
+pub fn text(name: &str, value: Option<&str>) -> Result<String> {
+    text_ref(name, value).map(str::to_string)
 }
 
 /// [`text`], borrowing the argument (hot paths).
 pub fn text_ref<'a>(name: &str, value: Option<&'a str>) -> Result<&'a str> {
-    let value = required(name, value)?;
+    let value = key_ref(name, value)?;
     if value.is_empty() {
         return Err(Error::invalid_argument(name, "empty"));
+    }
+    Ok(value)
+}
+
+/// A required text argument that may be empty (row ids, scope values).
+pub fn key(name: &str, value: Option<&str>) -> Result<String> {
+    key_ref(name, value).map(str::to_string)
+}
+
+fn key_ref<'a>(name: &str, value: Option<&'a str>) -> Result<&'a str> {
+    let value = required(name, value)?;
+    if value.len() > limits::KEY_BYTES {
+        return Err(Error::invalid_argument(name, "too_large"));
+    }
+    Ok(value)
+}
+
+/// An optional text argument (NULL allowed, may be empty).
+pub fn optional_key(name: &str, value: Option<&str>) -> Result<Option<String>> {
+    value.map(|v| key(name, Some(v))).transpose()
+}
+
+/// A required `lim`-like row count: at most [`limits::RESULT_ROWS`] (`too_large`).
+pub fn row_limit(name: &str, value: Option<i32>) -> Result<i32> {
+    let value = required(name, value)?;
+    if i64::from(value) > limits::RESULT_ROWS {
+        return Err(Error::invalid_argument(name, "too_large"));
     }
     Ok(value)
 }
@@ -94,14 +150,32 @@ pub fn at_least(name: &str, value: Option<i64>, min: i64) -> Result<i64> {
     Ok(value)
 }
 
-/// A required `text[]`: may be empty, but no NULL and no empty element.
-pub fn text_array(name: &str, value: Option<Vec<Option<String>>>) -> Result<Vec<String>> {
-    required(name, value)?
-        .into_iter()
+/// A required `text[]`: may be empty, but no NULL and no empty element; at most
+/// [`limits::ARRAY_ELEMENTS`] elements of at most [`limits::KEY_BYTES`] each, checked before
+/// any element is copied.
+pub fn text_array(name: &str, value: Option<Array<&str>>) -> Result<Vec<String>> {
+    array_of(name, value, false)
+}
+
+/// [`text_array`] whose elements may be empty strings (row ids).
+pub fn key_array(name: &str, value: Option<Array<&str>>) -> Result<Vec<String>> {
+    array_of(name, value, true)
+}
+
+fn array_of(name: &str, value: Option<Array<&str>>, empty_ok: bool) -> Result<Vec<String>> {
+    let array = required(name, value)?;
+    if array.len() > limits::ARRAY_ELEMENTS {
+        return Err(Error::invalid_argument(name, "too_large"));
+    }
+    array
+        .iter()
         .map(|item| match item {
             None => Err(Error::invalid_argument(name, "missing")),
-            Some(s) if s.is_empty() => Err(Error::invalid_argument(name, "empty")),
-            Some(s) => Ok(s),
+            Some("") if !empty_ok => Err(Error::invalid_argument(name, "empty")),
+            Some(s) if s.len() > limits::KEY_BYTES => {
+                Err(Error::invalid_argument(name, "too_large"))
+            }
+            Some(s) => Ok(s.to_string()),
         })
         .collect()
 }

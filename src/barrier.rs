@@ -10,6 +10,7 @@ use crate::checkpoint;
 use crate::db;
 use crate::error::{self, Code, Error, Result};
 use crate::gate::{self, SchemaState};
+use crate::txn_local;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
@@ -158,21 +159,12 @@ pub fn require_transaction(no_prior_writes: bool) -> Result<()> {
     Ok(())
 }
 
-/// Remembers the schema a migration started from, for `previous_schema()`, in a
-/// transaction-local setting: gone at transaction end, undone by a rollback to a savepoint.
-fn record_previous(
-    client: &SpiClient<'_>,
-    version: i64,
-    stored_layouts_text: Option<&str>,
-) -> Result<()> {
+/// Remembers the schema a migration started from, for `previous_schema()`: transaction-local
+/// state a session cannot set ([`crate::txn_local`]), undone by a rollback to a savepoint.
+fn record_previous(version: i64, stored_layouts_text: Option<&str>) {
     let previous =
         json!({"schemaVersion": version, "layouts": stored_layouts(stored_layouts_text)});
-    db::write(
-        client,
-        "SELECT pg_catalog.set_config('syncular.previous_schema', $1, true)",
-        &[DatumWithOid::from(previous.to_string())],
-    )?;
-    Ok(())
+    txn_local::set(txn_local::Key::PreviousSchema, &previous.to_string());
 }
 
 fn migrate(client: &SpiClient<'_>, a: &SchemaArgs) -> Result<i64> {
@@ -228,7 +220,7 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs) -> Result<i64> {
             ],
         )?;
     }
-    record_previous(client, stored, state.stored_layouts.as_deref())?;
+    record_previous(stored, state.stored_layouts.as_deref());
     Ok(stored)
 }
 
@@ -268,15 +260,7 @@ fn migrate_schema(
 #[search_path(pg_catalog, pg_temp)]
 fn previous_schema() -> Option<JsonB> {
     error::run(|| {
-        let text = db::with_spi(|client| {
-            db::first::<String>(db::read(
-                client,
-                "SELECT pg_catalog.current_setting('syncular.previous_schema', true)",
-                &[],
-            )?)
-        })?;
-        Ok(text
-            .filter(|t| !t.is_empty())
+        Ok(txn_local::get(txn_local::Key::PreviousSchema)
             .and_then(|t| serde_json::from_str(&t).ok())
             .map(JsonB))
     })
@@ -302,6 +286,7 @@ mod tests {
             Err(Error::Sync {
                 code: Code::StoredLayoutMismatch,
                 detail: Some(d),
+                ..
             }) => d,
             other => panic!("{other:?}"),
         }

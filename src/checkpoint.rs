@@ -293,8 +293,8 @@ fn activate_locked(
 
 /// The `(partition, name, schema_version, now_ms)` arguments of declare and claim.
 fn versioned_args(
-    partition: Option<String>,
-    name: Option<String>,
+    partition: Option<&str>,
+    name: Option<&str>,
     schema_version: Option<i64>,
     now_ms: Option<i64>,
 ) -> Result<(String, String, i64, i64)> {
@@ -309,8 +309,8 @@ fn versioned_args(
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn declare_checkpoint(
-    partition: Option<String>,
-    name: Option<String>,
+    partition: Option<&str>,
+    name: Option<&str>,
     schema_version: Option<i64>,
     now_ms: Option<i64>,
 ) -> pgrx::composite_type!('static, "sync_backfill_checkpoints") {
@@ -324,8 +324,8 @@ fn declare_checkpoint(
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn claim_checkpoint(
-    partition: Option<String>,
-    name: Option<String>,
+    partition: Option<&str>,
+    name: Option<&str>,
     schema_version: Option<i64>,
     now_ms: Option<i64>,
 ) -> pgrx::composite_type!('static, "sync_backfill_checkpoints") {
@@ -372,8 +372,8 @@ fn claim_checkpoint(
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn advance_checkpoint(
-    partition: Option<String>,
-    name: Option<String>,
+    partition: Option<&str>,
+    name: Option<&str>,
     owner_epoch: Option<i64>,
     watermark: Option<i64>,
     observed_rows: Option<i64>,
@@ -416,11 +416,11 @@ fn advance_checkpoint(
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn activate_checkpoint(
-    partition: Option<String>,
-    name: Option<String>,
+    partition: Option<&str>,
+    name: Option<&str>,
     owner_epoch: Option<i64>,
     watermark: Option<i64>,
-    sources: Option<Vec<Option<String>>>,
+    sources: Option<Array<&str>>,
     now_ms: Option<i64>,
 ) -> &'static str {
     error::run(|| {
@@ -447,7 +447,7 @@ fn activate_checkpoint(
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn read_checkpoints(
-    partition: Option<String>,
+    partition: Option<&str>,
 ) -> SetOfIterator<'static, pgrx::composite_type!('static, "sync_backfill_checkpoints")> {
     error::run(|| {
         let partition = args::text("partition", partition)?;
@@ -473,7 +473,7 @@ fn read_checkpoints(
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn source_coverage_seq(partition: Option<String>, tables: Option<Vec<Option<String>>>) -> i64 {
+fn source_coverage_seq(partition: Option<&str>, tables: Option<Array<&str>>) -> i64 {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let tables = args::text_array("tables", tables)?;
@@ -498,8 +498,8 @@ fn source_coverage_seq(partition: Option<String>, tables: Option<Vec<Option<Stri
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn has_source_changes_above(
-    partition: Option<String>,
-    tables: Option<Vec<Option<String>>>,
+    partition: Option<&str>,
+    tables: Option<Array<&str>>,
     seq: Option<i64>,
 ) -> String {
     error::run(|| {

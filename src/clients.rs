@@ -101,7 +101,7 @@ fn subscriptions(value: Option<&Value>) -> Result<Value> {
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn get_client(partition: Option<String>, client_id: Option<String>) -> Option<JsonB> {
+fn get_client(partition: Option<&str>, client_id: Option<&str>) -> Option<JsonB> {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let client_id = args::text("client_id", client_id)?;
@@ -123,7 +123,7 @@ fn get_client(partition: Option<String>, client_id: Option<String>) -> Option<Js
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn put_client(partition: Option<String>, record: Option<args::JsonArg>) {
+fn put_client(partition: Option<&str>, record: Option<args::JsonArg>) {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let Value::Object(obj) = args::json("record", record)? else {
@@ -163,10 +163,10 @@ fn put_client(partition: Option<String>, record: Option<args::JsonArg>) {
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn advance_client_cursor(
-    partition: Option<String>,
-    client_id: Option<String>,
-    actor_id: Option<String>,
-    log_epoch: Option<String>,
+    partition: Option<&str>,
+    client_id: Option<&str>,
+    actor_id: Option<&str>,
+    log_epoch: Option<&str>,
     cursor: Option<i64>,
     at_ms: Option<i64>,
 ) -> bool {
@@ -199,8 +199,8 @@ fn advance_client_cursor(
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn update_client_cursor(
-    partition: Option<String>,
-    client_id: Option<String>,
+    partition: Option<&str>,
+    client_id: Option<&str>,
     cursor: Option<i64>,
     at_ms: Option<i64>,
 ) -> bool {
@@ -226,7 +226,7 @@ fn update_client_cursor(
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn list_client_cursors(partition: Option<String>) -> JsonB {
+fn list_client_cursors(partition: Option<&str>) -> JsonB {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         db::with_spi(|client| {
@@ -250,7 +250,7 @@ fn list_client_cursors(partition: Option<String>) -> JsonB {
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn list_clients(partition: Option<String>) -> JsonB {
+fn list_clients(partition: Option<&str>) -> JsonB {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         db::with_spi(|client| {
@@ -284,7 +284,7 @@ pub fn cursor_floor(
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn active_cursor_floor(partition: Option<String>, cutoff_ms: Option<i64>) -> Option<i64> {
+fn active_cursor_floor(partition: Option<&str>, cutoff_ms: Option<i64>) -> Option<i64> {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let cutoff = args::count("cutoff_ms", cutoff_ms)?;

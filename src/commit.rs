@@ -266,6 +266,7 @@ mod tests {
             Err(Error::Sync {
                 code: Code::InvalidCommit,
                 detail: Some(d),
+                ..
             }) => Ok(d),
             Err(other) => Err(format!("expected invalid_commit, got {other:?}")),
             Ok(_) => Err("expected invalid_commit, got a commit".into()),
@@ -528,6 +529,7 @@ mod tests {
                 Err(Error::Sync {
                     code: Code::InvalidCommit,
                     detail: Some(d),
+                    ..
                 }) => {
                     prop_assert!(d["path"].is_string());
                     prop_assert!(REASONS.contains(&d["reason"].as_str().unwrap_or("")), "{d}");

@@ -137,8 +137,14 @@ impl Code {
 /// What a function of the extension can fail with.
 #[derive(Debug)]
 pub enum Error {
-    /// A refusal of the catalogue, with its DETAIL object (if the catalogue lists keys).
-    Sync { code: Code, detail: Option<Value> },
+    /// A refusal of the catalogue, with its DETAIL object (if the catalogue lists keys) and an
+    /// optional HINT: free text naming what exactly is wrong (a column, a table), where the
+    /// DETAIL's keys are fixed by the catalogue.
+    Sync {
+        code: Code,
+        detail: Option<Value>,
+        hint: Option<String>,
+    },
     /// A bug or an unexpected SPI failure: raised as `XX000`, never as a catalogue code.
     Internal(String),
 }
@@ -150,10 +156,26 @@ impl Error {
         Error::Sync {
             code,
             detail: Some(detail),
+            hint: None,
         }
     }
     pub fn bare(code: Code) -> Error {
-        Error::Sync { code, detail: None }
+        Error::Sync {
+            code,
+            detail: None,
+            hint: None,
+        }
+    }
+    /// The same refusal with a HINT.
+    pub fn with_hint(self, text: impl Into<String>) -> Error {
+        match self {
+            Error::Sync { code, detail, .. } => Error::Sync {
+                code,
+                detail,
+                hint: Some(text.into()),
+            },
+            other => other,
+        }
     }
     /// `sync.storage.invalid_argument` with `{"argument", "reason"}`.
     pub fn invalid_argument(argument: &str, reason: &str) -> Error {
@@ -191,27 +213,30 @@ impl From<pgrx::heap_tuple::PgHeapTupleError> for Error {
 
 /// Runs the body of an SQL-callable function and turns its failure into a PostgreSQL ERROR.
 ///
-/// Catalogue errors raised by nested statements (see the module comment) keep their SQLSTATE.
-/// Every other panic, including PostgreSQL errors caught by pgrx (40001, 40P01, 23505, …),
+/// Catalogue errors raised by nested statements of this crate (see the module comment) keep
+/// their SQLSTATE. Every other panic, including PostgreSQL errors caught by pgrx (40001, 40P01, 23505, …),
 /// continues to unwind to pgrx's own guard, which reports it unchanged.
 pub fn run<T>(body: impl FnOnce() -> Result<T>) -> T {
     let outcome = catch_unwind(AssertUnwindSafe(body));
-    let (sqlstate, message, detail): (&str, String, Option<String>) = match outcome {
+    type Raised = (&'static str, String, Option<String>, Option<String>);
+    let (sqlstate, message, detail, hint): Raised = match outcome {
         Ok(Ok(value)) => return value,
-        Ok(Err(Error::Sync { code, detail })) => (
+        Ok(Err(Error::Sync { code, detail, hint })) => (
             code.sqlstate(),
             code.message().to_string(),
             detail.map(|d| d.to_string()),
+            hint,
         ),
-        Ok(Err(Error::Internal(message))) => ("XX000", message, None),
+        Ok(Err(Error::Internal(message))) => ("XX000", message, None, None),
         Err(payload) => match payload.downcast::<CaughtError>() {
             Ok(caught) => match *caught {
-                CaughtError::PostgresError(ref report) => {
+                CaughtError::PostgresError(ref report) if raised_by_us(report) => {
                     match Code::from_message(report.message()) {
                         Some(code) => (
                             code.sqlstate(),
                             code.message().to_string(),
                             report.detail().map(str::to_string),
+                            report.hint().map(str::to_string),
                         ),
                         None => caught.rethrow(),
                     }
@@ -221,7 +246,20 @@ pub fn run<T>(body: impl FnOnce() -> Result<T>) -> T {
             Err(other) => resume_unwind(other),
         },
     };
-    raise(sqlstate, &message, detail.as_deref())
+    raise(sqlstate, &message, detail.as_deref(), hint.as_deref())
+}
+
+/// Where [`raise`] says an error comes from. PostgreSQL keeps the file and function name of
+/// every error it reports; SQL (`RAISE`) cannot set them, so only errors of this crate carry
+/// these, and only those are re-coded by [`run`] (a host trigger raising a message that equals a
+/// catalogue code keeps its own SQLSTATE). `errfinish` keeps only the file's base name, so the
+/// name has no directory.
+const RAISED_FILE: &std::ffi::CStr = c"syncular_error.rs";
+const RAISED_FUNCTION: &std::ffi::CStr = c"syncular::error::raise";
+
+fn raised_by_us(report: &pgrx::pg_sys::panic::ErrorReportWithLevel) -> bool {
+    Some(report.file()) == RAISED_FILE.to_str().ok()
+        && report.function_name() == RAISED_FUNCTION.to_str().ok()
 }
 
 fn make_sqlstate(code: &str) -> c_int {
@@ -236,6 +274,7 @@ unsafe extern "C-unwind" {
     fn errcode(sqlerrcode: c_int) -> c_int;
     fn errmsg(fmt: *const c_char, ...) -> c_int;
     fn errdetail(fmt: *const c_char, ...) -> c_int;
+    fn errhint(fmt: *const c_char, ...) -> c_int;
     fn errfinish(filename: *const c_char, lineno: c_int, funcname: *const c_char);
 }
 
@@ -249,9 +288,10 @@ fn palloc_cstr(text: &str) -> *mut c_char {
 /// Raises an ERROR with an arbitrary SQLSTATE. Never returns: `errfinish` longjmps to the
 /// innermost PostgreSQL error handler. Callers must own nothing with a destructor at that point;
 /// [`run`] calls it only after its closure has returned or unwound.
-pub fn raise(sqlstate: &str, message: &str, detail: Option<&str>) -> ! {
+pub fn raise(sqlstate: &str, message: &str, detail: Option<&str>, hint: Option<&str>) -> ! {
     let message = palloc_cstr(message);
     let detail = detail.map(palloc_cstr);
+    let hint = hint.map(palloc_cstr);
     let code = make_sqlstate(sqlstate);
     unsafe {
         if errstart(pg_sys::elog::PgLogLevel::ERROR as c_int, std::ptr::null()) {
@@ -260,7 +300,10 @@ pub fn raise(sqlstate: &str, message: &str, detail: Option<&str>) -> ! {
             if let Some(detail) = detail {
                 errdetail(c"%s".as_ptr(), detail);
             }
-            errfinish(c"syncular".as_ptr(), 0, std::ptr::null());
+            if let Some(hint) = hint {
+                errhint(c"%s".as_ptr(), hint);
+            }
+            errfinish(RAISED_FILE.as_ptr(), 0, RAISED_FUNCTION.as_ptr());
         }
     }
     unreachable!("errfinish(ERROR) does not return")

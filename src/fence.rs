@@ -148,7 +148,7 @@ fn writer_fence_trigger<'a>(
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn writer_fence_allows(partition: Option<String>, writer_version: Option<i64>) -> bool {
+fn writer_fence_allows(partition: Option<&str>, writer_version: Option<i64>) -> bool {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         Ok(allows(requirement(&partition)?, writer_version))
@@ -157,7 +157,7 @@ fn writer_fence_allows(partition: Option<String>, writer_version: Option<i64>) -
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn raise_writer_fence(partition: Option<String>, required_writer_version: Option<i64>) -> i64 {
+fn raise_writer_fence(partition: Option<&str>, required_writer_version: Option<i64>) -> i64 {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let version = args::count("required_writer_version", required_writer_version)?;
@@ -166,4 +166,37 @@ fn raise_writer_fence(partition: Option<String>, required_writer_version: Option
         // so combine: R(p) = max(F_new, max(F_old, G)) = max(F_new, G).
         Ok(requirement(&partition)?.map_or(fenced, |r| r.max(fenced)))
     })
+}
+
+/// Whether the fence guard is reacting to its own DDL (or an update script manages the trigger)
+/// in this transaction. Read by the guard's event-trigger functions (sql/fence_guard.sql).
+#[pg_extern(
+    volatile,
+    parallel_unsafe,
+    sql = r#"
+CREATE FUNCTION syncular._fence_guard_busy() RETURNS boolean
+VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', '_fence_guard_busy_wrapper';
+"#
+)]
+fn _fence_guard_busy() -> bool {
+    crate::txn_local::get(crate::txn_local::Key::FenceGuardBusy).as_deref() == Some("on")
+}
+
+/// Sets the guard's flag for the rest of the (sub)transaction. Only the extension owner can
+/// call it (no grant): a session cannot silence the guard (docs/SECURITY.md).
+#[pg_extern(
+    volatile,
+    parallel_unsafe,
+    sql = r#"
+CREATE FUNCTION syncular._fence_guard_hold(busy boolean) RETURNS void
+VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', '_fence_guard_hold_wrapper';
+"#
+)]
+fn _fence_guard_hold(busy: Option<bool>) {
+    let value = if busy == Some(true) { "on" } else { "off" };
+    crate::txn_local::set(crate::txn_local::Key::FenceGuardBusy, value);
 }

@@ -118,7 +118,7 @@ impl SchemaState {
 }
 
 /// The arguments shared by the three gate functions.
-fn gate_args(partition: Option<String>, running: Option<i64>) -> Result<(String, i64)> {
+fn gate_args(partition: Option<&str>, running: Option<i64>) -> Result<(String, i64)> {
     Ok((
         args::text("partition", partition)?,
         args::count("running_schema_version", running)?,
@@ -131,7 +131,7 @@ fn read(partition: &str, running: i64) -> Result<SchemaState> {
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn read_serve_gate(partition: Option<String>, running_schema_version: Option<i64>) -> JsonB {
+fn read_serve_gate(partition: Option<&str>, running_schema_version: Option<i64>) -> JsonB {
     error::run(|| {
         let (partition, running) = gate_args(partition, running_schema_version)?;
         Ok(JsonB(read(&partition, running)?.token()))
@@ -141,7 +141,7 @@ fn read_serve_gate(partition: Option<String>, running_schema_version: Option<i64
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn serve_gate_refusal(
-    partition: Option<String>,
+    partition: Option<&str>,
     running_schema_version: Option<i64>,
     declared: default!(Option<args::JsonArg>, "'[]'"),
 ) -> Option<JsonB> {
@@ -157,7 +157,7 @@ fn serve_gate_refusal(
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn assert_serve_ready(
-    partition: Option<String>,
+    partition: Option<&str>,
     running_schema_version: Option<i64>,
     declared: default!(Option<args::JsonArg>, "'[]'"),
 ) -> JsonB {

@@ -212,6 +212,26 @@ impl<'a> Container<'a> {
         Ok(false)
     }
 
+    /// Whether the document below this container holds more than `limit` entries (keys and
+    /// values, at every depth). Walks with an explicit stack, never recursion, and stops once
+    /// the count passes `limit`, so it is bounded whatever the input.
+    pub fn holds_more_than(self, limit: usize) -> Read<bool> {
+        let mut pending = vec![self];
+        let mut seen = 0usize;
+        while let Some(container) = pending.pop() {
+            seen = seen.saturating_add(container.entries());
+            if seen > limit {
+                return Ok(true);
+            }
+            for child in container.children() {
+                if let Node::Array(inner) | Node::Object(inner) = child? {
+                    pending.push(inner);
+                }
+            }
+        }
+        Ok(false)
+    }
+
     /// This container as a `jsonb` value of its own (a copy of its bytes, as
     /// `JsonbValueToJsonb` makes of a binary sub-value).
     pub fn to_jsonb(self) -> RawJsonb<'a> {
@@ -337,7 +357,23 @@ pub struct JsonbArg {
     len: usize,
 }
 
+/// Whether a jsonb document's container bytes are over the argument caps of
+/// [`crate::args::limits`] (`DOCUMENT_BYTES`, `DOCUMENT_VALUES`), read without parsing it.
+pub fn over_limits(bytes: &[u8]) -> bool {
+    use crate::args::limits;
+    bytes.len() > limits::DOCUMENT_BYTES
+        || Container::new(bytes)
+            .and_then(|c| c.holds_more_than(limits::DOCUMENT_VALUES))
+            .unwrap_or(false)
+}
+
 impl JsonbArg {
+    /// Whether the document is over the argument caps (checked before it is read).
+    pub fn over_limits(&self) -> bool {
+        // SAFETY: as in `container`.
+        over_limits(unsafe { std::slice::from_raw_parts(self.data, self.len) })
+    }
+
     /// The document's top container, borrowed for as long as the argument lives.
     pub fn container(&self) -> Read<Container<'_>> {
         // SAFETY: `data..data+len` is the detoasted datum, alive for the function call, and

@@ -15,16 +15,19 @@
 //! - [`scope`], [`pull`]: scope filters, the commit window and the bootstrap scan;
 //! - [`tables`], [`rows`]: the app-table registry and row metadata (scopes, blobs, tombstones);
 //! - [`queue`]: the reaction outbox; [`clients`]: client records and cursors;
-//! - [`admin`]: blob-reference and admin reads; [`adopt`]: adoption of a 0.24 database.
-
+//! - [`txn_local`]: transaction-local control state no session can set;
+//! - [`admin`]: blob-reference and admin reads; [`adopt`]: adoption of a 0.24 database;
+//! - [`repair`]: the owner-only way back from a marker or fence set too high;
+//! - [`grants`]: what the roles `syncular_host` and `syncular_admin` may call.
 //!
-//! Privileges, decided per function: the API functions are `SECURITY DEFINER` (pinned
-//! `search_path = pg_catalog, pg_temp`) so that a host role needs only `EXECUTE` and can never
-//! write `sync_*` tables itself — in particular it cannot insert an unfenced commit or lower a
-//! fence. `register_table`, `retire_table` and `adopt_legacy_tables` are `SECURITY INVOKER`
-//! because they act on the caller's relations and must check the caller's ownership; they take
-//! the owner's rights only around their own writes ([`tables`]). The fence trigger is a definer
-//! function and reads the fence without privilege checks, so every inserting role is fenced.
+//! Privileges, decided per function (docs/SECURITY.md): the API functions are
+//! `SECURITY DEFINER` (pinned `search_path = pg_catalog, pg_temp`) so that a host role needs only
+//! membership in `syncular_host` / `syncular_admin` and can never write `sync_*` tables itself —
+//! in particular it cannot insert an unfenced commit or lower a fence. Functions that must know
+//! their caller (registration, adoption, the readers of app tables, the repairs) are
+//! `SECURITY INVOKER` and switch rights themselves ([`access`]); no host code ever runs with the
+//! extension owner's rights. The fence trigger is a definer function and reads the fence without
+//! privilege checks, so every inserting role is fenced.
 
 use pgrx::prelude::*;
 
@@ -40,6 +43,7 @@ mod db;
 mod error;
 mod fence;
 mod gate;
+mod grants;
 mod heap;
 mod jsonb;
 mod log;
@@ -48,9 +52,11 @@ mod pull;
 mod push;
 mod queue;
 mod registry;
+mod repair;
 mod rows;
 mod scope;
 mod tables;
+mod txn_local;
 
 ::pgrx::pg_module_magic!(name, version);
 
@@ -60,7 +66,11 @@ extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 extension_sql_file!(
     "../sql/fence_guard.sql",
     name = "fence_guard",
-    requires = [fence::writer_fence_trigger]
+    requires = [
+        fence::writer_fence_trigger,
+        fence::_fence_guard_busy,
+        fence::_fence_guard_hold
+    ]
 );
 // The row-meta trigger function runs with the owner's rights (it writes sync_* tables).
 extension_sql!(

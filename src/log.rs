@@ -273,6 +273,9 @@ pub fn with_commit<R>(
 }
 
 fn read_root(document: &JsonbArg) -> Result<Node<'_>> {
+    if document.over_limits() {
+        return Err(Error::invalid_argument("commit", "too_large"));
+    }
     let unreadable = |_| Error::invalid_argument("commit", "type");
     let container = document.container().map_err(unreadable)?;
     if container
@@ -286,7 +289,7 @@ fn read_root(document: &JsonbArg) -> Result<Node<'_>> {
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn lock_partition(partition: Option<String>) -> i64 {
+fn lock_partition(partition: Option<&str>) -> i64 {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         db::with_spi(|client| Ok(lock(client, &partition)?.max_commit_seq))
@@ -307,7 +310,7 @@ fn append_commit(partition: Option<&str>, commit: Option<JsonbArg>) -> i64 {
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn max_commit_seq(partition: Option<String>) -> i64 {
+fn max_commit_seq(partition: Option<&str>) -> i64 {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         db::with_spi(|client| {

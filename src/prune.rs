@@ -63,7 +63,7 @@ pub fn prune_through(
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn horizon_seq(partition: Option<String>) -> i64 {
+fn horizon_seq(partition: Option<&str>) -> i64 {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         db::with_spi(|client| {
@@ -79,7 +79,7 @@ fn horizon_seq(partition: Option<String>) -> i64 {
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn set_horizon_seq(partition: Option<String>, seq: Option<i64>) -> i64 {
+fn set_horizon_seq(partition: Option<&str>, seq: Option<i64>) -> i64 {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let seq = args::count("seq", seq)?;
@@ -102,8 +102,8 @@ fn set_horizon_seq(partition: Option<String>, seq: Option<i64>) -> i64 {
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn prune_commits_through(
-    partition: Option<String>,
-    log_epoch: Option<String>,
+    partition: Option<&str>,
+    log_epoch: Option<&str>,
     through_seq: Option<i64>,
 ) -> JsonB {
     error::run(|| {
@@ -120,7 +120,7 @@ fn prune_commits_through(
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn commit_seq_before(partition: Option<String>, before_ms: Option<i64>) -> i64 {
+fn commit_seq_before(partition: Option<&str>, before_ms: Option<i64>) -> i64 {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let before_ms = args::count("before_ms", before_ms)?;
@@ -142,7 +142,7 @@ fn commit_seq_before(partition: Option<String>, before_ms: Option<i64>) -> i64 {
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn prune_commit_log(
-    partition: Option<String>,
+    partition: Option<&str>,
     now_ms: Option<i64>,
     active_window_ms: default!(Option<i64>, "1209600000"),
     age_force_ms: default!(Option<i64>, "2592000000"),

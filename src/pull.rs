@@ -5,6 +5,7 @@
 //! one bounded index range per value of the first variable; rows are then fetched by key and
 //! matched against the whole filter in SQL, so non-matching payloads never leave the executor.
 
+use crate::access;
 use crate::args;
 use crate::db;
 use crate::error::{self, Error, Result};
@@ -15,6 +16,7 @@ use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::JsonB;
+use std::collections::HashMap;
 
 /// One page of candidate commits: the distinct `commit_seq` above `after`, ascending. One
 /// bounded index range per value, merged.
@@ -136,8 +138,8 @@ fn window(
 #[search_path(pg_catalog, pg_temp)]
 #[allow(clippy::type_complexity)]
 fn read_commit_window(
-    partition: Option<String>,
-    tbl: Option<String>,
+    partition: Option<&str>,
+    tbl: Option<&str>,
     scope_filter: Option<args::JsonArg>,
     after_seq: Option<i64>,
     through_seq: Option<i64>,
@@ -162,7 +164,8 @@ fn read_commit_window(
         let filter = scope::filter("scope_filter", scope_filter)?;
         let after = args::count("after_seq", after_seq)?;
         let through = args::count("through_seq", through_seq)?;
-        let limit = args::at_least("limit_changes", limit_changes.map(i64::from), 1)?;
+        let limit = args::row_limit("limit_changes", limit_changes)?;
+        let limit = args::at_least("limit_changes", Some(limit.into()), 1)?;
         let rows = db::with_spi(|client| {
             window(client, &partition, &tbl, &filter, after, through, limit)
         })?;
@@ -173,8 +176,8 @@ fn read_commit_window(
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn latest_scoped_change_seq(
-    partition: Option<String>,
-    tbl: Option<String>,
+    partition: Option<&str>,
+    tbl: Option<&str>,
     scope_filter: Option<args::JsonArg>,
 ) -> i64 {
     error::run(|| {
@@ -206,9 +209,21 @@ fn latest_scoped_change_seq(
 
 pub type ScanRow = (String, i64, JsonB, Vec<u8>, Option<Vec<u8>>);
 
+/// One page of bootstrap candidates: one bounded range of the `sync_row_scopes` primary key per
+/// value, merged, ascending.
+const SCAN_CANDIDATES_SQL: &str = "\
+SELECT DISTINCT s.row_id
+  FROM unnest($4::text[]) AS v(value)
+  CROSS JOIN LATERAL (
+    SELECT r.row_id FROM syncular.sync_row_scopes r
+     WHERE r.partition = $1 AND r.tbl = $2 AND r.var = $3 AND r.value = v.value COLLATE \"C\"
+       AND ($5::text IS NULL OR r.row_id > $5::text)
+     ORDER BY r.row_id LIMIT $6) AS s
+ ORDER BY s.row_id LIMIT $6";
+
 fn scan(
     client: &SpiClient<'_>,
-    relation: &tables::Relation,
+    relation: &tables::AppRelation,
     partition: &str,
     tbl: &str,
     filter: &Filter,
@@ -221,76 +236,77 @@ fn scan(
     let batch = lim.max(64);
     let mut after = after_row_id;
     let mut out: Vec<ScanRow> = Vec::new();
-    // Candidates: one bounded range of the sync_row_scopes primary key per value, merged. The
-    // app row is joined in the host column's collation so its primary key is usable.
-    let sql = format!(
-        "WITH candidates AS (
-           SELECT DISTINCT s.row_id
-             FROM unnest($4::text[]) AS v(value)
-             CROSS JOIN LATERAL (
-               SELECT r.row_id FROM syncular.sync_row_scopes r
-                WHERE r.partition = $1 AND r.tbl = $2 AND r.var = $3 AND r.value = v.value COLLATE \"C\"
-                  AND ($5::text IS NULL OR r.row_id > $5::text)
-                ORDER BY r.row_id LIMIT $6) AS s
-            ORDER BY s.row_id LIMIT $6)
-         SELECT c.row_id, a.\"_sync_server_version\",
+    // The candidates come from the extension's index (read with the extension's rights), the
+    // rows from the host's table by its primary key (read as its owner, docs/SECURITY.md).
+    let rows_sql = format!(
+        "SELECT a.\"_sync_row_id\", a.\"_sync_server_version\",
                 CASE WHEN pg_catalog.jsonb_typeof(a.\"_sync_scopes\") = 'string'
                      THEN (a.\"_sync_scopes\" #>> '{{}}')::jsonb ELSE a.\"_sync_scopes\" END,
-                a.\"_sync_payload\", a.\"_sync_column_versions\",
-                (SELECT max(row_id) FROM candidates), (SELECT count(*) FROM candidates)
-           FROM candidates c
-           LEFT JOIN {rel} a ON a.\"_sync_partition\" = $1::text COLLATE \"default\"
-                            AND a.\"_sync_row_id\" = c.row_id COLLATE \"default\"
-          ORDER BY c.row_id",
+                a.\"_sync_payload\", a.\"_sync_column_versions\"
+           FROM {rel} a
+          WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = ANY ($2::text[])",
         rel = relation.qualified()
     );
     loop {
-        let rows = db::read_dynamic(
-            client,
-            &sql,
-            &[
-                DatumWithOid::from(partition),
-                DatumWithOid::from(tbl),
-                DatumWithOid::from(var),
-                DatumWithOid::from(values.to_vec()),
-                DatumWithOid::from(after.clone()),
-                DatumWithOid::from(batch),
-            ],
-        )?;
-        let mut page_len = 0i64;
-        let mut page_last: Option<String> = None;
-        let mut done = false;
-        for row in rows {
-            page_len = row.get::<i64>(7)?.unwrap_or_default();
-            page_last = row.get::<String>(6)?;
-            if done {
-                continue;
-            }
-            let row_id = row.get::<String>(1)?.unwrap_or_default();
-            // A vanished row (deleted since its entry was read) has no server version.
-            let Some(version) = row.get::<i64>(2)? else {
+        let candidates: Vec<String> = access::as_extension_owner(client, || {
+            db::read(
+                client,
+                SCAN_CANDIDATES_SQL,
+                &[
+                    DatumWithOid::from(partition),
+                    DatumWithOid::from(tbl),
+                    DatumWithOid::from(var),
+                    DatumWithOid::from(values.to_vec()),
+                    DatumWithOid::from(after.clone()),
+                    DatumWithOid::from(batch),
+                ],
+            )?
+            .map(|row| Ok(row.get::<String>(1)?.unwrap_or_default()))
+            .collect()
+        })?;
+        let Some(page_last) = candidates.last().cloned() else {
+            break;
+        };
+        let mut found: HashMap<String, ScanRow> = relation.as_owner(|| {
+            db::read_dynamic(
+                client,
+                &rows_sql,
+                &[
+                    DatumWithOid::from(partition),
+                    DatumWithOid::from(candidates.clone()),
+                ],
+            )?
+            .map(|row| {
+                let row_id = row.get::<String>(1)?.unwrap_or_default();
+                let scanned: ScanRow = (
+                    row_id.clone(),
+                    row.get::<i64>(2)?.unwrap_or_default(),
+                    row.get::<JsonB>(3)?.unwrap_or(JsonB(serde_json::json!({}))),
+                    row.get::<Vec<u8>>(4)?.unwrap_or_default(),
+                    row.get::<Vec<u8>>(5)?,
+                );
+                Ok((row_id, scanned))
+            })
+            .collect()
+        })?;
+        // Candidate order; a row deleted since its entry was read is simply absent.
+        for row_id in &candidates {
+            let Some(row) = found.remove(row_id) else {
                 continue;
             };
-            let scopes = row.get::<JsonB>(3)?.unwrap_or(JsonB(serde_json::json!({})));
-            if !filter_matches(filter, &scopes.0) {
+            if !filter_matches(filter, &row.2 .0) {
                 continue;
             }
-            out.push((
-                row_id,
-                version,
-                scopes,
-                row.get::<Vec<u8>>(4)?.unwrap_or_default(),
-                row.get::<Vec<u8>>(5)?,
-            ));
+            out.push(row);
             if out.len() as i64 >= lim {
-                done = true;
+                return Ok(out);
             }
         }
-        if done || page_len < batch {
+        if (candidates.len() as i64) < batch {
             break;
         }
         // Every candidate of the page was consumed: continue after the last one.
-        after = page_last;
+        after = Some(page_last);
     }
     Ok(out)
 }
@@ -305,13 +321,15 @@ fn filter_matches(filter: &Filter, scopes: &serde_json::Value) -> bool {
     })
 }
 
-#[pg_extern(stable, parallel_unsafe, security_definer)]
+/// SECURITY INVOKER: the caller must hold `SELECT` on the registered relation, which is read
+/// as its owner in a restricted security context (docs/SECURITY.md).
+#[pg_extern(stable, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn scan_rows(
-    partition: Option<String>,
-    tbl: Option<String>,
+    partition: Option<&str>,
+    tbl: Option<&str>,
     scope_filter: Option<args::JsonArg>,
-    after_row_id: Option<String>,
+    after_row_id: Option<&str>,
     lim: Option<i32>,
 ) -> TableIterator<
     'static,
@@ -327,20 +345,22 @@ fn scan_rows(
         let partition = args::text("partition", partition)?;
         let tbl = args::text("tbl", tbl)?;
         let filter = scope::filter("scope_filter", scope_filter)?;
-        let lim = args::at_least("lim", lim.map(i64::from), 1)?;
+        let lim = args::row_limit("lim", lim)?;
+        let lim = args::at_least("lim", Some(lim.into()), 1)?;
         if filter.keys.is_empty() {
             // Before the table check, so the refusal never names the table (upstream order).
             return Err(Error::bare(crate::error::Code::ScanRequiresScope));
         }
+        let caller = access::current_role();
         let rows = db::with_spi(|client| {
-            let relation = tables::resolve(client, &tbl)?;
+            let relation = tables::open_for_read(client, &tbl, caller)?;
             scan(
                 client,
                 &relation,
                 &partition,
                 &tbl,
                 &filter,
-                after_row_id,
+                args::optional_key("after_row_id", after_row_id)?,
                 lim,
             )
         })?;

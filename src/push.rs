@@ -204,7 +204,7 @@ struct PushKey {
 }
 
 impl PushKey {
-    fn new(p: Option<String>, c: Option<String>, k: Option<String>) -> Result<PushKey> {
+    fn new(p: Option<&str>, c: Option<&str>, k: Option<&str>) -> Result<PushKey> {
         Ok(PushKey {
             partition: args::text("partition", p)?,
             client_id: args::text("client_id", c)?,
@@ -219,9 +219,9 @@ impl PushKey {
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn get_push_result(
-    partition: Option<String>,
-    client_id: Option<String>,
-    client_commit_id: Option<String>,
+    partition: Option<&str>,
+    client_id: Option<&str>,
+    client_commit_id: Option<&str>,
 ) -> Option<JsonB> {
     error::run(|| {
         let key = PushKey::new(partition, client_id, client_commit_id)?;
@@ -232,9 +232,9 @@ fn get_push_result(
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn push_begin(
-    partition: Option<String>,
-    client_id: Option<String>,
-    client_commit_id: Option<String>,
+    partition: Option<&str>,
+    client_id: Option<&str>,
+    client_commit_id: Option<&str>,
     running_schema_version: Option<i64>,
     declared: default!(Option<args::JsonArg>, "'[]'"),
 ) -> Option<JsonB> {
@@ -257,9 +257,9 @@ fn push_begin(
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn put_push_result(
-    partition: Option<String>,
-    client_id: Option<String>,
-    client_commit_id: Option<String>,
+    partition: Option<&str>,
+    client_id: Option<&str>,
+    client_commit_id: Option<&str>,
     result: Option<args::JsonArg>,
 ) -> JsonB {
     error::run(|| {

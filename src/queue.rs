@@ -164,7 +164,7 @@ fn reaction(value: &Value, i: usize) -> Result<Value> {
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn enqueue_reactions(partition: Option<String>, reactions: Option<args::JsonArg>) -> i32 {
+fn enqueue_reactions(partition: Option<&str>, reactions: Option<args::JsonArg>) -> i32 {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let Value::Array(items) = args::json("reactions", reactions)? else {
@@ -221,9 +221,9 @@ fn enqueue_reactions(partition: Option<String>, reactions: Option<args::JsonArg>
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn claim_reactions(
-    partition: Option<String>,
-    lease_owner: Option<String>,
-    types: Option<Vec<Option<String>>>,
+    partition: Option<&str>,
+    lease_owner: Option<&str>,
+    types: Option<Array<&str>>,
     now_ms: Option<i64>,
     lease_duration_ms: Option<i64>,
     lim: Option<i32>,
@@ -234,7 +234,7 @@ fn claim_reactions(
         let types = args::text_array("types", types)?;
         let now = args::count("now_ms", now_ms)?;
         let duration = args::count("lease_duration_ms", lease_duration_ms)?;
-        let lim = args::required("lim", lim)?;
+        let lim = args::row_limit("lim", lim)?;
         if types.is_empty() || lim <= 0 {
             return Ok(JsonB(json!([])));
         }
@@ -280,9 +280,9 @@ fn claim_reactions(
 
 /// The `(partition, idempotency_key, lease_owner)` arguments of the lease-guarded calls.
 fn lease_args(
-    partition: Option<String>,
-    idempotency_key: Option<String>,
-    lease_owner: Option<String>,
+    partition: Option<&str>,
+    idempotency_key: Option<&str>,
+    lease_owner: Option<&str>,
 ) -> Result<(String, String, String)> {
     Ok((
         args::text("partition", partition)?,
@@ -294,9 +294,9 @@ fn lease_args(
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn complete_reaction(
-    partition: Option<String>,
-    idempotency_key: Option<String>,
-    lease_owner: Option<String>,
+    partition: Option<&str>,
+    idempotency_key: Option<&str>,
+    lease_owner: Option<&str>,
     at_ms: Option<i64>,
 ) -> bool {
     error::run(|| {
@@ -322,9 +322,9 @@ fn complete_reaction(
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn extend_reaction_lease(
-    partition: Option<String>,
-    idempotency_key: Option<String>,
-    lease_owner: Option<String>,
+    partition: Option<&str>,
+    idempotency_key: Option<&str>,
+    lease_owner: Option<&str>,
     expires_at_ms: Option<i64>,
 ) -> bool {
     error::run(|| {
@@ -370,9 +370,9 @@ fn decode_failure(value: Value) -> Result<(Value, i64)> {
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn fail_reaction(
-    partition: Option<String>,
-    idempotency_key: Option<String>,
-    lease_owner: Option<String>,
+    partition: Option<&str>,
+    idempotency_key: Option<&str>,
+    lease_owner: Option<&str>,
     failure: Option<args::JsonArg>,
     retry_at_ms: default!(Option<i64>, "NULL"),
 ) -> bool {
@@ -405,8 +405,8 @@ fn fail_reaction(
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn retry_reaction(
-    partition: Option<String>,
-    idempotency_key: Option<String>,
+    partition: Option<&str>,
+    idempotency_key: Option<&str>,
     now_ms: Option<i64>,
 ) -> bool {
     error::run(|| {
@@ -426,7 +426,7 @@ fn retry_reaction(
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn get_reaction(partition: Option<String>, idempotency_key: Option<String>) -> Option<JsonB> {
+fn get_reaction(partition: Option<&str>, idempotency_key: Option<&str>) -> Option<JsonB> {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let key = args::text("idempotency_key", idempotency_key)?;
@@ -449,15 +449,15 @@ fn get_reaction(partition: Option<String>, idempotency_key: Option<String>) -> O
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn list_reactions(
-    partition: Option<String>,
+    partition: Option<&str>,
     lim: Option<i32>,
-    statuses: default!(Option<Vec<Option<String>>>, "NULL"),
-    types: default!(Option<Vec<Option<String>>>, "NULL"),
+    statuses: default!(Option<Array<&str>>, "NULL"),
+    types: default!(Option<Array<&str>>, "NULL"),
 ) -> JsonB {
     error::run(|| {
         let partition = args::text("partition", partition)?;
-        let lim = args::required("lim", lim)?;
-        let filter = |name: &str, v: Option<Vec<Option<String>>>| -> Result<Option<Vec<String>>> {
+        let lim = args::row_limit("lim", lim)?;
+        let filter = |name: &str, v: Option<Array<&str>>| -> Result<Option<Vec<String>>> {
             Ok(v.map(|v| args::text_array(name, Some(v)))
                 .transpose()?
                 .filter(|v| !v.is_empty()))
@@ -495,7 +495,7 @@ fn list_reactions(
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn prune_reactions(
-    partition: Option<String>,
+    partition: Option<&str>,
     completed_before_ms: Option<i64>,
     dead_letter_before_ms: Option<i64>,
     lim: Option<i32>,

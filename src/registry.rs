@@ -65,9 +65,9 @@ fn touch(
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn touch_partition(
-    partition: Option<String>,
+    partition: Option<&str>,
     now_ms: Option<i64>,
-    initial_log_epoch: Option<String>,
+    initial_log_epoch: Option<&str>,
 ) -> JsonB {
     error::run(|| {
         let partition = args::text("partition", partition)?;
@@ -80,9 +80,9 @@ fn touch_partition(
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn serve_entry(
-    partition: Option<String>,
+    partition: Option<&str>,
     now_ms: Option<i64>,
-    initial_log_epoch: Option<String>,
+    initial_log_epoch: Option<&str>,
     running_schema_version: Option<i64>,
     declared: default!(Option<args::JsonArg>, "'[]'"),
 ) -> JsonB {
@@ -105,8 +105,8 @@ fn serve_entry(
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn rotate_log_epoch(
-    partition: Option<String>,
-    log_epoch: Option<String>,
+    partition: Option<&str>,
+    log_epoch: Option<&str>,
     now_ms: Option<i64>,
 ) -> JsonB {
     error::run(|| {
@@ -146,7 +146,7 @@ fn rotate_log_epoch(
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn get_log_epoch(partition: Option<String>) -> Option<String> {
+fn get_log_epoch(partition: Option<&str>) -> Option<String> {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         db::with_spi(|client| {
@@ -197,7 +197,7 @@ fn list_partitions() -> Vec<String> {
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn partition_state(partition: Option<String>) -> JsonB {
+fn partition_state(partition: Option<&str>) -> JsonB {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         db::with_spi(|client| {

@@ -1,7 +1,8 @@
 //! Row metadata of the host's app rows (storage-api §2, §3): the scope index of current rows,
 //! blob references, and delete-precedence tombstones. Only `sync_*` tables are written here;
-//! `get_row_scopes` is the one reader of an app table.
+//! `get_row_scopes` reads an app table, through [`tables`].
 
+use crate::access;
 use crate::args;
 use crate::db;
 use crate::error::{self, Error, Result};
@@ -209,23 +210,23 @@ pub fn delete_table_meta(client: &SpiClient<'_>, tbl: &str) -> Result<(i64, i64)
 
 /// The `(partition, tbl, row_id)` arguments of the row functions: row ids may be empty.
 fn row_key(
-    partition: Option<String>,
-    tbl: Option<String>,
-    row_id: Option<String>,
+    partition: Option<&str>,
+    tbl: Option<&str>,
+    row_id: Option<&str>,
 ) -> Result<(String, String, String)> {
     Ok((
         args::text("partition", partition)?,
         scope::log_table("tbl", tbl)?,
-        args::required("row_id", row_id)?,
+        args::key("row_id", row_id)?,
     ))
 }
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn set_row_scopes(
-    partition: Option<String>,
-    tbl: Option<String>,
-    row_id: Option<String>,
+    partition: Option<&str>,
+    tbl: Option<&str>,
+    row_id: Option<&str>,
     scopes: Option<args::JsonArg>,
 ) -> i32 {
     error::run(|| {
@@ -240,11 +241,7 @@ fn set_row_scopes(
 /// call and one set-based statement instead of one call per row.
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn set_rows_scopes(
-    partition: Option<String>,
-    tbl: Option<String>,
-    rows: Option<args::JsonArg>,
-) -> i32 {
+fn set_rows_scopes(partition: Option<&str>, tbl: Option<&str>, rows: Option<args::JsonArg>) -> i32 {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let tbl = scope::log_table("tbl", tbl)?;
@@ -260,11 +257,7 @@ fn set_rows_scopes(
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn delete_row_meta(
-    partition: Option<String>,
-    tbl: Option<String>,
-    row_id: Option<String>,
-) -> JsonB {
+fn delete_row_meta(partition: Option<&str>, tbl: Option<&str>, row_id: Option<&str>) -> JsonB {
     error::run(|| {
         let (partition, tbl, row_id) = row_key(partition, tbl, row_id)?;
         let (scopes, blobs) =
@@ -276,10 +269,10 @@ fn delete_row_meta(
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn set_blob_refs(
-    partition: Option<String>,
-    tbl: Option<String>,
-    row_id: Option<String>,
-    blob_ids: Option<Vec<Option<String>>>,
+    partition: Option<&str>,
+    tbl: Option<&str>,
+    row_id: Option<&str>,
+    blob_ids: Option<Array<&str>>,
 ) -> i32 {
     error::run(|| {
         let (partition, tbl, row_id) = row_key(partition, tbl, row_id)?;
@@ -310,43 +303,49 @@ fn set_blob_refs(
     })
 }
 
-#[pg_extern(stable, parallel_unsafe, security_definer)]
+/// Reads the host's row: SECURITY INVOKER, because the caller must hold `SELECT` on the
+/// relation; the row is read as the relation's owner in a restricted security context
+/// ([`tables::open_for_read`], docs/SECURITY.md).
+#[pg_extern(stable, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn get_row_scopes(
-    partition: Option<String>,
-    tbl: Option<String>,
-    row_id: Option<String>,
+    partition: Option<&str>,
+    tbl: Option<&str>,
+    row_id: Option<&str>,
 ) -> Option<JsonB> {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let tbl = args::text("tbl", tbl)?;
-        let row_id = args::required("row_id", row_id)?;
+        let row_id = args::key("row_id", row_id)?;
+        let caller = access::current_role();
         db::with_spi(|client| {
-            let relation = tables::resolve(client, &tbl)?;
+            let relation = tables::open_for_read(client, &tbl, caller)?;
             let sql = format!(
                 "SELECT a.\"_sync_server_version\", a.\"_sync_scopes\" FROM {} a
                   WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = $2",
                 relation.qualified()
             );
-            let table = db::read_dynamic(
-                client,
-                &sql,
-                &[
-                    DatumWithOid::from(partition.as_str()),
-                    DatumWithOid::from(row_id.as_str()),
-                ],
-            )?;
-            if table.is_empty() {
-                return Ok(None);
-            }
-            let row = table.first();
-            let scopes = row
-                .get::<JsonB>(2)?
-                .map(|j| args::unwrap_json_text(j.0))
-                .unwrap_or(json!({}));
-            Ok(Some(JsonB(
-                json!({"serverVersion": row.get::<i64>(1)?, "scopes": scopes}),
-            )))
+            relation.as_owner(|| {
+                let table = db::read_dynamic(
+                    client,
+                    &sql,
+                    &[
+                        DatumWithOid::from(partition.as_str()),
+                        DatumWithOid::from(row_id.as_str()),
+                    ],
+                )?;
+                if table.is_empty() {
+                    return Ok(None);
+                }
+                let row = table.first();
+                let scopes = row
+                    .get::<JsonB>(2)?
+                    .map(|j| args::unwrap_json_text(j.0))
+                    .unwrap_or(json!({}));
+                Ok(Some(JsonB(
+                    json!({"serverVersion": row.get::<i64>(1)?, "scopes": scopes}),
+                )))
+            })
         })
     })
 }
@@ -354,9 +353,9 @@ fn get_row_scopes(
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn get_tombstone_seq(
-    partition: Option<String>,
-    tbl: Option<String>,
-    row_id: Option<String>,
+    partition: Option<&str>,
+    tbl: Option<&str>,
+    row_id: Option<&str>,
 ) -> Option<i64> {
     error::run(|| {
         let (partition, tbl, row_id) = row_key(partition, tbl, row_id)?;
@@ -378,17 +377,14 @@ fn get_tombstone_seq(
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn tombstone_seqs(
-    partition: Option<String>,
-    tbl: Option<String>,
-    row_ids: Option<Vec<Option<String>>>,
+    partition: Option<&str>,
+    tbl: Option<&str>,
+    row_ids: Option<Array<&str>>,
 ) -> TableIterator<'static, (name!(row_id, String), name!(commit_seq, i64))> {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let tbl = scope::log_table("tbl", tbl)?;
-        let ids = args::required("row_ids", row_ids)?
-            .into_iter()
-            .map(|id| id.ok_or_else(|| crate::error::Error::invalid_argument("row_ids", "missing")))
-            .collect::<Result<Vec<String>>>()?;
+        let ids = args::key_array("row_ids", row_ids)?;
         let rows = db::with_spi(|client| {
             db::read(
                 client,
@@ -407,7 +403,7 @@ fn tombstone_seqs(
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn clear_tombstone(partition: Option<String>, tbl: Option<String>, row_id: Option<String>) -> bool {
+fn clear_tombstone(partition: Option<&str>, tbl: Option<&str>, row_id: Option<&str>) -> bool {
     error::run(|| {
         let (partition, tbl, row_id) = row_key(partition, tbl, row_id)?;
         db::with_spi(|client| {

@@ -66,7 +66,7 @@ pub fn stored(name: &str, value: Value) -> Result<Map<String, Value>> {
 
 /// A table-name argument that addresses the sync log: non-empty, and not a reserved `sync_`
 /// name (those are `unknown_table`, core-api §0.2).
-pub fn log_table(name: &str, value: Option<String>) -> Result<String> {
+pub fn log_table(name: &str, value: Option<&str>) -> Result<String> {
     let table = args::text(name, value)?;
     if table.starts_with("sync_") {
         return Err(Error::new(

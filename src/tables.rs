@@ -1,10 +1,19 @@
-//! The app-table registry (storage-api §2): which host relation holds each logical app table,
-//! so definer functions with a pinned search_path can read it, plus the optional row-meta
-//! trigger that keeps `sync_row_scopes` / `sync_blob_refs` in step with the host's writes.
+//! The app-table registry (storage-api §2) and the one place that touches a host's relations.
 //!
-//! `register_table` and `retire_table` are SECURITY INVOKER: they check the *calling* role
-//! (ownership of the relation), then switch to the extension owner only around their writes
-//! to `sync_*` tables and the trigger DDL, as a definer function would.
+//! A registration keeps the relation's OID (`sync_app_tables.relation`) and the role that made it
+//! (`registered_by`). Every use opens the relation by that OID, takes `AccessShareLock` (held to
+//! the end of the transaction, so no rename, type change, rule or ownership change can slip in
+//! between the check and the read) and re-checks it from the relation cache: an ordinary or
+//! partitioned table, permanent, without rewrite rules, with the meta columns of data-model §4
+//! at their exact built-in types, still owned by a role the registrant holds the privileges of.
+//! Host rows are then read as the relation's owner in a restricted security context
+//! ([`access::as_relation_owner`]), never with the extension owner's rights, and only for a
+//! caller that holds `SELECT` on the relation. docs/SECURITY.md explains the rules.
+//!
+//! `register_table` and `retire_table` are SECURITY INVOKER: they check the calling role
+//! (ownership of the relation, the registrant's privileges for an existing registration), then
+//! switch to the extension owner only around their writes to `sync_*` tables and the trigger
+//! DDL.
 
 use crate::access;
 use crate::args;
@@ -16,16 +25,71 @@ use pgrx::prelude::*;
 use pgrx::spi::{quote_identifier, quote_literal, SpiClient};
 use pgrx::JsonB;
 use serde_json::json;
+use std::ffi::CStr;
 
-/// A registered app table's relation.
-pub struct Relation {
-    pub schema: String,
-    pub name: String,
+/// A registered app table's relation, checked and locked for this transaction.
+pub struct AppRelation {
+    pub oid: pg_sys::Oid,
+    owner: pg_sys::Oid,
+    qualified: String,
+    /// Row-level security is enabled (`relrowsecurity`).
+    row_security: bool,
 }
 
-impl Relation {
-    /// The quoted, schema-qualified name, safe to splice into SQL.
-    pub fn qualified(&self) -> String {
+impl AppRelation {
+    /// The quoted, schema-qualified name of the locked relation, safe to splice into SQL.
+    pub fn qualified(&self) -> &str {
+        &self.qualified
+    }
+
+    /// Runs `body` (reads of host rows) as the relation's owner in a restricted security context.
+    pub fn as_owner<R>(&self, body: impl FnOnce() -> error::Result<R>) -> error::Result<R> {
+        access::as_relation_owner(self.owner, body)
+    }
+
+    /// Whether `role` may read the relation: table-level `SELECT`, and no row-level security
+    /// that would apply to it. The rows are read as the owner, so policies that would filter
+    /// `role`'s reads cannot be honoured: such a caller is refused rather than shown more.
+    pub fn readable_by(&self, role: pg_sys::Oid) -> bool {
+        // SAFETY: ACL and role lookups through the syscache; errors surface as a caught
+        // PostgreSQL error.
+        let (select, exempt) = unsafe {
+            (
+                pg_sys::pg_class_aclcheck(self.oid, role, pg_sys::ACL_SELECT as pg_sys::AclMode)
+                    == pg_sys::AclResult::ACLCHECK_OK,
+                pg_sys::has_bypassrls_privilege(role),
+            )
+        };
+        select && (!self.row_security || exempt || access::has_privileges_of(role, self.owner))
+    }
+}
+
+pub fn unknown_table(tbl: &str) -> Error {
+    Error::new(Code::UnknownTable, json!({ "table": tbl }))
+}
+
+/// The meta columns of data-model §4: name, exact type, NOT NULL required.
+const META_COLUMNS: [(&CStr, pg_sys::Oid, bool); 6] = [
+    (c"_sync_partition", pg_sys::TEXTOID, true),
+    (c"_sync_row_id", pg_sys::TEXTOID, true),
+    (c"_sync_server_version", pg_sys::INT8OID, true),
+    (c"_sync_scopes", pg_sys::JSONBOID, true),
+    (c"_sync_payload", pg_sys::BYTEAOID, true),
+    (c"_sync_column_versions", pg_sys::BYTEAOID, false),
+];
+
+/// A relation as the relation cache holds it now, under `AccessShareLock`.
+struct Inspected {
+    owner: pg_sys::Oid,
+    row_security: bool,
+    schema: String,
+    name: String,
+    /// Why it cannot serve as an app table, if it cannot.
+    unfit: Option<String>,
+}
+
+impl Inspected {
+    fn qualified(&self) -> String {
         format!(
             "{}.{}",
             quote_identifier(&self.schema),
@@ -34,89 +98,170 @@ impl Relation {
     }
 }
 
-pub fn unknown_table(tbl: &str) -> Error {
-    Error::new(Code::UnknownTable, json!({ "table": tbl }))
+/// Opens relation `oid` with `AccessShareLock` (kept until the transaction ends) and inspects it;
+/// `None` if no relation has that OID.
+fn inspect(oid: pg_sys::Oid) -> Option<Inspected> {
+    // SAFETY: `try_relation_open` returns NULL or an open relation whose `rd_rel` and `rd_att`
+    // stay valid until `relation_close`; everything read from them is copied before the close,
+    // and the lock is kept (NoLock on close) so the checked state holds for the transaction.
+    unsafe {
+        let relation = pg_sys::try_relation_open(oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        if relation.is_null() {
+            return None;
+        }
+        let form = &*(*relation).rd_rel;
+        let kind = form.relkind as u8;
+        let unfit = if kind != pg_sys::RELKIND_RELATION && kind != pg_sys::RELKIND_PARTITIONED_TABLE
+        {
+            Some("it is not a table (a view, foreign table or other relation kind)".to_string())
+        } else if form.relhasrules {
+            Some("it has rewrite rules".to_string())
+        } else if form.relpersistence as u8 == pg_sys::RELPERSISTENCE_TEMP {
+            Some("it is a temporary table".to_string())
+        } else {
+            meta_column_problem((*relation).rd_att)
+        };
+        let schema_ptr = pg_sys::get_namespace_name(form.relnamespace);
+        let schema = if schema_ptr.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(schema_ptr).to_string_lossy().into_owned()
+        };
+        let inspected = Inspected {
+            owner: form.relowner,
+            row_security: form.relrowsecurity,
+            schema,
+            name: CStr::from_ptr(form.relname.data.as_ptr())
+                .to_string_lossy()
+                .into_owned(),
+            unfit,
+        };
+        pg_sys::relation_close(relation, pg_sys::NoLock as pg_sys::LOCKMODE);
+        Some(inspected)
+    }
 }
 
-/// The registered relation of `tbl` if it exists; `None` for a reserved or unregistered name or
-/// a relation that is gone.
-pub fn lookup(client: &SpiClient<'_>, tbl: &str) -> error::Result<Option<Relation>> {
-    if tbl.starts_with("sync_") {
-        return Ok(None);
-    }
-    let table = db::read(
-        client,
-        "SELECT a.relation_schema::text, a.relation_name::text
-           FROM syncular.sync_app_tables a
-          WHERE a.tbl = $1
-            AND pg_catalog.to_regclass(pg_catalog.quote_ident(a.relation_schema) || '.'
-                                       || pg_catalog.quote_ident(a.relation_name)) IS NOT NULL",
-        &[DatumWithOid::from(tbl)],
-    )?;
+/// The first meta column that is missing or not exactly of its type and nullability.
+///
+/// # Safety
+/// `descriptor` is the tuple descriptor of an open relation.
+unsafe fn meta_column_problem(descriptor: pg_sys::TupleDesc) -> Option<String> {
+    // SAFETY: the caller guarantees an open relation's descriptor.
+    let attributes = unsafe { pgrx::PgTupleDesc::from_pg_unchecked(descriptor) };
+    META_COLUMNS.iter().find_map(|(name, typ, not_null)| {
+        let found = attributes.iter().find(|a| {
+            // SAFETY: `attname` is a NUL-terminated NameData.
+            !a.attisdropped && unsafe { CStr::from_ptr(a.attname.data.as_ptr()) } == *name
+        });
+        let expected = || {
+            let typ = match *typ {
+                pg_sys::TEXTOID => "text",
+                pg_sys::INT8OID => "bigint",
+                pg_sys::JSONBOID => "jsonb",
+                _ => "bytea",
+            };
+            format!(
+                "column {} must be of type {typ}{}",
+                name.to_string_lossy(),
+                if *not_null { " NOT NULL" } else { "" }
+            )
+        };
+        match found {
+            Some(a) if a.atttypid == *typ && (a.attnotnull || !not_null) => None,
+            _ => Some(expected()),
+        }
+    })
+}
+
+/// A registration as stored.
+struct Registration {
+    relation: pg_sys::Oid,
+    registered_by: pg_sys::Oid,
+}
+
+/// The registration of `tbl`, read as the extension owner; `FOR UPDATE` when it will change.
+fn registration(
+    client: &SpiClient<'_>,
+    tbl: &str,
+    for_update: bool,
+) -> error::Result<Option<Registration>> {
+    let args = [DatumWithOid::from(tbl)];
+    let table = access::as_extension_owner(client, || {
+        if for_update {
+            db::write(
+                client,
+                "SELECT relation::oid, registered_by::oid FROM syncular.sync_app_tables
+                  WHERE tbl = $1 FOR UPDATE",
+                &args,
+            )
+        } else {
+            db::read(
+                client,
+                "SELECT relation::oid, registered_by::oid FROM syncular.sync_app_tables
+                  WHERE tbl = $1",
+                &args,
+            )
+        }
+    })?;
     if table.is_empty() {
         return Ok(None);
     }
     let row = table.first();
-    Ok(Some(Relation {
-        schema: row.get::<String>(1)?.unwrap_or_default(),
-        name: row.get::<String>(2)?.unwrap_or_default(),
+    Ok(Some(Registration {
+        relation: row.get::<pg_sys::Oid>(1)?.unwrap_or(pg_sys::InvalidOid),
+        registered_by: row.get::<pg_sys::Oid>(2)?.unwrap_or(pg_sys::InvalidOid),
     }))
 }
 
-/// The registered, existing relation of `tbl`; otherwise `unknown_table`.
-pub fn resolve(client: &SpiClient<'_>, tbl: &str) -> error::Result<Relation> {
-    lookup(client, tbl)?.ok_or_else(|| unknown_table(tbl))
-}
-
-/// The calling role must own the relation (directly or through membership), as
-/// `pg_class_ownercheck`; superusers pass.
-pub fn require_owner(
-    client: &SpiClient<'_>,
-    relation: pg_sys::Oid,
-    argument: &str,
-) -> error::Result<()> {
-    let owns = db::first::<bool>(db::read(
-        client,
-        "SELECT pg_catalog.pg_has_role(current_user, c.relowner, 'USAGE')
-           FROM pg_catalog.pg_class c WHERE c.oid = $1",
-        &[DatumWithOid::from(relation)],
-    )?)?;
-    if owns != Some(true) {
-        return Err(Error::invalid_argument(argument, "privilege"));
+/// The registered relation of `tbl`, checked and locked, or why it cannot be used (a hint for
+/// `unknown_table`).
+pub fn open(client: &SpiClient<'_>, tbl: &str) -> error::Result<Result<AppRelation, String>> {
+    if tbl.starts_with("sync_") {
+        return Ok(Err("names starting with sync_ are reserved".into()));
     }
-    Ok(())
+    let Some(registration) = registration(client, tbl, false)? else {
+        return Ok(Err("no relation is registered for this table".into()));
+    };
+    let Some(relation) = inspect(registration.relation) else {
+        return Ok(Err("the registered relation no longer exists".into()));
+    };
+    if let Some(unfit) = relation.unfit {
+        return Ok(Err(format!(
+            "the registered relation changed and cannot be used: {unfit}; register it again"
+        )));
+    }
+    if !access::has_privileges_of(registration.registered_by, relation.owner) {
+        return Ok(Err(
+            "the registered relation changed owner to a role its registrant does not hold; register it again".into(),
+        ));
+    }
+    Ok(Ok(AppRelation {
+        oid: registration.relation,
+        owner: relation.owner,
+        qualified: relation.qualified(),
+        row_security: relation.row_security,
+    }))
 }
 
-/// The meta columns of data-model §4 (name, type, NOT NULL) and the primary key
-/// `(_sync_partition, _sync_row_id)`, on an ordinary or partitioned table.
-const SHAPE_SQL: &str = "\
-SELECT c.relkind IN ('r', 'p')
-   AND (SELECT count(*) FROM pg_catalog.pg_attribute a
-          JOIN (VALUES ('_sync_partition', 'text'::regtype, true),
-                       ('_sync_row_id', 'text'::regtype, true),
-                       ('_sync_server_version', 'bigint'::regtype, true),
-                       ('_sync_scopes', 'jsonb'::regtype, true),
-                       ('_sync_payload', 'bytea'::regtype, true),
-                       ('_sync_column_versions', 'bytea'::regtype, false)) AS m(name, typ, required)
-            ON a.attname = m.name AND a.atttypid = m.typ AND (a.attnotnull OR NOT m.required)
-         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) = 6
-   AND EXISTS (SELECT 1 FROM pg_catalog.pg_index i
-                WHERE i.indrelid = c.oid AND i.indisprimary
-                  AND (SELECT array_agg(a.attname::text ORDER BY k.ord)
-                         FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
-                         JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum)
-                      = ARRAY['_sync_partition', '_sync_row_id']),
-       n.nspname::text, c.relname::text
-  FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
- WHERE c.oid = $1";
+/// The registered relation of `tbl` for a read by `caller`: `unknown_table` when it cannot be
+/// used, `invalid_argument` (`tbl`, `privilege`) when the caller may not `SELECT` from it.
+pub fn open_for_read(
+    client: &SpiClient<'_>,
+    tbl: &str,
+    caller: pg_sys::Oid,
+) -> error::Result<AppRelation> {
+    let relation = open(client, tbl)?.map_err(|why| unknown_table(tbl).with_hint(why))?;
+    if !relation.readable_by(caller) {
+        return Err(Error::invalid_argument("tbl", "privilege").with_hint(
+            "the calling role needs SELECT on the registered relation, and no row-level security that applies to it",
+        ));
+    }
+    Ok(relation)
+}
 
-fn drop_row_meta_trigger(client: &SpiClient<'_>, relation: &Relation) -> error::Result<()> {
-    let exists = db::first::<bool>(db::read(
-        client,
-        "SELECT pg_catalog.to_regclass(pg_catalog.quote_ident($1) || '.' || pg_catalog.quote_ident($2)) IS NOT NULL",
-        &[DatumWithOid::from(relation.schema.as_str()), DatumWithOid::from(relation.name.as_str())],
-    )?)?;
-    if exists == Some(true) {
+/// Drops the row-meta trigger from relation `oid`, if the relation still exists.
+fn drop_row_meta_trigger(oid: pg_sys::Oid) -> error::Result<()> {
+    if let Some(relation) = inspect(oid) {
         Spi::run(&format!(
             "DROP TRIGGER IF EXISTS syncular_row_meta ON {}",
             relation.qualified()
@@ -125,23 +270,36 @@ fn drop_row_meta_trigger(client: &SpiClient<'_>, relation: &Relation) -> error::
     Ok(())
 }
 
-/// The previous registration of `tbl`, if any: (relation, maintain_row_meta).
-fn registration(client: &SpiClient<'_>, tbl: &str) -> error::Result<Option<(Relation, bool)>> {
-    let table = db::write(
-        client,
-        "SELECT relation_schema::text, relation_name::text, maintain_row_meta
-           FROM syncular.sync_app_tables WHERE tbl = $1 FOR UPDATE",
-        &[DatumWithOid::from(tbl)],
-    )?;
-    if table.is_empty() {
-        return Ok(None);
+/// Refuses (`invalid_argument` on `argument`, reason `privilege`) a caller that does not hold
+/// the privileges of the role that made an existing registration.
+fn require_registrant(caller: pg_sys::Oid, previous: &Registration) -> error::Result<()> {
+    if access::has_privileges_of(caller, previous.registered_by) {
+        Ok(())
+    } else {
+        Err(Error::invalid_argument("tbl", "privilege").with_hint(
+            "this table is registered by a role whose privileges the caller does not hold",
+        ))
     }
-    let row = table.first();
-    let relation = Relation {
-        schema: row.get::<String>(1)?.unwrap_or_default(),
-        name: row.get::<String>(2)?.unwrap_or_default(),
-    };
-    Ok(Some((relation, row.get::<bool>(3)?.unwrap_or(false))))
+}
+
+/// The primary key must be `(_sync_partition, _sync_row_id)`, in that order.
+const PRIMARY_KEY_SQL: &str = "\
+SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index i
+                WHERE i.indrelid = $1 AND i.indisprimary
+                  AND (SELECT array_agg(a.attname::text ORDER BY k.ord)
+                         FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
+                         JOIN pg_catalog.pg_attribute a ON a.attrelid = $1 AND a.attnum = k.attnum)
+                      = ARRAY['_sync_partition', '_sync_row_id'])";
+
+/// Whom a new registration belongs to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Registrant {
+    /// The calling role (`register_table`).
+    Caller,
+    /// The relation's owner: `adopt_legacy_tables`, an operator action, registers the tables of
+    /// an adopted database on behalf of the roles that own them, so their migrations can
+    /// re-register and retire them as before.
+    RelationOwner,
 }
 
 /// `register_table` for an already validated name; shared with `adopt_legacy_tables`.
@@ -150,45 +308,66 @@ pub fn register(
     tbl: &str,
     relation: pg_sys::Oid,
     maintain_row_meta: bool,
+    registrant: Registrant,
 ) -> error::Result<()> {
     if tbl.starts_with("sync_") {
         return Err(Error::invalid_argument("tbl", "reserved"));
     }
-    let shape = db::read(client, SHAPE_SQL, &[DatumWithOid::from(relation)])?;
-    if shape.is_empty() {
+    let caller = access::current_role();
+    let Some(target) = inspect(relation) else {
         return Err(Error::invalid_argument("relation", "missing"));
-    }
-    let row = shape.first();
-    let target = Relation {
-        schema: row.get::<String>(2)?.unwrap_or_default(),
-        name: row.get::<String>(3)?.unwrap_or_default(),
     };
-    let well_formed = row.get::<bool>(1)?.unwrap_or(false);
-    require_owner(client, relation, "relation")?;
-    if !well_formed {
-        return Err(Error::invalid_argument("relation", "shape"));
+    if !access::has_privileges_of(caller, target.owner) {
+        return Err(Error::invalid_argument("relation", "privilege")
+            .with_hint("the calling role must own the relation"));
     }
+    if let Some(unfit) = &target.unfit {
+        return Err(Error::invalid_argument("relation", "shape").with_hint(unfit.clone()));
+    }
+    let keyed = db::first::<bool>(db::read(
+        client,
+        PRIMARY_KEY_SQL,
+        &[DatumWithOid::from(relation)],
+    )?)?;
+    if keyed != Some(true) {
+        return Err(Error::invalid_argument("relation", "shape")
+            .with_hint("the primary key must be (_sync_partition, _sync_row_id)"));
+    }
+    let previous = registration(client, tbl, true)?;
+    if let Some(previous) = &previous {
+        require_registrant(caller, previous)?;
+    }
+    let registered_by = match registrant {
+        Registrant::Caller => caller,
+        Registrant::RelationOwner => target.owner,
+    };
     access::as_extension_owner(client, || {
-        if let Some((previous, _)) = registration(client, tbl)? {
-            drop_row_meta_trigger(client, &previous)?;
+        if let Some(previous) = &previous {
+            drop_row_meta_trigger(previous.relation)?;
         }
-        drop_row_meta_trigger(client, &target)?;
+        drop_row_meta_trigger(relation)?;
         db::write(
             client,
             "INSERT INTO syncular.sync_app_tables
-               (tbl, relation_schema, relation_name, maintain_row_meta, registered_at_ms)
+               (tbl, relation_schema, relation_name, maintain_row_meta, registered_at_ms,
+                relation, registered_by)
              VALUES ($1, $2, $3, $4,
-                     (extract(epoch FROM pg_catalog.transaction_timestamp()) * 1000)::bigint)
+                     (extract(epoch FROM pg_catalog.transaction_timestamp()) * 1000)::bigint,
+                     $5::oid::regclass, $6::oid::regrole)
              ON CONFLICT (tbl) DO UPDATE
                SET relation_schema = EXCLUDED.relation_schema,
                    relation_name = EXCLUDED.relation_name,
                    maintain_row_meta = EXCLUDED.maintain_row_meta,
-                   registered_at_ms = EXCLUDED.registered_at_ms",
+                   registered_at_ms = EXCLUDED.registered_at_ms,
+                   relation = EXCLUDED.relation,
+                   registered_by = EXCLUDED.registered_by",
             &[
                 DatumWithOid::from(tbl),
                 DatumWithOid::from(target.schema.as_str()),
                 DatumWithOid::from(target.name.as_str()),
                 DatumWithOid::from(maintain_row_meta),
+                DatumWithOid::from(relation),
+                DatumWithOid::from(registered_by),
             ],
         )?;
         if maintain_row_meta {
@@ -215,7 +394,7 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'register_table_wrapper';
 "#
 )]
 fn register_table(
-    tbl: Option<String>,
+    tbl: Option<&str>,
     relation: Option<pg_sys::Oid>,
     maintain_row_meta: Option<bool>,
 ) {
@@ -223,34 +402,43 @@ fn register_table(
         let tbl = args::text("tbl", tbl)?;
         let relation = args::required("relation", relation)?;
         let maintain = maintain_row_meta.unwrap_or(false);
-        db::with_spi(|client| register(client, &tbl, relation, maintain))
+        db::with_spi(|client| register(client, &tbl, relation, maintain, Registrant::Caller))
     })
 }
 
-#[pg_extern(volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
-fn retire_table(tbl: Option<String>) -> JsonB {
+#[pg_extern(
+    volatile,
+    parallel_unsafe,
+    sql = r#"
+CREATE FUNCTION syncular.retire_table(tbl text) RETURNS jsonb
+VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'retire_table_wrapper';
+"#
+)]
+fn retire_table(tbl: Option<&str>) -> JsonB {
     error::run(|| {
         let tbl = args::text("tbl", tbl)?;
         if tbl.starts_with("sync_") {
             return Err(unknown_table(&tbl));
         }
+        let caller = access::current_role();
         db::with_spi(|client| {
-            let previous = access::as_extension_owner(client, || registration(client, &tbl))?;
-            if let Some((relation, _)) = &previous {
-                let oid = db::first::<pg_sys::Oid>(db::read(
-                    client,
-                    "SELECT pg_catalog.to_regclass(pg_catalog.quote_ident($1) || '.' || pg_catalog.quote_ident($2))::oid",
-                    &[DatumWithOid::from(relation.schema.as_str()), DatumWithOid::from(relation.name.as_str())],
-                )?)?;
-                if let Some(oid) = oid {
-                    require_owner(client, oid, "tbl")?;
+            let previous = registration(client, &tbl, true)?;
+            match &previous {
+                Some(previous) => require_registrant(caller, previous)?,
+                // Metadata under a name nobody registered belongs to no host: operators only.
+                None if !access::is_operator(client, caller)? => {
+                    return Err(Error::invalid_argument("tbl", "privilege").with_hint(
+                        "only the extension owner or a superuser retires a table that is not registered",
+                    ))
                 }
+                None => {}
             }
             access::as_extension_owner(client, || {
                 let (row_scopes, blob_refs) = rows::delete_table_meta(client, &tbl)?;
-                if let Some((relation, _)) = &previous {
-                    drop_row_meta_trigger(client, relation)?;
+                if let Some(previous) = &previous {
+                    drop_row_meta_trigger(previous.relation)?;
                     db::write(
                         client,
                         "DELETE FROM syncular.sync_app_tables WHERE tbl = $1",
@@ -263,6 +451,23 @@ fn retire_table(tbl: Option<String>) -> JsonB {
             })
         })
     })
+}
+
+/// Whether the row-meta trigger firing on `relation` for `tbl` was installed by
+/// `register_table`: the registration names that relation and asked for the trigger. A trigger
+/// a host attached itself (with the function under another table's name) must not write that
+/// table's row metadata.
+fn trigger_is_registered(
+    client: &SpiClient<'_>,
+    tbl: &str,
+    relation: pg_sys::Oid,
+) -> error::Result<bool> {
+    Ok(db::first::<bool>(db::read(
+        client,
+        "SELECT a.relation::oid = $2 AND a.maintain_row_meta
+           FROM syncular.sync_app_tables a WHERE a.tbl = $1",
+        &[DatumWithOid::from(tbl), DatumWithOid::from(relation)],
+    )?)? == Some(true))
 }
 
 /// Keeps the row's scope entries (and, on delete, blob refs) in step with the host's writes.
@@ -285,7 +490,16 @@ fn row_meta_trigger<'a>(
                     .unwrap_or_default(),
             ))
         };
+        let relation = trigger
+            .relation()
+            .map_err(|e| Error::Internal(format!("syncular_row_meta: {e}")))?
+            .oid();
         db::with_spi(|client| {
+            if !trigger_is_registered(client, &tbl, relation)? {
+                return Err(Error::invalid_argument("tbl", "privilege").with_hint(
+                    "syncular_row_meta fired on a relation that is not registered for this table with maintain_row_meta",
+                ));
+            }
             if let Some(old) = trigger.old() {
                 let old_key = key(&old)?;
                 let moved = match trigger.new() {

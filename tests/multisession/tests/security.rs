@@ -1,0 +1,781 @@
+//! Attacks by a role holding only the host grant (docs/SECURITY.md): each one reproduced as an
+//! attacker would run it, and each must fail with nothing written and nobody escalated.
+//!
+//! The attacker owns a schema and tables of its own and is a member of `syncular_admin` (which
+//! includes `syncular_host`): the most a deployment hands an application role. Its tools are
+//! its own views, rules, types, casts, policies and functions; the prize is running one of them
+//! with the extension owner's (a superuser's) rights.
+
+use postgres::Client;
+use serde_json::{json, Value};
+use syncular_multisession::*;
+
+/// A role with the admin grant, its own schema `<role>` and a registered app table
+/// `<role>.t` (logical name `<role>_t`), holding one row `r1` in partition `P`.
+struct Attacker {
+    role: String,
+    tbl: String,
+}
+
+impl Attacker {
+    fn new(c: &mut Client, db: &TestDb, suffix: &str) -> Attacker {
+        let role = format!("{}_{suffix}", db.name);
+        exec(
+            c,
+            &format!(
+                "CREATE ROLE {role} NOLOGIN;
+                 GRANT syncular_admin TO {role};
+                 CREATE SCHEMA {role} AUTHORIZATION {role};"
+            ),
+        );
+        let attacker = Attacker {
+            tbl: format!("{role}_t"),
+            role,
+        };
+        attacker.act(c);
+        exec(
+            c,
+            &format!(
+                r#"CREATE TABLE {r}.t (
+                     "_sync_partition" text NOT NULL, "_sync_row_id" text NOT NULL,
+                     "_sync_server_version" bigint NOT NULL, "_sync_scopes" jsonb NOT NULL,
+                     "_sync_payload" bytea NOT NULL, "_sync_column_versions" bytea,
+                     PRIMARY KEY ("_sync_partition", "_sync_row_id"));
+                   INSERT INTO {r}.t VALUES ('{P}', 'r1', 1, '{{"project_id":"p1"}}', '\x01', NULL);
+                   SELECT syncular.register_table('{t}', '{r}.t');
+                   SELECT syncular.set_row_scopes('{P}', '{t}', 'r1', '{{"project_id":"p1"}}');
+                   SELECT syncular.set_blob_refs('{P}', '{t}', 'r1', ARRAY['blob-1']);"#,
+                r = attacker.role,
+                t = attacker.tbl
+            ),
+        );
+        attacker.leave(c);
+        attacker
+    }
+
+    fn act(&self, c: &mut Client) {
+        exec(c, &format!("SET ROLE {}", self.role));
+    }
+
+    fn leave(&self, c: &mut Client) {
+        exec(c, "RESET ROLE");
+    }
+
+    /// A function of the attacker's that makes it superuser when run with enough rights, and
+    /// otherwise says whose rights it ran with.
+    fn plant_payload(&self, c: &mut Client) {
+        self.act(c);
+        exec(
+            c,
+            &format!(
+                "CREATE FUNCTION {r}.pwn() RETURNS text LANGUAGE plpgsql VOLATILE AS $$
+                 BEGIN
+                   BEGIN
+                     ALTER ROLE {r} SUPERUSER;
+                   EXCEPTION WHEN insufficient_privilege THEN NULL;
+                   END;
+                   RAISE EXCEPTION 'ran as %', current_user;
+                 END $$;",
+                r = self.role
+            ),
+        );
+        self.leave(c);
+    }
+
+    fn is_superuser(&self, c: &mut Client) -> bool {
+        one(
+            c,
+            "SELECT rolsuper FROM pg_roles WHERE rolname = $1",
+            &[&self.role],
+        )
+    }
+}
+
+/// `sql` is refused with `sync.storage.invalid_argument` and exactly this DETAIL.
+#[track_caller]
+fn invalid(c: &mut Client, sql: &str, argument: &str, reason: &str) {
+    expect_error(
+        c.execute(sql, &[]),
+        "SY000",
+        "sync.storage.invalid_argument",
+        Some(json!({"argument": argument, "reason": reason})),
+    );
+}
+
+/// Every reader of app rows, called on the attacker's logical table.
+fn read_all(c: &mut Client, tbl: &str) -> Vec<Result<(), postgres::Error>> {
+    vec![
+        c.execute("SELECT syncular.get_row_scopes($1, $2, 'r1')", &[&P, &tbl])
+            .map(drop),
+        c.execute(
+            r#"SELECT * FROM syncular.scan_rows($1, $2, '{"project_id":["p1"]}', NULL, 10)"#,
+            &[&P, &tbl],
+        )
+        .map(drop),
+        c.execute("SELECT syncular.rows_referencing_blob($1, 'blob-1')", &[&P])
+            .map(drop),
+    ]
+}
+
+/// The registration is dead once its relation is gone or changed: `unknown_table` (for the
+/// blob read, the table is skipped), and the payload never runs.
+fn assert_registration_dead(c: &mut Client, attacker: &Attacker) {
+    let results = read_all(c, &attacker.tbl);
+    for result in &results[..2] {
+        let err = sql_error(result.as_ref().expect_err("a dead registration is unknown"));
+        assert_eq!(
+            (err.state.as_str(), err.message.as_str()),
+            ("SY041", "sync.storage.unknown_table"),
+            "{err:?}"
+        );
+    }
+    results[2].as_ref().expect("a dead registration is skipped");
+    let referencing: Value = one(
+        c,
+        "SELECT syncular.rows_referencing_blob($1, 'blob-1')",
+        &[&P],
+    );
+    assert_eq!(referencing, json!([]));
+    assert!(!attacker.is_superuser(c));
+}
+
+#[test]
+fn a_view_swapped_in_by_drop_is_never_read() {
+    let db = TestDb::new("sec_view_drop");
+    let mut c = db.connect();
+    let attacker = Attacker::new(&mut c, &db, "a");
+    attacker.plant_payload(&mut c);
+    attacker.act(&mut c);
+    exec(
+        &mut c,
+        &format!(
+            "DROP TABLE {r}.t;
+             CREATE VIEW {r}.t AS SELECT '{P}'::text AS \"_sync_partition\", 'r1'::text AS \"_sync_row_id\",
+                    1::bigint AS \"_sync_server_version\", '{{}}'::jsonb AS \"_sync_scopes\",
+                    {r}.pwn()::bytea AS \"_sync_payload\", NULL::bytea AS \"_sync_column_versions\";",
+            r = attacker.role
+        ),
+    );
+    // Every reader, by the attacker and by the superuser (a victim's routine call).
+    assert_registration_dead(&mut c, &attacker);
+    attacker.leave(&mut c);
+    assert_registration_dead(&mut c, &attacker);
+}
+
+#[test]
+fn a_view_swapped_in_by_rename_is_never_read() {
+    let db = TestDb::new("sec_view_rename");
+    let mut c = db.connect();
+    let attacker = Attacker::new(&mut c, &db, "a");
+    attacker.plant_payload(&mut c);
+    attacker.act(&mut c);
+    exec(
+        &mut c,
+        &format!(
+            "ALTER TABLE {r}.t RENAME TO t_old;
+             CREATE VIEW {r}.t AS SELECT \"_sync_partition\", \"_sync_row_id\", \"_sync_server_version\",
+                    \"_sync_scopes\", {r}.pwn()::bytea AS \"_sync_payload\", \"_sync_column_versions\"
+               FROM {r}.t_old;",
+            r = attacker.role
+        ),
+    );
+    attacker.leave(&mut c);
+    // The registration follows the relation (its OID), not the name: the renamed table is read.
+    let scopes: Value = one(
+        &mut c,
+        "SELECT syncular.get_row_scopes($1, $2, 'r1')",
+        &[&P, &attacker.tbl],
+    );
+    assert_eq!(
+        scopes,
+        json!({"serverVersion": 1, "scopes": {"project_id": "p1"}})
+    );
+    for result in read_all(&mut c, &attacker.tbl) {
+        result.expect("the registered relation is read, not the view");
+    }
+    assert!(!attacker.is_superuser(&mut c));
+}
+
+#[test]
+fn a_table_turned_into_a_view_by_a_return_rule_is_never_read() {
+    let db = TestDb::new("sec_return_rule");
+    let mut c = db.connect();
+    let attacker = Attacker::new(&mut c, &db, "a");
+    attacker.plant_payload(&mut c);
+    attacker.act(&mut c);
+    exec(
+        &mut c,
+        &format!(
+            "DELETE FROM {r}.t;
+             ALTER TABLE {r}.t DROP CONSTRAINT t_pkey;
+             CREATE RULE \"_RETURN\" AS ON SELECT TO {r}.t DO INSTEAD
+               SELECT '{P}'::text AS \"_sync_partition\", 'r1'::text AS \"_sync_row_id\",
+                      1::bigint AS \"_sync_server_version\", '{{}}'::jsonb AS \"_sync_scopes\",
+                      {r}.pwn()::bytea AS \"_sync_payload\", NULL::bytea AS \"_sync_column_versions\";",
+            r = attacker.role
+        ),
+    );
+    assert_eq!(
+        one::<String>(
+            &mut c,
+            &format!(
+                "SELECT relkind::text FROM pg_class WHERE oid = '{}.t'::regclass",
+                attacker.role
+            ),
+            &[]
+        ),
+        "v",
+        "the same OID is now a view"
+    );
+    attacker.leave(&mut c);
+    assert_registration_dead(&mut c, &attacker);
+}
+
+#[test]
+fn a_table_with_any_rewrite_rule_is_not_usable() {
+    let db = TestDb::new("sec_rule");
+    let mut c = db.connect();
+    let attacker = Attacker::new(&mut c, &db, "a");
+    attacker.act(&mut c);
+    exec(
+        &mut c,
+        &format!(
+            "CREATE RULE quiet AS ON DELETE TO {r}.t DO INSTEAD NOTHING",
+            r = attacker.role
+        ),
+    );
+    invalid(
+        &mut c,
+        &format!(
+            "SELECT syncular.register_table('{}_again', '{}.t')",
+            attacker.role, attacker.role
+        ),
+        "relation",
+        "shape",
+    );
+    attacker.leave(&mut c);
+    assert_registration_dead(&mut c, &attacker);
+}
+
+#[test]
+fn a_meta_column_of_a_host_type_with_an_implicit_cast_is_never_read() {
+    let db = TestDb::new("sec_cast");
+    let mut c = db.connect();
+    let attacker = Attacker::new(&mut c, &db, "a");
+    attacker.plant_payload(&mut c);
+    attacker.act(&mut c);
+    exec(
+        &mut c,
+        &format!(
+            "CREATE TYPE {r}.evil AS (v text);
+             CREATE FUNCTION {r}.evil_text({r}.evil) RETURNS text LANGUAGE plpgsql AS
+               $$BEGIN PERFORM {r}.pwn(); RETURN $1.v; END$$;
+             CREATE CAST ({r}.evil AS text) WITH FUNCTION {r}.evil_text({r}.evil) AS IMPLICIT;
+             ALTER TABLE {r}.t ALTER COLUMN \"_sync_partition\" TYPE {r}.evil
+               USING ROW(\"_sync_partition\")::{r}.evil;",
+            r = attacker.role
+        ),
+    );
+    attacker.leave(&mut c);
+    assert_registration_dead(&mut c, &attacker);
+    // And such a relation cannot be registered in the first place.
+    attacker.act(&mut c);
+    invalid(
+        &mut c,
+        &format!(
+            "SELECT syncular.register_table('{}_again', '{}.t')",
+            attacker.role, attacker.role
+        ),
+        "relation",
+        "shape",
+    );
+}
+
+/// A victim's routine `rows_referencing_blob` reaches the attacker's table through a planted
+/// reference. The attacker's code attached to its table (a forced row-security policy) runs
+/// as the attacker, in a restricted security context: it cannot escalate.
+#[test]
+fn code_on_a_host_table_runs_as_its_owner_when_a_victim_reads_it() {
+    let db = TestDb::new("sec_victim");
+    let mut c = db.connect();
+    let attacker = Attacker::new(&mut c, &db, "a");
+    attacker.plant_payload(&mut c);
+    attacker.act(&mut c);
+    exec(
+        &mut c,
+        &format!(
+            "ALTER TABLE {r}.t ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
+             CREATE POLICY everyone ON {r}.t USING ({r}.pwn() IS NOT NULL);
+             GRANT SELECT ON {r}.t TO PUBLIC;",
+            r = attacker.role
+        ),
+    );
+    attacker.leave(&mut c);
+    // The victim: the superuser, as a host's maintenance job would run.
+    let err = sql_error(
+        &c.execute("SELECT syncular.rows_referencing_blob($1, 'blob-1')", &[&P])
+            .expect_err("the policy raises"),
+    );
+    assert_eq!(err.message, format!("ran as {}", attacker.role));
+    assert!(!attacker.is_superuser(&mut c));
+    for result in read_all(&mut c, &attacker.tbl) {
+        let err = sql_error(&result.expect_err("the policy raises"));
+        assert_eq!(err.message, format!("ran as {}", attacker.role));
+    }
+    assert!(!attacker.is_superuser(&mut c));
+}
+
+#[test]
+fn reading_an_app_table_needs_select_on_it() {
+    let db = TestDb::new("sec_select");
+    let mut c = db.connect();
+    let owner = Attacker::new(&mut c, &db, "owner");
+    let other = Attacker::new(&mut c, &db, "other");
+    other.act(&mut c);
+    for result in read_all(&mut c, &owner.tbl) {
+        let err = sql_error(&result.expect_err("no SELECT on the owner's table"));
+        assert_eq!(
+            (err.state.as_str(), err.detail),
+            (
+                "SY000",
+                Some(json!({"argument":"tbl","reason":"privilege"}))
+            )
+        );
+    }
+    other.leave(&mut c);
+    owner.act(&mut c);
+    exec(
+        &mut c,
+        &format!("GRANT SELECT ON {}.t TO {}", owner.role, other.role),
+    );
+    owner.leave(&mut c);
+    other.act(&mut c);
+    let scopes: Value = one(
+        &mut c,
+        "SELECT syncular.get_row_scopes($1, $2, 'r1')",
+        &[&P, &owner.tbl],
+    );
+    assert_eq!(scopes["serverVersion"], json!(1));
+    // Row-level security that would filter the caller's own reads: refused, not bypassed.
+    other.leave(&mut c);
+    owner.act(&mut c);
+    exec(
+        &mut c,
+        &format!(
+            "ALTER TABLE {r}.t ENABLE ROW LEVEL SECURITY;
+             CREATE POLICY nothing ON {r}.t USING (false);",
+            r = owner.role
+        ),
+    );
+    // The owner (policies do not apply to it unless forced) still reads.
+    let scopes: Value = one(
+        &mut c,
+        "SELECT syncular.get_row_scopes($1, $2, 'r1')",
+        &[&P, &owner.tbl],
+    );
+    assert_eq!(scopes["serverVersion"], json!(1));
+    owner.leave(&mut c);
+    other.act(&mut c);
+    for result in read_all(&mut c, &owner.tbl) {
+        let err = sql_error(&result.expect_err("row security applies to the caller"));
+        assert_eq!(
+            (err.state.as_str(), err.detail),
+            (
+                "SY000",
+                Some(json!({"argument":"tbl","reason":"privilege"}))
+            )
+        );
+    }
+}
+
+#[test]
+fn a_registration_cannot_be_hijacked_by_another_role() {
+    let db = TestDb::new("sec_hijack");
+    let mut c = db.connect();
+    let victim = Attacker::new(&mut c, &db, "victim");
+    let attacker = Attacker::new(&mut c, &db, "attacker");
+    victim.act(&mut c);
+    exec(
+        &mut c,
+        &format!(
+            "SELECT syncular.register_table('{}', '{}.t', true)",
+            victim.tbl, victim.role
+        ),
+    );
+    victim.leave(&mut c);
+    let before: Value = one(
+        &mut c,
+        "SELECT to_jsonb(a) FROM syncular.sync_app_tables a WHERE tbl = $1",
+        &[&victim.tbl],
+    );
+    attacker.act(&mut c);
+    invalid(
+        &mut c,
+        &format!(
+            "SELECT syncular.register_table('{}', '{}.t')",
+            victim.tbl, attacker.role
+        ),
+        "tbl",
+        "privilege",
+    );
+    // Nor with the victim's relation: registering needs its ownership.
+    invalid(
+        &mut c,
+        &format!(
+            "SELECT syncular.register_table('stolen', '{}.t')",
+            victim.role
+        ),
+        "relation",
+        "privilege",
+    );
+    attacker.leave(&mut c);
+    let after: Value = one(
+        &mut c,
+        "SELECT to_jsonb(a) FROM syncular.sync_app_tables a WHERE tbl = $1",
+        &[&victim.tbl],
+    );
+    assert_eq!(before, after);
+    assert_eq!(
+        count(
+            &mut c,
+            &format!(
+                "pg_trigger WHERE tgrelid = '{}.t'::regclass AND tgname = 'syncular_row_meta'",
+                victim.role
+            )
+        ),
+        1,
+        "the victim's row-meta trigger is still there"
+    );
+    assert_eq!(
+        count(&mut c, "syncular.sync_app_tables WHERE tbl = 'stolen'"),
+        0
+    );
+}
+
+#[test]
+fn foreign_dangling_and_unregistered_names_are_not_retired_by_a_host() {
+    let db = TestDb::new("sec_retire");
+    let mut c = db.connect();
+    let victim = Attacker::new(&mut c, &db, "victim");
+    let attacker = Attacker::new(&mut c, &db, "attacker");
+    let metadata = |c: &mut Client, tbl: &str| -> i64 {
+        one(
+            c,
+            "SELECT (SELECT count(*) FROM syncular.sync_row_scopes WHERE tbl = $1)
+                  + (SELECT count(*) FROM syncular.sync_blob_refs WHERE tbl = $1)
+                  + (SELECT count(*) FROM syncular.sync_app_tables WHERE tbl = $1)",
+            &[&tbl],
+        )
+    };
+    let refused = |c: &mut Client, tbl: &str| {
+        expect_error(
+            c.execute("SELECT syncular.retire_table($1)", &[&tbl]),
+            "SY000",
+            "sync.storage.invalid_argument",
+            Some(json!({"argument":"tbl","reason":"privilege"})),
+        );
+    };
+    assert_eq!(metadata(&mut c, &victim.tbl), 3);
+    // Registered by someone else.
+    attacker.act(&mut c);
+    refused(&mut c, &victim.tbl);
+    attacker.leave(&mut c);
+    // Dangling: the victim renamed, then dropped its relation; the registration is still the
+    // victim's.
+    victim.act(&mut c);
+    exec(
+        &mut c,
+        &format!(
+            "ALTER TABLE {r}.t RENAME TO gone; DROP TABLE {r}.gone",
+            r = victim.role
+        ),
+    );
+    victim.leave(&mut c);
+    attacker.act(&mut c);
+    refused(&mut c, &victim.tbl);
+    // Never registered: metadata written under a name nobody registered.
+    exec(
+        &mut c,
+        &format!("SELECT syncular.set_row_scopes('{P}', 'orphan', 'o1', '{{\"x\":\"1\"}}')"),
+    );
+    refused(&mut c, "orphan");
+    attacker.leave(&mut c);
+    assert_eq!(metadata(&mut c, &victim.tbl), 3);
+    assert_eq!(metadata(&mut c, "orphan"), 1);
+    // The registrant retires its own dangling registration; the extension owner the orphan.
+    victim.act(&mut c);
+    let retired: Value = one(&mut c, "SELECT syncular.retire_table($1)", &[&victim.tbl]);
+    assert_eq!(
+        retired,
+        json!({"rowScopes": 1, "blobRefs": 1, "registered": true})
+    );
+    victim.leave(&mut c);
+    let retired: Value = one(&mut c, "SELECT syncular.retire_table('orphan')", &[]);
+    assert_eq!(
+        retired,
+        json!({"rowScopes": 1, "blobRefs": 0, "registered": false})
+    );
+}
+
+#[test]
+fn temporary_tables_are_refused() {
+    let db = TestDb::new("sec_temp");
+    let mut c = db.connect();
+    exec(
+        &mut c,
+        r#"CREATE TEMP TABLE tmp (
+             "_sync_partition" text NOT NULL, "_sync_row_id" text NOT NULL,
+             "_sync_server_version" bigint NOT NULL, "_sync_scopes" jsonb NOT NULL,
+             "_sync_payload" bytea NOT NULL, "_sync_column_versions" bytea,
+             PRIMARY KEY ("_sync_partition", "_sync_row_id"))"#,
+    );
+    expect_error(
+        c.execute("SELECT syncular.register_table('tmp', 'pg_temp.tmp')", &[]),
+        "SY000",
+        "sync.storage.invalid_argument",
+        Some(json!({"argument":"relation","reason":"shape"})),
+    );
+    assert_eq!(
+        count(&mut c, "syncular.sync_app_tables WHERE tbl = 'tmp'"),
+        0
+    );
+}
+
+/// A host attaching the row-meta trigger itself, under another table's name, writes nothing.
+#[test]
+fn the_row_meta_trigger_only_works_where_register_table_put_it() {
+    let db = TestDb::new("sec_trigger");
+    let mut c = db.connect();
+    let attacker = Attacker::new(&mut c, &db, "a");
+    // Even were the trigger function granted, it refuses a relation not registered for `tasks`.
+    exec(
+        &mut c,
+        &format!(
+            "GRANT EXECUTE ON FUNCTION syncular.row_meta_trigger() TO {r};",
+            r = attacker.role
+        ),
+    );
+    attacker.act(&mut c);
+    exec(
+        &mut c,
+        &format!(
+            "CREATE TRIGGER planted AFTER INSERT ON {r}.t
+               FOR EACH ROW EXECUTE FUNCTION syncular.row_meta_trigger('tasks')",
+            r = attacker.role
+        ),
+    );
+    invalid(&mut c, &format!(
+                "INSERT INTO {}.t VALUES ('{P}', 'victim-row', 1, '{{\"project_id\":\"p9\"}}', '\\x01', NULL)",
+                attacker.role
+            ), "tbl", "privilege");
+    attacker.leave(&mut c);
+    assert_eq!(
+        count(&mut c, "syncular.sync_row_scopes WHERE tbl = 'tasks'"),
+        0
+    );
+}
+
+/// Only errors raised by the extension are re-coded: a host trigger raising a message equal to
+/// a catalogue code keeps its own SQLSTATE.
+#[test]
+fn a_host_error_that_looks_like_ours_is_not_recoded() {
+    let db = TestDb::new("sec_recode");
+    let mut c = db.connect();
+    exec(
+        &mut c,
+        "CREATE FUNCTION public.fake() RETURNS trigger LANGUAGE plpgsql AS
+           $$BEGIN RAISE EXCEPTION 'sync.storage.writer_fence_rejected'
+                   USING DETAIL = '{\"forged\":true}'; END$$;
+         CREATE TRIGGER fake BEFORE INSERT ON syncular.sync_changes
+           FOR EACH ROW EXECUTE FUNCTION public.fake();",
+    );
+    let err =
+        sql_error(&try_append(&mut c, P, "tasks", "t1", Some(1)).expect_err("the trigger raises"));
+    assert_eq!(err.state, "P0001", "{err:?}");
+}
+
+/// Control state lives in backend memory: settings of the same names change nothing.
+#[test]
+fn control_state_is_not_settable_by_a_session() {
+    let db = TestDb::new("sec_guc");
+    let mut c = db.connect();
+    exec(
+        &mut c,
+        "SET syncular.previous_schema = '{\"schemaVersion\":99,\"layouts\":{}}';
+         SET syncular.fence_guard_busy = 'on';",
+    );
+    let previous: Option<Value> = one(&mut c, "SELECT syncular.previous_schema()", &[]);
+    assert_eq!(previous, None);
+    assert!(!one::<bool>(
+        &mut c,
+        "SELECT syncular._fence_guard_busy()",
+        &[]
+    ));
+    // The guard still restores the fence when a (table-owning) session drops it.
+    exec(
+        &mut c,
+        "DROP TRIGGER sync_commits_writer_fence ON syncular.sync_commits",
+    );
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT syncular._native_fence_triggers()", &[]),
+        1
+    );
+    // previous_schema follows savepoints: a migration rolled back to a savepoint is forgotten.
+    let migrate_in_tx = |c: &mut Client, v: i64, layouts: Value| {
+        one::<i64>(
+            c,
+            "SELECT syncular.migrate_schema($1, $2, '[]')",
+            &[&v, &layouts],
+        )
+    };
+    exec(&mut c, "BEGIN");
+    migrate_in_tx(&mut c, 1, l1());
+    exec(&mut c, "SAVEPOINT s");
+    migrate_in_tx(&mut c, 2, l2());
+    let inner: Value = one(&mut c, "SELECT syncular.previous_schema()", &[]);
+    assert_eq!(inner["schemaVersion"], json!(1));
+    exec(&mut c, "ROLLBACK TO SAVEPOINT s");
+    let outer: Value = one(&mut c, "SELECT syncular.previous_schema()", &[]);
+    assert_eq!(outer["schemaVersion"], json!(0));
+    exec(&mut c, "COMMIT");
+    let after: Option<Value> = one(&mut c, "SELECT syncular.previous_schema()", &[]);
+    assert_eq!(after, None);
+}
+
+/// The serving role gets the serving API only; internal, operator and repair functions are
+/// nobody's but the owner's.
+#[test]
+fn the_host_role_cannot_call_triggers_adoption_repairs_or_admin_functions() {
+    let db = TestDb::new("sec_roles");
+    let mut c = db.connect();
+    let role = format!("{}_srv", db.name);
+    exec(
+        &mut c,
+        &format!("CREATE ROLE {role} NOLOGIN; GRANT syncular_host TO {role}"),
+    );
+    let executable = |c: &mut Client, role: &str, signature: &str| -> bool {
+        one(
+            c,
+            "SELECT has_function_privilege($1, $2, 'EXECUTE')",
+            &[&role, &signature],
+        )
+    };
+    for signature in [
+        "syncular.writer_fence_trigger()",
+        "syncular.row_meta_trigger()",
+        "syncular._fence_guard_on_drop()",
+        "syncular._fence_guard_on_create()",
+        "syncular._fence_guard_hold(boolean)",
+        "syncular._grant_api_roles()",
+        "syncular.adopt_legacy_tables(name, name)",
+        "syncular.repair_schema_marker(bigint, bigint, text)",
+        "syncular.repair_writer_fence(text, bigint, text)",
+    ] {
+        assert!(!executable(&mut c, &role, signature), "{signature}");
+        assert!(
+            !executable(&mut c, "syncular_admin", signature),
+            "{signature}"
+        );
+    }
+    for signature in [
+        "syncular.migrate_schema(bigint, jsonb, jsonb)",
+        "syncular.raise_writer_fence(text, bigint)",
+        "syncular.register_table(text, regclass, boolean)",
+        "syncular.prune_commit_log(text, bigint, bigint, bigint, bigint)",
+    ] {
+        assert!(!executable(&mut c, &role, signature), "{signature}");
+        assert!(
+            executable(&mut c, "syncular_admin", signature),
+            "{signature}"
+        );
+    }
+    for signature in [
+        "syncular.push_begin(text, text, text, bigint, jsonb)",
+        "syncular.append_commit(text, jsonb)",
+        "syncular.read_commit_window(text, text, jsonb, bigint, bigint, integer)",
+        "syncular.claim_reactions(text, text, text[], bigint, bigint, integer)",
+    ] {
+        assert!(executable(&mut c, &role, signature), "{signature}");
+    }
+}
+
+/// The owner's way back from a marker or fence raised too far, audited; hosts cannot use it.
+#[test]
+fn repairs_lower_marker_and_fence_for_the_owner_only_and_leave_an_audit_record() {
+    let db = TestDb::new("sec_repair");
+    let mut c = db.connect();
+    let max = (1i64 << 53) - 1;
+    migrate(&mut c, 1, &l1(), &json!([]));
+    one::<i64>(
+        &mut c,
+        "SELECT syncular.raise_writer_fence($1, $2)",
+        &[&P, &max],
+    );
+    migrate(&mut c, max, &l1(), &json!([]));
+    let attacker = Attacker::new(&mut c, &db, "a");
+    attacker.act(&mut c);
+    for sql in [
+        "SELECT syncular.repair_schema_marker(1, 0, 'x')",
+        "SELECT syncular.repair_writer_fence('part-1', 1, 'x')",
+    ] {
+        let err = sql_error(&c.execute(sql, &[]).expect_err("owner only"));
+        assert_eq!(err.state, "42501", "{sql}: {err:?}");
+    }
+    attacker.leave(&mut c);
+    expect_error(
+        c.execute("SELECT syncular.repair_schema_marker(1, 1, '')", &[]),
+        "SY000",
+        "sync.storage.invalid_argument",
+        Some(json!({"argument":"reason","reason":"empty"})),
+    );
+    let marker: Value = one(
+        &mut c,
+        "SELECT syncular.repair_schema_marker(1, 0, 'migrate_schema(2^53-1) by mistake')",
+        &[],
+    );
+    assert_eq!(
+        marker,
+        json!({"before":{"schemaVersion":max,"writerFloor":max},"after":{"schemaVersion":1,"writerFloor":0}})
+    );
+    let fence: Value = one(
+        &mut c,
+        "SELECT syncular.repair_writer_fence($1, 1, 'fence raised by mistake')",
+        &[&P],
+    );
+    assert_eq!(
+        fence,
+        json!({"before":{"requiredWriterVersion":max},"after":{"requiredWriterVersion":1}})
+    );
+    expect_error(
+        c.execute(
+            "SELECT syncular.repair_writer_fence($1, 2, 'raise?')",
+            &[&P],
+        ),
+        "SY000",
+        "sync.storage.invalid_argument",
+        Some(json!({"argument":"required_writer_version","reason":"range"})),
+    );
+    assert_eq!(append(&mut c, P, "tasks", "t1", Some(1)), 1);
+    let audit: Vec<(String, String)> = c
+        .query(
+            "SELECT action, reason FROM syncular.sync_repairs ORDER BY repaired_at",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        audit,
+        vec![
+            (
+                "schema_marker".to_string(),
+                "migrate_schema(2^53-1) by mistake".to_string()
+            ),
+            (
+                "writer_fence".to_string(),
+                "fence raised by mistake".to_string()
+            ),
+        ]
+    );
+}
