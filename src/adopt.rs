@@ -1,223 +1,542 @@
 //! The one-time adoption of a 0.24 database into the extension's tables (storage-api §10).
+//!
+//! An operator action (a superuser, or a role holding the extension owner's privileges), done in
+//! one call inside the caller's transaction, so a refusal at any point leaves nothing written:
+//! 1. **Before anything is copied**, every source table is locked and checked: an ordinary,
+//!    permanent table without row-level security, readable by the caller, whose copied columns
+//!    all have one of the built-in types their target column accepts.
+//! 2. The copy, as the extension owner.
+//! 3. The copied log is checked, set-based over the extension's own tables, for what the
+//!    extension's writers and readers rely on (a consistent allocator, known ops, object scopes
+//!    of strings, readable push results, no orphaned change rows).
+//!
+//! Why step 1 makes it safe to copy with the owner's rights (docs/SECURITY.md: no host code ever
+//! runs with them): the copy reads `ONLY` the checked relation — not its inheritance children,
+//! which could be foreign tables (an FDW would connect with the owner's user mapping) or carry
+//! their own policies — and applies only casts between built-in types, so no cast, function,
+//! policy or wrapper the host wrote runs in it. The types are read from the relation cache after
+//! the lock, i.e. from the very descriptor the copy statement is parsed against; a catalog query
+//! could see an older snapshot in a REPEATABLE READ transaction.
 
 use crate::access;
 use crate::args;
 use crate::db;
 use crate::error::{self, Error, Result};
+use crate::push;
 use crate::tables;
 use pgrx::prelude::*;
 use pgrx::spi::{quote_identifier, SpiClient};
-use pgrx::JsonB;
+use pgrx::{JsonB, PgRelation};
 use serde_json::{json, Map, Value};
+
+/// The type of a target column, and the source types it is copied from.
+#[derive(Clone, Copy)]
+enum Ty {
+    Text,
+    BigInt,
+    Integer,
+    SmallInt,
+    Boolean,
+    Jsonb,
+    Bytea,
+}
+
+impl Ty {
+    fn sql(self) -> &'static str {
+        match self {
+            Ty::Text => "text",
+            Ty::BigInt => "bigint",
+            Ty::Integer => "integer",
+            Ty::SmallInt => "smallint",
+            Ty::Boolean => "boolean",
+            Ty::Jsonb => "jsonb",
+            Ty::Bytea => "bytea",
+        }
+    }
+
+    /// The built-in source types accepted for a target of this type: upstream's own, the
+    /// narrower integers of older upstream versions (widened), and JSON stored as `json` or
+    /// `text` (then unwrapped). Compared by OID, so a domain over one of them, or a host type
+    /// of the same name in another schema, is refused. Every cast between these is PostgreSQL's
+    /// own (a widening, a binary coercion, or jsonb's input function).
+    fn accepts(self) -> &'static [pg_sys::Oid] {
+        match self {
+            Ty::Text => &[pg_sys::TEXTOID, pg_sys::VARCHAROID],
+            Ty::BigInt => &[pg_sys::INT8OID, pg_sys::INT4OID, pg_sys::INT2OID],
+            Ty::Integer => &[pg_sys::INT4OID, pg_sys::INT2OID],
+            Ty::SmallInt => &[pg_sys::INT2OID],
+            Ty::Boolean => &[pg_sys::BOOLOID],
+            Ty::Jsonb => &[pg_sys::JSONBOID, pg_sys::JSONOID, pg_sys::TEXTOID],
+            Ty::Bytea => &[pg_sys::BYTEAOID],
+        }
+    }
+}
 
 /// The tables of data-model §1, numbers 1–14, in copy order (commits before fences and the
 /// marker, so history is not fenced), with the columns adoption copies. JSON columns are
 /// unwrapped; the marker's floor is not copied (it stays 0).
-const ADOPTED: &[(&str, &[(&str, &str)])] = &[
+const ADOPTED: &[(&str, &[(&str, Ty)])] = &[
     (
         "sync_partitions",
         &[
-            ("partition", "text"),
-            ("max_commit_seq", "bigint"),
-            ("horizon_seq", "bigint"),
+            ("partition", Ty::Text),
+            ("max_commit_seq", Ty::BigInt),
+            ("horizon_seq", Ty::BigInt),
         ],
     ),
     (
         "sync_partition_registry",
         &[
-            ("partition", "text"),
-            ("log_epoch", "text"),
-            ("epoch_required", "boolean"),
-            ("last_authenticated_at_ms", "bigint"),
+            ("partition", Ty::Text),
+            ("log_epoch", Ty::Text),
+            ("epoch_required", Ty::Boolean),
+            ("last_authenticated_at_ms", Ty::BigInt),
         ],
     ),
     (
         "sync_row_scopes",
         &[
-            ("partition", "text"),
-            ("tbl", "text"),
-            ("var", "text"),
-            ("value", "text"),
-            ("row_id", "text"),
+            ("partition", Ty::Text),
+            ("tbl", Ty::Text),
+            ("var", Ty::Text),
+            ("value", Ty::Text),
+            ("row_id", Ty::Text),
         ],
     ),
     (
         "sync_commits",
         &[
-            ("partition", "text"),
-            ("commit_seq", "bigint"),
-            ("client_id", "text"),
-            ("client_commit_id", "text"),
-            ("actor_id", "text"),
-            ("created_at_ms", "bigint"),
-            ("writer_version", "bigint"),
+            ("partition", Ty::Text),
+            ("commit_seq", Ty::BigInt),
+            ("client_id", Ty::Text),
+            ("client_commit_id", Ty::Text),
+            ("actor_id", Ty::Text),
+            ("created_at_ms", Ty::BigInt),
+            ("writer_version", Ty::BigInt),
         ],
     ),
     (
         "sync_changes",
         &[
-            ("partition", "text"),
-            ("commit_seq", "bigint"),
-            ("idx", "integer"),
-            ("tbl", "text"),
-            ("row_id", "text"),
-            ("op", "smallint"),
-            ("row_version", "bigint"),
-            ("scopes", "jsonb"),
-            ("payload", "bytea"),
+            ("partition", Ty::Text),
+            ("commit_seq", Ty::BigInt),
+            ("idx", Ty::Integer),
+            ("tbl", Ty::Text),
+            ("row_id", Ty::Text),
+            ("op", Ty::SmallInt),
+            ("row_version", Ty::BigInt),
+            ("scopes", Ty::Jsonb),
+            ("payload", Ty::Bytea),
         ],
     ),
     (
         "sync_change_scopes",
         &[
-            ("partition", "text"),
-            ("tbl", "text"),
-            ("var", "text"),
-            ("value", "text"),
-            ("commit_seq", "bigint"),
+            ("partition", Ty::Text),
+            ("tbl", Ty::Text),
+            ("var", Ty::Text),
+            ("value", Ty::Text),
+            ("commit_seq", Ty::BigInt),
         ],
     ),
     (
         "sync_push_results",
         &[
-            ("partition", "text"),
-            ("client_id", "text"),
-            ("client_commit_id", "text"),
-            ("result", "jsonb"),
+            ("partition", Ty::Text),
+            ("client_id", Ty::Text),
+            ("client_commit_id", Ty::Text),
+            ("result", Ty::Jsonb),
         ],
     ),
     (
         "sync_reactions",
         &[
-            ("partition", "text"),
-            ("idempotency_key", "text"),
-            ("type", "text"),
-            ("version", "integer"),
-            ("payload", "jsonb"),
-            ("source_client_id", "text"),
-            ("source_client_commit_id", "text"),
-            ("source_commit_seq", "bigint"),
-            ("created_at_ms", "bigint"),
-            ("available_at_ms", "bigint"),
-            ("status", "text"),
-            ("attempts", "integer"),
-            ("max_attempts", "integer"),
-            ("lease_owner", "text"),
-            ("lease_expires_at_ms", "bigint"),
-            ("completed_at_ms", "bigint"),
-            ("last_failure", "jsonb"),
+            ("partition", Ty::Text),
+            ("idempotency_key", Ty::Text),
+            ("type", Ty::Text),
+            ("version", Ty::Integer),
+            ("payload", Ty::Jsonb),
+            ("source_client_id", Ty::Text),
+            ("source_client_commit_id", Ty::Text),
+            ("source_commit_seq", Ty::BigInt),
+            ("created_at_ms", Ty::BigInt),
+            ("available_at_ms", Ty::BigInt),
+            ("status", Ty::Text),
+            ("attempts", Ty::Integer),
+            ("max_attempts", Ty::Integer),
+            ("lease_owner", Ty::Text),
+            ("lease_expires_at_ms", Ty::BigInt),
+            ("completed_at_ms", Ty::BigInt),
+            ("last_failure", Ty::Jsonb),
         ],
     ),
     (
         "sync_clients",
         &[
-            ("partition", "text"),
-            ("client_id", "text"),
-            ("actor_id", "text"),
-            ("wire_version", "integer"),
-            ("cursor", "bigint"),
-            ("subscriptions", "jsonb"),
-            ("updated_at_ms", "bigint"),
+            ("partition", Ty::Text),
+            ("client_id", Ty::Text),
+            ("actor_id", Ty::Text),
+            ("wire_version", Ty::Integer),
+            ("cursor", Ty::BigInt),
+            ("subscriptions", Ty::Jsonb),
+            ("updated_at_ms", Ty::BigInt),
         ],
     ),
     (
         "sync_blob_refs",
         &[
-            ("partition", "text"),
-            ("tbl", "text"),
-            ("row_id", "text"),
-            ("blob_id", "text"),
+            ("partition", Ty::Text),
+            ("tbl", Ty::Text),
+            ("row_id", Ty::Text),
+            ("blob_id", Ty::Text),
         ],
     ),
     (
         "sync_tombstones",
         &[
-            ("partition", "text"),
-            ("tbl", "text"),
-            ("row_id", "text"),
-            ("commit_seq", "bigint"),
+            ("partition", Ty::Text),
+            ("tbl", Ty::Text),
+            ("row_id", Ty::Text),
+            ("commit_seq", Ty::BigInt),
         ],
     ),
     (
         "sync_backfill_checkpoints",
         &[
-            ("partition", "text"),
-            ("name", "text"),
-            ("schema_version", "bigint"),
-            ("state", "text"),
-            ("watermark", "bigint"),
-            ("owner_epoch", "bigint"),
-            ("observed_rows", "bigint"),
-            ("updated_at_ms", "bigint"),
+            ("partition", Ty::Text),
+            ("name", Ty::Text),
+            ("schema_version", Ty::BigInt),
+            ("state", Ty::Text),
+            ("watermark", Ty::BigInt),
+            ("owner_epoch", Ty::BigInt),
+            ("observed_rows", Ty::BigInt),
+            ("updated_at_ms", Ty::BigInt),
         ],
     ),
     (
         "sync_writer_fence",
-        &[("partition", "text"), ("required_writer_version", "bigint")],
+        &[
+            ("partition", Ty::Text),
+            ("required_writer_version", Ty::BigInt),
+        ],
     ),
     (
         "sync_schema_meta",
         &[
-            ("id", "integer"),
-            ("schema_version", "bigint"),
-            ("layouts", "text"),
+            ("id", Ty::Integer),
+            ("schema_version", Ty::BigInt),
+            ("layouts", Ty::Text),
         ],
     ),
 ];
-
-/// The columns a source table has, or `None` if the table is missing.
-fn source_columns(
-    client: &SpiClient<'_>,
-    schema: &str,
-    table: &str,
-) -> Result<Option<Vec<String>>> {
-    let oid = db::first::<pg_sys::Oid>(db::read(
-        client,
-        "SELECT c.oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-          WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
-        &[schema.into(), table.into()],
-    )?)?;
-    let Some(oid) = oid else { return Ok(None) };
-    let columns = db::read(
-        client,
-        "SELECT attname::text FROM pg_catalog.pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped",
-        &[oid.into()],
-    )?
-    .map(|row| Ok(row.get::<String>(1)?.unwrap_or_default()))
-    .collect::<Result<Vec<_>>>()?;
-    Ok(Some(columns))
+/// A refusal of the source: `invalid_argument` on `source_schema` (DETAIL keys are exactly
+/// `argument` and `reason`, core-api §0.3), the table and what is wrong with it in the HINT.
+fn refused(reason: &str, table: &str, what: &str) -> Error {
+    Error::invalid_argument("source_schema", reason).with_hint(format!("{table}: {what}"))
 }
 
-/// The copy statement of one table: the target columns the source has, JSON unwrapped.
-fn copy_sql(schema: &str, table: &str, columns: &[(&str, &str)], present: &[String]) -> String {
-    let copied: Vec<&(&str, &str)> = columns
+/// What the relation cache holds for a source relation.
+struct Described {
+    ordinary: bool,
+    temporary: bool,
+    row_security: bool,
+    /// Name and type of each live column.
+    columns: Vec<(String, pg_sys::Oid)>,
+}
+
+/// Reads the relation cache entry of `oid`, which the caller has locked.
+fn describe(oid: pg_sys::Oid) -> Result<Described> {
+    // SAFETY: the caller holds a lock on `oid` (its LOCK TABLE), so the relation can be neither
+    // dropped nor altered while the reference is held; RelationIdGetRelation returns NULL for a
+    // relation that does not exist (checked) and raises any other failure as a PostgreSQL error,
+    // which pgrx turns into a Rust panic that `error::run` lets unwind to pgrx's guard. The
+    // reference is released (RelationClose) when `rel` is dropped.
+    let rel = unsafe {
+        let ptr = pg_sys::RelationIdGetRelation(oid);
+        if ptr.is_null() {
+            return Err(Error::Internal(format!(
+                "syncular: source relation {oid:?} vanished under its lock"
+            )));
+        }
+        PgRelation::from_pg_owned(ptr)
+    };
+    // SAFETY: `rd_rel` of an open relation points to its pg_class row, valid while it is open.
+    let form = unsafe { &*rel.rd_rel };
+    let columns = rel
+        .tuple_desc()
         .iter()
-        .filter(|(c, _)| present.iter().any(|p| p == c))
+        .filter(|a| !a.attisdropped)
+        .map(|a| {
+            // Bytes up to the NUL, without assuming UTF-8 (no panic on another encoding).
+            let name: Vec<u8> = a
+                .attname
+                .data
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8)
+                .collect();
+            (String::from_utf8_lossy(&name).into_owned(), a.atttypid)
+        })
         .collect();
-    let targets: Vec<String> = copied.iter().map(|(c, _)| quote_identifier(c)).collect();
-    let sources: Vec<String> = copied
+    Ok(Described {
+        ordinary: form.relkind == pg_sys::RELKIND_RELATION as core::ffi::c_char,
+        temporary: form.relpersistence == pg_sys::RELPERSISTENCE_TEMP as core::ffi::c_char,
+        row_security: form.relrowsecurity,
+        columns,
+    })
+}
+
+/// A checked source table and the target columns copied from it.
+struct Source {
+    table: &'static str,
+    /// Quoted, schema-qualified name.
+    qualified: String,
+    columns: Vec<(&'static str, Ty)>,
+}
+
+/// Locks and checks the source of `table`; `None` when the source schema has no such relation.
+///
+/// Refused (`shape`): anything but an ordinary table — a view, materialized view or foreign
+/// table runs host code when read, a partitioned table may have foreign partitions — as well as
+/// a temporary table and a table with row-level security enabled (its policies are host code,
+/// and the owner's rights might not bypass them). Refused (`type`): a copied column whose type
+/// is not one its target accepts.
+fn prepare(
+    client: &SpiClient<'_>,
+    schema: &str,
+    table: &'static str,
+    columns: &[(&'static str, Ty)],
+) -> Result<Option<Source>> {
+    // A first look, so LOCK TABLE is never asked to lock what it cannot (sequences, indexes)
+    // or what it locks recursively (a view's base tables); the check that counts is below.
+    let ordinary = db::first::<bool>(db::read(
+        client,
+        "SELECT c.relkind = 'r' FROM pg_catalog.pg_class c
+           JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+          WHERE n.nspname = $1 AND c.relname = $2",
+        &[schema.into(), table.into()],
+    )?)?;
+    match ordinary {
+        None => return Ok(None),
+        Some(false) => {
+            return Err(refused(
+                "shape",
+                table,
+                "not an ordinary, permanent table without row-level security",
+            ))
+        }
+        Some(true) => {}
+    }
+    let qualified = format!("{}.{}", quote_identifier(schema), quote_identifier(table));
+    // As the caller: its privileges decide whether it may lock and read the source.
+    Spi::run(&format!("LOCK TABLE ONLY {qualified} IN EXCLUSIVE MODE"))?;
+    // The name again, under the lock and through the catalog cache: the relation the copy
+    // statement will read, whatever was renamed or replaced before the lock was granted.
+    let oid = db::first::<pg_sys::Oid>(db::write(
+        client,
+        "SELECT pg_catalog.to_regclass($1)::oid",
+        &[qualified.as_str().into()],
+    )?)?
+    .ok_or_else(|| Error::Internal(format!("syncular: {qualified} vanished under its lock")))?;
+    let readable = db::first::<bool>(db::read(
+        client,
+        "SELECT pg_catalog.has_table_privilege($1, 'SELECT')",
+        &[oid.into()],
+    )?)?;
+    if readable != Some(true) {
+        return Err(Error::invalid_argument("source_schema", "privilege"));
+    }
+    let described = describe(oid)?;
+    if !described.ordinary || described.temporary || described.row_security {
+        return Err(refused(
+            "shape",
+            table,
+            "not an ordinary, permanent table without row-level security",
+        ));
+    }
+    let mut copied = Vec::with_capacity(columns.len());
+    for &(column, ty) in columns {
+        let Some((_, source_type)) = described
+            .columns
+            .iter()
+            .find(|(name, _)| name.as_str() == column)
+        else {
+            continue;
+        };
+        if !ty.accepts().contains(source_type) {
+            return Err(refused(
+                "type",
+                table,
+                &format!("column {column} is not of a built-in type its target accepts"),
+            ));
+        }
+        copied.push((column, ty));
+    }
+    Ok(Some(Source {
+        table,
+        qualified,
+        columns: copied,
+    }))
+}
+
+/// The copy statement of one checked table: the target columns the source has, JSON unwrapped.
+/// Reads `ONLY` the checked relation (not its inheritance children).
+fn copy_sql(source: &Source) -> String {
+    let targets: Vec<String> = source
+        .columns
+        .iter()
+        .map(|(c, _)| quote_identifier(c))
+        .collect();
+    let values: Vec<String> = source
+        .columns
         .iter()
         .map(|(c, ty)| {
             let col = format!("s.{}", quote_identifier(c));
-            if *ty == "jsonb" {
-                format!(
+            match ty {
+                Ty::Jsonb => format!(
                     "CASE WHEN pg_catalog.jsonb_typeof({col}::jsonb) = 'string'
                                AND ({col}::jsonb #>> '{{}}') ~ '^\\s*[\\[{{]'
                           THEN ({col}::jsonb #>> '{{}}')::jsonb ELSE {col}::jsonb END"
-                )
-            } else {
-                format!("{col}::{ty}")
+                ),
+                _ => format!("{col}::{}", ty.sql()),
             }
         })
         .collect();
     format!(
-        "WITH copied AS (INSERT INTO syncular.{table} ({}) SELECT {} FROM {}.{} s RETURNING 1)
+        "WITH copied AS (INSERT INTO syncular.{} ({}) SELECT {} FROM ONLY {} s RETURNING 1)
          SELECT count(*) FROM copied",
+        source.table,
         targets.join(", "),
-        sources.join(", "),
-        quote_identifier(schema),
-        quote_identifier(table)
+        values.join(", "),
+        source.qualified
     )
+}
+
+/// The checks of the copied log, in the order they are reported: the table named in the
+/// refusal, and a statement returning the problem (no row = consistent). Each is one pass over
+/// its table (or an anti-join on a primary key), however many rows were copied.
+const LOG_CHECKS: &[(&str, &str)] = &[
+    // append_commit allocates max_commit_seq + 1 (a missing row counts as 0): below the
+    // highest commit, every append of the partition would collide with an existing commit.
+    (
+        "sync_partitions",
+        "SELECT 'allocator_below_commits'
+           FROM (SELECT partition, max(commit_seq) AS top FROM syncular.sync_commits
+                  GROUP BY partition) c
+           LEFT JOIN syncular.sync_partitions p ON p.partition = c.partition
+          WHERE coalesce(p.max_commit_seq, 0) < c.top
+          LIMIT 1",
+    ),
+    // data-model §3.3: every change belongs to a commit (they are pruned together).
+    (
+        "sync_changes",
+        "SELECT 'commit_missing' FROM syncular.sync_changes ch
+          WHERE NOT EXISTS (SELECT 1 FROM syncular.sync_commits c
+                             WHERE c.partition = ch.partition AND c.commit_seq = ch.commit_seq)
+          LIMIT 1",
+    ),
+    // data-model §2.5 / §5: op 1 = upsert, 2 = delete (commit.rs `Op`); scopes are an object of
+    // strings (what append_commit and set_row_scopes accept, and what the pull window returns).
+    // The CASE keeps the path query away from non-objects.
+    (
+        "sync_changes",
+        "SELECT CASE WHEN ch.op NOT IN (1, 2) THEN 'unknown_op'
+                     WHEN pg_catalog.jsonb_typeof(ch.scopes) <> 'object' THEN 'scopes_not_object'
+                     ELSE 'scope_not_string' END
+           FROM syncular.sync_changes ch
+          WHERE CASE WHEN ch.op NOT IN (1, 2) THEN true
+                     WHEN pg_catalog.jsonb_typeof(ch.scopes) <> 'object' THEN true
+                     ELSE pg_catalog.jsonb_path_exists(
+                            ch.scopes, 'strict $.* ? (@.type() != \"string\")', '{}', true) END
+          LIMIT 1",
+    ),
+    // data-model §3.4/§3.6: the scope index covers live commits only.
+    (
+        "sync_change_scopes",
+        "SELECT 'commit_missing' FROM syncular.sync_change_scopes s
+          WHERE NOT EXISTS (SELECT 1 FROM syncular.sync_commits c
+                             WHERE c.partition = s.partition AND c.commit_seq = s.commit_seq)
+          LIMIT 1",
+    ),
+];
+
+const PUSH_RESULTS_PAGE: i64 = 1000;
+const PUSH_RESULTS_FIRST: &str = "\
+SELECT partition, client_id, client_commit_id, result::text FROM syncular.sync_push_results
+ ORDER BY partition, client_id, client_commit_id LIMIT $1";
+const PUSH_RESULTS_AFTER: &str = "\
+SELECT partition, client_id, client_commit_id, result::text FROM syncular.sync_push_results
+ WHERE (partition, client_id, client_commit_id) > ($1 COLLATE \"C\", $2 COLLATE \"C\", $3 COLLATE \"C\")
+ ORDER BY partition, client_id, client_commit_id LIMIT $4";
+
+/// Whether some copied push result is one `get_push_result` could not read: not JSON serde can
+/// represent (deeper than 128, numbers beyond f64 — where get_push_result fails), or rejected
+/// by [`push::normalize`], the very rule `get_push_result` applies. Row by row, so walked in
+/// pages of the primary key, each in its own SPI connection: memory stays bounded.
+fn unreadable_push_result() -> Result<bool> {
+    let mut after: Option<[String; 3]> = None;
+    loop {
+        let (rows, last, bad) = db::with_spi(|client| {
+            let page = match &after {
+                None => db::write(client, PUSH_RESULTS_FIRST, &[PUSH_RESULTS_PAGE.into()])?,
+                Some(key) => db::write(
+                    client,
+                    PUSH_RESULTS_AFTER,
+                    &[
+                        key[0].as_str().into(),
+                        key[1].as_str().into(),
+                        key[2].as_str().into(),
+                        PUSH_RESULTS_PAGE.into(),
+                    ],
+                )?,
+            };
+            let (mut rows, mut last) = (0, None);
+            for row in page {
+                rows += 1;
+                let text = row.get::<String>(4)?.unwrap_or_default();
+                let readable = serde_json::from_str::<Value>(&text)
+                    .ok()
+                    .is_some_and(|stored| push::normalize(stored).is_ok());
+                if !readable {
+                    return Ok((rows, None, true));
+                }
+                last = Some([
+                    row.get::<String>(1)?.unwrap_or_default(),
+                    row.get::<String>(2)?.unwrap_or_default(),
+                    row.get::<String>(3)?.unwrap_or_default(),
+                ]);
+            }
+            Ok((rows, last, false))
+        })?;
+        if bad {
+            return Ok(true);
+        }
+        if rows < PUSH_RESULTS_PAGE {
+            return Ok(false);
+        }
+        after = last;
+    }
+}
+
+/// The first inconsistency of the copied log, as a refusal.
+fn check_log(client: &SpiClient<'_>) -> Result<()> {
+    for (table, sql) in LOG_CHECKS {
+        if let Some(problem) = db::first::<String>(db::write(client, sql, &[])?)? {
+            return Err(refused(
+                "shape",
+                table,
+                &format!("inconsistent log: {problem}"),
+            ));
+        }
+    }
+    if unreadable_push_result()? {
+        return Err(refused(
+            "shape",
+            "sync_push_results",
+            "inconsistent log: unreadable_result",
+        ));
+    }
+    Ok(())
 }
 
 fn adopt(client: &SpiClient<'_>, source: &str, app_schema: Option<&str>) -> Result<Value> {
@@ -243,27 +562,22 @@ fn adopt(client: &SpiClient<'_>, source: &str, app_schema: Option<&str>) -> Resu
     if !empty {
         return Err(Error::invalid_argument("source_schema", "not_empty"));
     }
-    let mut counts = Map::new();
+    // Every source is locked and checked before the first row is copied.
+    let mut sources = Vec::with_capacity(ADOPTED.len());
     for (table, columns) in ADOPTED {
-        let Some(present) = source_columns(client, source, table)? else {
-            counts.insert(table.to_string(), json!(0));
-            continue;
-        };
-        // As the caller: its privileges decide whether it may lock and read the source.
-        let qualified = format!("{}.{}", quote_identifier(source), quote_identifier(table));
-        Spi::run(&format!("LOCK TABLE {qualified} IN EXCLUSIVE MODE"))?;
-        let readable = Spi::get_one::<bool>(&format!(
-            "SELECT pg_catalog.has_table_privilege({}, 'SELECT')",
-            pgrx::spi::quote_literal(&qualified)
-        ))?;
-        if readable != Some(true) {
-            return Err(Error::invalid_argument("source_schema", "privilege"));
-        }
-        let sql = copy_sql(source, table, columns, &present);
-        let copied =
-            access::as_extension_owner(client, || Ok(Spi::get_one::<i64>(&sql)?.unwrap_or(0)))?;
-        counts.insert(table.to_string(), json!(copied));
+        sources.push((*table, prepare(client, source, table, columns)?));
     }
+    let mut counts = Map::new();
+    access::as_extension_owner(client, || {
+        for (table, checked) in &sources {
+            let copied = match checked {
+                Some(checked) => Spi::get_one::<i64>(&copy_sql(checked))?.unwrap_or(0),
+                None => 0,
+            };
+            counts.insert(table.to_string(), json!(copied));
+        }
+        check_log(client)
+    })?;
     let mut registered = 0;
     if let Some(app_schema) = app_schema {
         let layouts = access::as_extension_owner(client, || {
@@ -310,12 +624,19 @@ fn adopt_legacy_tables(
     app_schema: Option<&core::ffi::CStr>,
 ) -> JsonB {
     error::run(|| {
+        // SAFETY: reads the transaction state of this backend; no allocation, never errors.
         if !unsafe { pg_sys::IsTransactionBlock() } {
             return Err(Error::invalid_transaction_state("no_transaction_block"));
         }
-        let text = |v: Option<&core::ffi::CStr>| v.map(|c| c.to_string_lossy().into_owned());
-        let source = args::text("source_schema", text(source_schema).as_deref())?;
-        let app_schema = text(app_schema).filter(|s| !s.is_empty());
-        db::with_spi(|client| adopt(client, &source, app_schema.as_deref())).map(JsonB)
+        db::with_spi(|client| {
+            // An operator action: it writes every partition's log and reads the source with
+            // the extension owner's rights.
+            access::require_operator(client, "source_schema")?;
+            let text = |v: Option<&core::ffi::CStr>| v.map(|c| c.to_string_lossy().into_owned());
+            let source = args::text("source_schema", text(source_schema).as_deref())?;
+            let app_schema = text(app_schema).filter(|s| !s.is_empty());
+            adopt(client, &source, app_schema.as_deref())
+        })
+        .map(JsonB)
     })
 }

@@ -133,6 +133,7 @@ pub struct SqlError {
     pub state: String,
     pub message: String,
     pub detail: Option<Value>,
+    pub hint: Option<String>,
 }
 
 pub fn sql_error(e: &postgres::Error) -> SqlError {
@@ -145,6 +146,7 @@ pub fn sql_error(e: &postgres::Error) -> SqlError {
         detail: db
             .detail()
             .map(|d| serde_json::from_str(d).unwrap_or_else(|_| json!(d))),
+        hint: db.hint().map(str::to_string),
     }
 }
 
@@ -599,3 +601,45 @@ pub fn reaction(seq: i64, key: &str) -> Value {
 }
 
 pub const RKEY: &str = r#"["c1","commit-1","email"]"#;
+
+// ---- a 0.24 database (adoption) --------------------------------------------------------------
+
+/// The storage tables of upstream 0.24, as its adapter creates them (unqualified names).
+pub const UPSTREAM_DDL: &str = include_str!("../../fixtures/upstream-0.24-ddl.sql");
+
+/// A schema `legacy` written by a 0.24 host (scenarios CMP-03): three commits of `part-1` and
+/// their allocator row, a push result and a client record stored as jsonb strings (as drivers
+/// that bind JSON text write them), a fence and the marker with the L1 layouts. Created by the
+/// session's current role.
+pub fn legacy_database(c: &mut Client) {
+    exec(c, "CREATE SCHEMA legacy; SET search_path = legacy");
+    exec(c, UPSTREAM_DDL);
+    exec(c, "DELETE FROM sync_schema_meta");
+    for seq in 1..=3i64 {
+        c.execute(
+            "INSERT INTO sync_commits (partition, commit_seq, client_id, client_commit_id, actor_id, created_at_ms)
+             VALUES ('part-1', $1, 'c1', $2, 'a1', 1750000000000)",
+            &[&seq, &format!("k{seq}")],
+        )
+        .unwrap();
+    }
+    let result =
+        json!({"status":"applied","commitSeq":3,"results":[{"opIndex":0,"status":"applied"}]})
+            .to_string();
+    let subs = json!([{"id":"s1","table":"tasks","scopes":{"project_id":["p1"]}}]).to_string();
+    exec(c, "INSERT INTO sync_partitions VALUES ('part-1', 3, 0)");
+    c.execute(
+        "INSERT INTO sync_push_results VALUES ('part-1', 'c1', 'k3', to_jsonb($1::text))",
+        &[&result],
+    )
+    .unwrap();
+    c.execute("INSERT INTO sync_clients VALUES ('part-1', 'c1', 'a1', 1, 3, to_jsonb($1::text), 1750000000000)", &[&subs]).unwrap();
+    c.execute("INSERT INTO sync_writer_fence VALUES ('part-1', 1)", &[])
+        .unwrap();
+    c.execute(
+        "INSERT INTO sync_schema_meta VALUES (1, 1, $1)",
+        &[&l1().to_string()],
+    )
+    .unwrap();
+    exec(c, "RESET search_path");
+}

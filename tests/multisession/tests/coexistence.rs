@@ -5,8 +5,6 @@ use std::process::Command;
 use std::thread;
 use syncular_multisession::*;
 
-const UPSTREAM_DDL: &str = include_str!("../../fixtures/upstream-0.24-ddl.sql");
-
 /// Upstream 0.24's allocation statement feeding the commit insert (from its adapter).
 const UPSTREAM_ALLOCATE: &str = "WITH allocated AS (
     INSERT INTO sync_partitions(partition, max_commit_seq) VALUES ($1, 1)
@@ -83,40 +81,6 @@ fn cmp_02_upstreams_partition_lock_and_the_api_serialize() {
     wait_until_blocked(&mut c, pid);
     exec(&mut s1, "COMMIT");
     assert_eq!(waiter.join().unwrap(), 1);
-}
-
-/// A schema `legacy` written by a 0.24 host (scenarios CMP-03).
-fn legacy_database(c: &mut postgres::Client) {
-    exec(c, "CREATE SCHEMA legacy; SET search_path = legacy");
-    exec(c, UPSTREAM_DDL);
-    exec(c, "DELETE FROM sync_schema_meta");
-    for seq in 1..=3i64 {
-        c.execute(
-            "INSERT INTO sync_commits (partition, commit_seq, client_id, client_commit_id, actor_id, created_at_ms)
-             VALUES ('part-1', $1, 'c1', $2, 'a1', 1750000000000)",
-            &[&seq, &format!("k{seq}")],
-        )
-        .unwrap();
-    }
-    let result =
-        json!({"status":"applied","commitSeq":3,"results":[{"opIndex":0,"status":"applied"}]})
-            .to_string();
-    let subs = json!([{"id":"s1","table":"tasks","scopes":{"project_id":["p1"]}}]).to_string();
-    exec(c, "INSERT INTO sync_partitions VALUES ('part-1', 3, 0)");
-    c.execute(
-        "INSERT INTO sync_push_results VALUES ('part-1', 'c1', 'k3', to_jsonb($1::text))",
-        &[&result],
-    )
-    .unwrap();
-    c.execute("INSERT INTO sync_clients VALUES ('part-1', 'c1', 'a1', 1, 3, to_jsonb($1::text), 1750000000000)", &[&subs]).unwrap();
-    c.execute("INSERT INTO sync_writer_fence VALUES ('part-1', 1)", &[])
-        .unwrap();
-    c.execute(
-        "INSERT INTO sync_schema_meta VALUES (1, 1, $1)",
-        &[&l1().to_string()],
-    )
-    .unwrap();
-    exec(c, "RESET search_path");
 }
 
 #[test]
