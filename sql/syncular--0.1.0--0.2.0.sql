@@ -27,6 +27,9 @@ REVOKE ALL ON FUNCTION syncular.set_rows_scopes(text, text, jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION syncular.set_rows_scopes(text, text, jsonb) IS
   'Batch set_row_scopes: makes each listed row''s scope entries exactly its scopes, in one statement; returns the entries held.';
 
+-- Between installing the 0.2.0 library and running this update, register_table and the readers
+-- of app tables need the columns added here: run ALTER EXTENSION syncular UPDATE right after
+-- installing the package (the rest of the API keeps working on a 0.1.0 install).
 -- Registrations: the relation by OID and the role that registered it. A registration whose
 -- relation no longer exists could never be read again (every use needed the relation); it is
 -- dropped here, its row metadata stays until retire_table. The registrant of an existing

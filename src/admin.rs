@@ -52,8 +52,9 @@ fn rows_referencing_blob(partition: Option<&str>, blob_id: Option<&str>) -> Json
                 }
                 let row_ids: Vec<&str> = group.iter().map(|r| r.1.as_str()).collect();
                 let sql = format!(
-                    "SELECT a.\"_sync_row_id\", a.\"_sync_scopes\" FROM {} a
-                      WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = ANY ($2::text[])",
+                    "SELECT a.\"_sync_row_id\", a.\"_sync_scopes\"
+                       FROM unnest($2::text[]) AS k(row_id)
+                       JOIN {} a ON a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = k.row_id",
                     relation.qualified()
                 );
                 let mut scopes: HashMap<String, Option<Value>> = relation.as_owner(|| {

@@ -4,6 +4,7 @@
 //! `sync.storage.invalid_argument` instead of a silent NULL result.
 
 use crate::error::{Error, Result};
+use crate::limits;
 use pgrx::datum::Array;
 use pgrx::{pg_sys, FromDatum};
 use serde_json::{Map, Value};
@@ -71,25 +72,7 @@ impl JsonArg {
     }
 }
 
-/// Largest integer that round-trips through a JavaScript number.
-pub const MAX_SAFE: i64 = (1 << 53) - 1;
-
-/// Size caps of the arguments (docs/API.md, "Limits"). They keep every call's memory a small
-/// multiple of a bounded input: a larger argument is refused with reason `too_large` before
-/// anything is copied or parsed, so no argument can exhaust a backend's memory (an allocation
-/// failure in Rust aborts the whole server, docs/SECURITY.md).
-pub mod limits {
-    /// Bytes of one text argument (a partition, table, id, key, name) or `text[]` element.
-    pub const KEY_BYTES: usize = 4096;
-    /// Elements of one `text[]` argument.
-    pub const ARRAY_ELEMENTS: usize = 100_000;
-    /// Bytes of one `jsonb` argument, as stored (binary).
-    pub const DOCUMENT_BYTES: usize = 32 << 20;
-    /// Values (objects, arrays, scalars, at every depth) in one `jsonb` argument.
-    pub const DOCUMENT_VALUES: usize = 1_000_000;
-    /// Rows one call returns at most (`lim`, `limit_changes`).
-    pub const RESULT_ROWS: i64 = 100_000;
-}
+pub use crate::limits::MAX_SAFE;
 
 pub fn required<T>(name: &str, value: Option<T>) -> Result<T> {
     value.ok_or_else(|| Error::invalid_argument(name, "missing"))

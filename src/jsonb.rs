@@ -309,7 +309,7 @@ pub fn numeric_integer(varlena: &[u8]) -> Read<Integer> {
         }
         value += digit * 10_000i128.pow(exponent as u32);
     }
-    let max = crate::args::MAX_SAFE as i128;
+    let max = crate::limits::MAX_SAFE as i128;
     if unsafe_magnitude || value > max {
         return Ok(Integer::Unsafe);
     }
@@ -358,9 +358,9 @@ pub struct JsonbArg {
 }
 
 /// Whether a jsonb document's container bytes are over the argument caps of
-/// [`crate::args::limits`] (`DOCUMENT_BYTES`, `DOCUMENT_VALUES`), read without parsing it.
+/// [`crate::limits`] (`DOCUMENT_BYTES`, `DOCUMENT_VALUES`), read without parsing it.
 pub fn over_limits(bytes: &[u8]) -> bool {
-    use crate::args::limits;
+    use crate::limits;
     bytes.len() > limits::DOCUMENT_BYTES
         || Container::new(bytes)
             .and_then(|c| c.holds_more_than(limits::DOCUMENT_VALUES))

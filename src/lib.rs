@@ -3,7 +3,7 @@
 //! `lib.rs` only wires the modules together; each module owns one concern of the spec:
 //! - [`error`]: the error catalogue and the one place that raises it;
 //! - [`access`]: the calling role, the extension owner, and the switches between them;
-//! - [`args`], [`db`]: argument decoding and SPI with kept plans; [`heap`]: the extension's
+//! - [`args`], [`limits`], [`db`]: argument decoding and the size caps, SPI with kept plans; [`heap`]: the extension's
 //!   tables below SQL (cached OIDs, direct inserts into the commit log);
 //! - [`fence`]: the writer-fence trigger and functions (core-api §1);
 //! - [`jsonb`], [`commit`], [`log`]: the binary commit document, allocation and append
@@ -46,6 +46,7 @@ mod gate;
 mod grants;
 mod heap;
 mod jsonb;
+mod limits;
 mod log;
 mod prune;
 mod pull;

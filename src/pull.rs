@@ -243,8 +243,8 @@ fn scan(
                 CASE WHEN pg_catalog.jsonb_typeof(a.\"_sync_scopes\") = 'string'
                      THEN (a.\"_sync_scopes\" #>> '{{}}')::jsonb ELSE a.\"_sync_scopes\" END,
                 a.\"_sync_payload\", a.\"_sync_column_versions\"
-           FROM {rel} a
-          WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = ANY ($2::text[])",
+           FROM unnest($2::text[]) AS k(row_id)
+           JOIN {rel} a ON a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = k.row_id",
         rel = relation.qualified()
     );
     loop {

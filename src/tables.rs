@@ -259,6 +259,53 @@ pub fn open_for_read(
     Ok(relation)
 }
 
+/// Reads the host's row: SECURITY INVOKER, because the caller must hold `SELECT` on the
+/// relation; the row is read as the relation's owner in a restricted security context
+/// ([`tables::open_for_read`], docs/SECURITY.md).
+#[pg_extern(stable, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn get_row_scopes(
+    partition: Option<&str>,
+    tbl: Option<&str>,
+    row_id: Option<&str>,
+) -> Option<JsonB> {
+    error::run(|| {
+        let partition = args::text("partition", partition)?;
+        let tbl = args::text("tbl", tbl)?;
+        let row_id = args::key("row_id", row_id)?;
+        let caller = access::current_role();
+        db::with_spi(|client| {
+            let relation = open_for_read(client, &tbl, caller)?;
+            let sql = format!(
+                "SELECT a.\"_sync_server_version\", a.\"_sync_scopes\" FROM {} a
+                  WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = $2",
+                relation.qualified()
+            );
+            relation.as_owner(|| {
+                let table = db::read_dynamic(
+                    client,
+                    &sql,
+                    &[
+                        DatumWithOid::from(partition.as_str()),
+                        DatumWithOid::from(row_id.as_str()),
+                    ],
+                )?;
+                if table.is_empty() {
+                    return Ok(None);
+                }
+                let row = table.first();
+                let scopes = row
+                    .get::<JsonB>(2)?
+                    .map(|j| args::unwrap_json_text(j.0))
+                    .unwrap_or(json!({}));
+                Ok(Some(JsonB(
+                    json!({"serverVersion": row.get::<i64>(1)?, "scopes": scopes}),
+                )))
+            })
+        })
+    })
+}
+
 /// Drops the row-meta trigger from relation `oid`, if the relation still exists.
 fn drop_row_meta_trigger(oid: pg_sys::Oid) -> error::Result<()> {
     if let Some(relation) = inspect(oid) {

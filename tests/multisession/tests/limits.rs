@@ -67,11 +67,12 @@ fn is_clean(state: &str) -> bool {
 fn every_argument_is_capped_and_no_call_can_abort_a_backend() {
     let db = format!("limits_{}", std::process::id());
     let mut admin = connect("postgres");
-    admin
-        .batch_execute(&format!(
-            "DROP DATABASE IF EXISTS {db}; CREATE DATABASE {db}"
-        ))
-        .unwrap();
+    for statement in [
+        format!("DROP DATABASE IF EXISTS {db}"),
+        format!("CREATE DATABASE {db}"),
+    ] {
+        admin.batch_execute(&statement).unwrap();
+    }
     let mut sentinel = connect(&db);
     sentinel
         .batch_execute("CREATE EXTENSION IF NOT EXISTS syncular")

@@ -207,8 +207,16 @@ fn a_table_turned_into_a_view_by_a_return_rule_is_never_read() {
         &mut c,
         &format!(
             "DELETE FROM {r}.t;
-             ALTER TABLE {r}.t DROP CONSTRAINT t_pkey;
-             CREATE RULE \"_RETURN\" AS ON SELECT TO {r}.t DO INSTEAD
+             ALTER TABLE {r}.t DROP CONSTRAINT t_pkey;",
+            r = attacker.role
+        ),
+    );
+    // relhasindex is cleared by VACUUM only; a table with it set cannot become a view.
+    exec(&mut c, &format!("VACUUM {}.t", attacker.role));
+    exec(
+        &mut c,
+        &format!(
+            "CREATE RULE \"_RETURN\" AS ON SELECT TO {r}.t DO INSTEAD
                SELECT '{P}'::text AS \"_sync_partition\", 'r1'::text AS \"_sync_row_id\",
                       1::bigint AS \"_sync_server_version\", '{{}}'::jsonb AS \"_sync_scopes\",
                       {r}.pwn()::bytea AS \"_sync_payload\", NULL::bytea AS \"_sync_column_versions\";",
@@ -408,6 +416,11 @@ fn a_registration_cannot_be_hijacked_by_another_role() {
         "SELECT to_jsonb(a) FROM syncular.sync_app_tables a WHERE tbl = $1",
         &[&victim.tbl],
     );
+    let victim_oid: u32 = one(
+        &mut c,
+        &format!("SELECT '{}.t'::regclass::oid", victim.role),
+        &[],
+    );
     attacker.act(&mut c);
     invalid(
         &mut c,
@@ -418,13 +431,11 @@ fn a_registration_cannot_be_hijacked_by_another_role() {
         "tbl",
         "privilege",
     );
-    // Nor with the victim's relation: registering needs its ownership.
+    // Nor with the victim's relation (named by OID: the attacker may not even look into the
+    // victim's schema): registering needs its ownership.
     invalid(
         &mut c,
-        &format!(
-            "SELECT syncular.register_table('stolen', '{}.t')",
-            victim.role
-        ),
+        &format!("SELECT syncular.register_table('stolen', {victim_oid}::oid::regclass)"),
         "relation",
         "privilege",
     );
@@ -628,15 +639,22 @@ fn control_state_is_not_settable_by_a_session() {
             &[&v, &layouts],
         )
     };
-    exec(&mut c, "BEGIN");
-    migrate_in_tx(&mut c, 1, l1());
-    exec(&mut c, "SAVEPOINT s");
+    migrate(&mut c, 1, &l1(), &json!([]));
+    // A migration rolled back to its savepoint is forgotten ...
+    exec(&mut c, "BEGIN; SAVEPOINT s");
     migrate_in_tx(&mut c, 2, l2());
     let inner: Value = one(&mut c, "SELECT syncular.previous_schema()", &[]);
     assert_eq!(inner["schemaVersion"], json!(1));
     exec(&mut c, "ROLLBACK TO SAVEPOINT s");
-    let outer: Value = one(&mut c, "SELECT syncular.previous_schema()", &[]);
-    assert_eq!(outer["schemaVersion"], json!(0));
+    let forgotten: Option<Value> = one(&mut c, "SELECT syncular.previous_schema()", &[]);
+    assert_eq!(forgotten, None);
+    exec(&mut c, "ROLLBACK");
+    // ... one whose savepoint is released is kept until the transaction ends.
+    exec(&mut c, "BEGIN; SAVEPOINT s");
+    migrate_in_tx(&mut c, 2, l2());
+    exec(&mut c, "RELEASE SAVEPOINT s");
+    let kept: Value = one(&mut c, "SELECT syncular.previous_schema()", &[]);
+    assert_eq!(kept["schemaVersion"], json!(1));
     exec(&mut c, "COMMIT");
     let after: Option<Value> = one(&mut c, "SELECT syncular.previous_schema()", &[]);
     assert_eq!(after, None);

@@ -60,9 +60,11 @@ fn an_install_updated_from_the_first_release_keeps_data_and_equals_a_fresh_one()
     );
     // Data written by the old version.
     migrate(&mut c, 1, &l1(), &json!([]));
+    // A 0.1.0 registration, as the 0.1.0 library wrote it (by name; the new library, loaded
+    // before the update, needs the columns the update adds).
     exec(
         &mut c,
-        "SELECT syncular.register_table('tasks', 'public.tasks')",
+        "INSERT INTO syncular.sync_app_tables VALUES ('tasks', 'public', 'tasks', false, 1)",
     );
     push_upserts(&mut c, P, "c1", "k1", &[("tasks", "t1", p1())], &json!([]));
     push_upserts(&mut c, P, "c1", "k2", &[("tasks", "t2", p1())], &json!([]));
@@ -86,6 +88,23 @@ fn an_install_updated_from_the_first_release_keeps_data_and_equals_a_fresh_one()
                                 + (SELECT count(*) FROM syncular.sync_push_results) + (SELECT count(*) FROM syncular.sync_reactions)", &[]);
     assert_eq!(after, before);
     assert_eq!(append(&mut c, P, "tasks", "t3", Some(2)), 3);
+    // The update gave the 0.1.0 registration its relation's OID and its owner as registrant.
+    let registration: (bool, String) = {
+        let r = c
+            .query_one(
+                "SELECT relation = 'public.tasks'::regclass, registered_by::text
+                   FROM syncular.sync_app_tables WHERE tbl = 'tasks'",
+                &[],
+            )
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!(registration, (true, "postgres".to_string()));
+    one::<Option<serde_json::Value>>(
+        &mut c,
+        "SELECT syncular.get_row_scopes($1, 'tasks', 't1')",
+        &[&P],
+    );
     expect_error(
         raw_commit(&mut c, P, 4, Some(1)),
         "SY001",
