@@ -1,4 +1,4 @@
-//! Blob-reference reads and admin reads (storage-api §8–§9).
+//! Blob-reference reads and admin reads (docs/DESIGN.md §Blob references and admin reads).
 
 use crate::access;
 use crate::args;

@@ -1,4 +1,4 @@
-//! The one-time adoption of a 0.24 database into the extension's tables (storage-api §10).
+//! The one-time adoption of a 0.24 database into the extension's tables (docs/DESIGN.md §Adoption).
 //!
 //! An operator action (a superuser, or a role holding the extension owner's privileges), done in
 //! one call inside the caller's transaction, so a refusal at any point leaves nothing written:
@@ -72,7 +72,7 @@ impl Ty {
     }
 }
 
-/// The tables of data-model §1, numbers 1–14, in copy order (commits before fences and the
+/// Tables 1–14 of docs/DESIGN.md §Data model, in copy order (commits before fences and the
 /// marker, so history is not fenced), with the columns adoption copies. JSON columns are
 /// unwrapped; the marker's floor is not copied (it stays 0).
 const ADOPTED: &[(&str, &[(&str, Ty)])] = &[
@@ -230,7 +230,7 @@ const ADOPTED: &[(&str, &[(&str, Ty)])] = &[
     ),
 ];
 /// A refusal of the source: `invalid_argument` on `source_schema` (DETAIL keys are exactly
-/// `argument` and `reason`, core-api §0.3), the table and what is wrong with it in the HINT.
+/// `argument` and `reason`, docs/API.md §Errors), the table and what is wrong with it in the HINT.
 fn refused(reason: &str, table: &str, what: &str) -> Error {
     Error::invalid_argument("source_schema", reason).with_hint(format!("{table}: {what}"))
 }
@@ -427,7 +427,7 @@ const LOG_CHECKS: &[(&str, &str)] = &[
           WHERE coalesce(p.max_commit_seq, 0) < c.top
           LIMIT 1",
     ),
-    // data-model §3.3: every change belongs to a commit (they are pruned together).
+    // docs/DESIGN.md, invariant D3: every change belongs to a commit (they are pruned together).
     (
         "sync_changes",
         "SELECT 'commit_missing' FROM syncular.sync_changes ch
@@ -435,8 +435,9 @@ const LOG_CHECKS: &[(&str, &str)] = &[
                              WHERE c.partition = ch.partition AND c.commit_seq = ch.commit_seq)
           LIMIT 1",
     ),
-    // data-model §2.5 / §5: op 1 = upsert, 2 = delete (commit.rs `Op`); scopes are an object of
-    // strings (what append_commit and set_row_scopes accept, and what the pull window returns).
+    // docs/DESIGN.md §sync_changes, §Stored JSON: op 1 = upsert, 2 = delete (commit.rs `Op`);
+    // scopes are an object of strings (what append_commit and set_row_scopes accept, and what
+    // the pull window returns).
     // The CASE keeps the path query away from non-objects.
     (
         "sync_changes",
@@ -450,7 +451,7 @@ const LOG_CHECKS: &[(&str, &str)] = &[
                             ch.scopes, 'strict $.* ? (@.type() != \"string\")', '{}', true) END
           LIMIT 1",
     ),
-    // data-model §3.4/§3.6: the scope index covers live commits only.
+    // docs/DESIGN.md, invariants D4 and D6: the scope index covers live commits only.
     (
         "sync_change_scopes",
         "SELECT 'commit_missing' FROM syncular.sync_change_scopes s

@@ -1,4 +1,5 @@
-//! Argument decoding shared by every function: NULL checks, ranges, JSON shapes (core-api §0.2).
+//! Argument decoding shared by every function: NULL checks, ranges, JSON shapes
+//! (docs/API.md §Conventions).
 //!
 //! Functions are declared non-STRICT so that a NULL reaches us and becomes a coded
 //! `sync.storage.invalid_argument` instead of a silent NULL result.
@@ -229,7 +230,8 @@ pub fn json_int(value: &Value) -> std::result::Result<i64, IntProblem> {
     }
 }
 
-/// One entry of a `declared` array (core-api §3): `{"partition", "name", "schemaVersion"?}`.
+/// One entry of a `declared` array (docs/API.md §Serve gate):
+/// `{"partition", "name", "schemaVersion"?}`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Declaration {
     pub partition: String,

@@ -1,9 +1,10 @@
-//! The schema barrier (core-api §5): the startup check and the migration that publishes a new
-//! schema version together with its declarations, fences and the global writer floor.
+//! The schema barrier (docs/DESIGN.md §Schema barrier): the startup check and the migration
+//! that publishes a new schema version together with its declarations, fences and the global
+//! writer floor.
 //!
 //! `migrate_schema` takes the barrier lock first and re-validates everything under it with
 //! fresh snapshots, so two concurrent migrators cannot both migrate (upstream checked before
-//! locking: gap B4).
+//! locking: docs/DESIGN.md, gap B4 — concurrent migrators both migrate).
 
 use crate::args::{self, Declaration};
 use crate::checkpoint;
@@ -56,7 +57,7 @@ fn stored_layouts(text: Option<&str>) -> Map<String, Value> {
     }
 }
 
-/// Layout comparison of core-api §5.1; `Err` is `stored_layout_mismatch`.
+/// Layout comparison (docs/DESIGN.md §Schema barrier); `Err` is `stored_layout_mismatch`.
 pub fn compare_layouts(configured: &Map<String, Value>, stored: &Map<String, Value>) -> Result<()> {
     let empty = Vec::new();
     let columns = |v: Option<&Value>| match v {
@@ -142,8 +143,9 @@ fn schema_args(
     })
 }
 
-/// Preconditions of `migrate_schema` and `push_begin` (core-api §5.3): an explicit (or implicit
-/// multi-statement) transaction block, READ COMMITTED, and, where asked, no prior writes.
+/// Preconditions of `migrate_schema` and `push_begin` (docs/DESIGN.md §Schema barrier): an
+/// explicit (or implicit multi-statement) transaction block, READ COMMITTED, and, where asked,
+/// no prior writes.
 pub fn require_transaction(no_prior_writes: bool) -> Result<()> {
     unsafe {
         if !pg_sys::IsTransactionBlock() {
@@ -179,8 +181,9 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs) -> Result<i64> {
     let stored = state.stored_schema_version;
     let current = check(&state, a.version, &a.layouts, &a.declared)?;
     if !current {
-        // Declarations are installed at their own version; the spec's SCH-08 installs one at
-        // an older version alongside new ones, so only a version above the target is refused.
+        // Declarations are installed at their own version; scenario SCH-08 installs one at an
+        // older version alongside new ones, so only a version above the target is refused
+        // (docs/DESIGN.md §Decisions).
         for (i, d) in a.declared.iter().enumerate() {
             let Some(version) = d.schema_version else {
                 return Err(Error::invalid_argument(

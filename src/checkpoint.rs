@@ -1,9 +1,10 @@
-//! Backfill checkpoints (core-api §4): compare-and-set on `owner_epoch`, and activation under
-//! the partition lock, only once the fence guarantees that old writers can no longer change
-//! what the backfill derived.
+//! Backfill checkpoints (docs/DESIGN.md §Checkpoints): compare-and-set on `owner_epoch`, and
+//! activation under the partition lock, only once the fence guarantees that old writers can no
+//! longer change what the backfill derived.
 //!
 //! State machine: `declared` → `backfilling` → `activated` (terminal). An existing row is never
-//! reset; its `schema_version` never changes (upstream's claim rewrote it: gap B5).
+//! reset; its `schema_version` never changes (upstream's claim rewrote it: docs/DESIGN.md,
+//! gap B5 — claim moves a checkpoint to another version).
 
 use crate::args;
 use crate::db;
@@ -171,7 +172,8 @@ pub fn declare(
 
 /// `has_source_changes_above` in one statement, so one snapshot: a prune deletes changes and
 /// raises the horizon in one transaction, so this can never see the deletions without the
-/// raised horizon and never calls a pruned window clean (gap B14).
+/// raised horizon and never calls a pruned window clean (docs/DESIGN.md, gap B14 — a
+/// concurrent prune made a pruned window look clean).
 const SOURCE_CHANGES_SQL: &str = "\
 SELECT CASE
   WHEN cardinality($2::text[]) = 0 THEN 'clean'
@@ -226,8 +228,9 @@ fn activate(
         sources,
         now_ms,
     );
-    // 6. Never leave behind a partition row created only to take the lock (gap B7). On an
-    //    error the whole call is rolled back anyway.
+    // 6. Never leave behind a partition row created only to take the lock (docs/DESIGN.md,
+    //    gap B7 — upstream's activation left one behind). On an error the whole call is
+    //    rolled back anyway.
     if locked.created && outcome.is_ok() {
         db::write(
             client,
@@ -390,7 +393,8 @@ fn advance_checkpoint(
             if current(client, &partition, &name)?.is_none() {
                 return Ok(false); // nothing locked or created
             }
-            // L1 before L3: the same order as activation, so the two cannot deadlock (gap B18).
+            // L1 before L3: the same order as activation, so the two cannot deadlock
+            // (docs/DESIGN.md §Lock order, gap B18 — advance before the partition lock).
             log::lock(client, &partition)?;
             let updated = db::write(
                 client,

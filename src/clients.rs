@@ -1,6 +1,6 @@
-//! Client records and cursors (storage-api §7). A record is overwritten, never merged; cursor
-//! advances are monotonic and guarded by actor and log epoch; the active cursor floor feeds the
-//! retention policy.
+//! Client records and cursors (docs/DESIGN.md §Clients). A record is overwritten, never merged;
+//! cursor advances are monotonic and guarded by actor and log epoch; the active cursor floor
+//! feeds the retention policy.
 
 use crate::args::{self, json_int, IntProblem, MAX_SAFE};
 use crate::db;

@@ -1,11 +1,11 @@
-//! Decoding and validation of the commit document of `append_commit` (core-api §2.2).
+//! Decoding and validation of the commit document of `append_commit` (docs/API.md §Commit log).
 //!
 //! Reads the `jsonb` argument in its binary form ([`crate::jsonb`]): strings are borrowed from
 //! the datum, a change's `scopes` object is passed on to SQL as the original bytes. No database
-//! access. The first violation is reported, visiting keys in the order of the spec's tables:
+//! access. The first violation is reported, visiting keys in the order docs/API.md lists them:
 //! `clientId`, `clientCommitId`, `actorId`, `createdAtMs`, `writerVersion`, `changes`, then per
 //! change `table`, `rowId`, `op`, `rowVersion`, `scopes` (its variables in byte order),
-//! `payload`. Keys the spec does not name are ignored.
+//! `payload`. Keys the document format does not name are ignored.
 
 use crate::error::{Error, Result};
 use crate::jsonb::{numeric_integer, Integer, Malformed, Node, RawJsonb};

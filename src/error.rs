@@ -1,7 +1,7 @@
 //! The one error type of the extension and the one place that turns it into a PostgreSQL ERROR.
 //!
 //! Every refusal has a stable code string (the message, exactly), a SQLSTATE in class `SY`
-//! (core-api §0.3) and optionally a DETAIL holding one compact JSON object. pgrx's `ereport!`
+//! (docs/API.md §Errors) and optionally a DETAIL holding one compact JSON object. pgrx's `ereport!`
 //! only knows PostgreSQL's built-in SQLSTATEs, so [`raise`] drives `errstart`/`errfinish` itself.
 //!
 //! A second concern lives here too: an `SY` error raised *inside* a statement we run through SPI
@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use std::ffi::{c_char, c_int, CString};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
-/// The error catalogue of core-api §0.3.
+/// The error catalogue (docs/API.md §Errors).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Code {
     InvalidArgument,

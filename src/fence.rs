@@ -1,10 +1,12 @@
-//! The writer fence (core-api §1): the native `BEFORE INSERT` trigger on `sync_commits`, the
-//! predicate as a function, and the only API that moves a partition fence (upwards).
+//! The writer fence (docs/DESIGN.md §Writer fence): the native `BEFORE INSERT` trigger on
+//! `sync_commits`, the predicate as a function, and the only API that moves a partition fence
+//! (upwards).
 //!
 //! The predicate reads the newest *committed* fence and floor (plus this transaction's own
 //! earlier writes) through a fresh `GetLatestSnapshot()`, never the writer's transaction
 //! snapshot: an old writer in REPEATABLE READ or SERIALIZABLE whose snapshot predates a fence
-//! must not append (upstream's PL/pgSQL trigger let it through, gap B3).
+//! must not append (upstream's PL/pgSQL trigger let it through: docs/DESIGN.md, gap B3 — old
+//! writer under an old snapshot appends past a fence).
 
 use crate::args;
 use crate::db;
@@ -18,7 +20,8 @@ const LOCK: pg_sys::LOCKMODE = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
 
 /// Reads one `bigint` column of the row whose primary key equals `key`, by a direct scan of the
 /// primary-key index with `snapshot`. No SPI, no executor, no privilege check: the fence lookup
-/// must not depend on the inserting role (core-api §1.2) and runs once per inserted commit row.
+/// must not depend on the inserting role (docs/DESIGN.md §Writer fence) and runs once per
+/// inserted commit row.
 unsafe fn lookup_by_key(
     table: SyncTable,
     key: pg_sys::Datum,

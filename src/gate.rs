@@ -1,10 +1,10 @@
-//! The serve gate (core-api §3): may a process running schema version V, with its declared
-//! backfills, serve? Whole-server semantics (upstream's): a pending checkpoint in any partition
-//! refuses every partition for a process that did not declare it.
+//! The serve gate (docs/DESIGN.md §Serve gate): may a process running schema version V, with
+//! its declared backfills, serve? Whole-server semantics (upstream's): a pending checkpoint in
+//! any partition refuses every partition for a process that did not declare it.
 //!
 //! The token is read by one statement, hence from one snapshot (upstream read it in three
-//! statements, possibly on different pooled connections: gap B11), and `pending` is ordered by
-//! partition, then name (gap B9).
+//! statements, possibly on different pooled connections: docs/DESIGN.md, gap B11 — torn gate
+//! token), and `pending` is ordered by partition, then name (gap B9 — nondeterministic order).
 
 use crate::args::{self, Declaration};
 use crate::db;

@@ -239,7 +239,7 @@ impl<'a> Container<'a> {
     }
 }
 
-/// Integer reading of a `numeric` (core-api §0.2 numbers).
+/// Integer reading of a `numeric` (integers in JSON: docs/API.md §Conventions).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Integer {
     /// Integral and within ±(2^53 − 1).

@@ -1,17 +1,19 @@
 //! syncular: the storage core of the Syncular sync engine, native inside PostgreSQL.
 //!
-//! `lib.rs` only wires the modules together; each module owns one concern of the spec:
+//! `lib.rs` only wires the modules together; each module owns one concern of the design
+//! (docs/DESIGN.md):
 //! - [`error`]: the error catalogue and the one place that raises it;
 //! - [`access`]: the calling role, the extension owner, and the switches between them;
 //! - [`args`], [`limits`], [`db`]: argument decoding and the size caps, SPI with kept plans; [`heap`]: the extension's
 //!   tables below SQL (cached OIDs, direct inserts into the commit log);
-//! - [`fence`]: the writer-fence trigger and functions (core-api §1);
+//! - [`fence`]: the writer-fence trigger and functions (docs/DESIGN.md §Writer fence);
 //! - [`jsonb`], [`commit`], [`log`]: the binary commit document, allocation and append
-//!   (core-api §2);
-//! - [`gate`]: the serve gate (core-api §3);
-//! - [`checkpoint`]: backfill checkpoints (core-api §4);
-//! - [`barrier`]: the schema barrier (core-api §5);
-//! - [`registry`], [`push`], [`prune`]: partition registry, push path and retention (storage-api);
+//!   (docs/DESIGN.md §Commit log);
+//! - [`gate`]: the serve gate (docs/DESIGN.md §Serve gate);
+//! - [`checkpoint`]: backfill checkpoints (docs/DESIGN.md §Checkpoints);
+//! - [`barrier`]: the schema barrier (docs/DESIGN.md §Schema barrier);
+//! - [`registry`], [`push`], [`prune`]: partition registry, push path and retention
+//!   (docs/DESIGN.md §Around the native parts);
 //! - [`scope`], [`pull`]: scope filters, the commit window and the bootstrap scan;
 //! - [`tables`], [`rows`]: the app-table registry and row metadata (scopes, blobs, tombstones);
 //! - [`queue`]: the reaction outbox; [`clients`]: client records and cursors;

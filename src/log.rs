@@ -1,4 +1,4 @@
-//! Commit-seq allocation and the commit append (core-api §2).
+//! Commit-seq allocation and the commit append (docs/DESIGN.md §Commit log).
 //!
 //! The partition row of `sync_partitions` is both the allocator (`max_commit_seq`) and the
 //! partition write lock. Allocation is an increment inside the appending transaction, so a
@@ -20,7 +20,8 @@ use std::ffi::CStr;
 pub struct Locked {
     /// `max_commit_seq` when the lock was granted (or as this transaction left it).
     pub max_commit_seq: i64,
-    /// This call inserted the partition row (activation deletes it again, core-api §4.8).
+    /// This call inserted the partition row (activation deletes it again: docs/DESIGN.md,
+    /// gap B7).
     pub created: bool,
 }
 

@@ -1,6 +1,6 @@
-//! Horizon and pruning (storage-api §5). A prune raises the horizon and deletes the log below it
-//! in one statement under the partition lock, so a single snapshot never sees the deletions
-//! without the raised horizon.
+//! Horizon and pruning (docs/DESIGN.md §Retention). A prune raises the horizon and deletes the
+//! log below it in one statement under the partition lock, so a single snapshot never sees the
+//! deletions without the raised horizon.
 
 use crate::args::{self, MAX_SAFE};
 use crate::db;

@@ -1,5 +1,6 @@
-//! The pull path (storage-api §4): the commit window through the inverted scope index of the
-//! log, the bootstrap scan through the scope index of current rows, and the newest scoped seq.
+//! The pull path (docs/DESIGN.md §Pull path): the commit window through the inverted scope
+//! index of the log, the bootstrap scan through the scope index of current rows, and the
+//! newest scoped seq.
 //!
 //! Candidates come only from primary-key ranges of `sync_change_scopes` / `sync_row_scopes`,
 //! one bounded index range per value of the first variable; rows are then fetched by key and
@@ -311,7 +312,7 @@ fn scan(
     Ok(out)
 }
 
-/// The matching rule of data-model §5.1, for rows read from app tables.
+/// The matching rule of docs/DESIGN.md §Scopes, for rows read from app tables.
 fn filter_matches(filter: &Filter, scopes: &serde_json::Value) -> bool {
     filter.keys.iter().all(|(var, values)| {
         scopes

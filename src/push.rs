@@ -1,5 +1,5 @@
-//! The push path around the commit append (storage-api §3): `push_begin` (partition lock, gate
-//! under the lock, idempotency re-check) and the first-writer-wins push results.
+//! The push path around the commit append (docs/DESIGN.md §Push path): `push_begin` (partition
+//! lock, gate under the lock, idempotency re-check) and the first-writer-wins push results.
 
 use crate::args::{self, json_int, IntProblem};
 use crate::barrier;
@@ -35,7 +35,8 @@ fn text_or_empty(record: &Map<String, Value>, key: &str) -> Value {
     }
 }
 
-/// The normalized reading of a stored push result (data-model §5.2); `Err` = unreadable.
+/// The normalized reading of a stored push result (docs/DESIGN.md §Stored JSON); `Err` =
+/// unreadable.
 pub fn normalize(stored: Value) -> Result<Value> {
     let Value::Object(doc) = args::unwrap_json_text(stored) else {
         return Err(cache_miss());
@@ -100,7 +101,7 @@ pub fn normalize(stored: Value) -> Result<Value> {
     Ok(Value::Object(out))
 }
 
-/// Validates a push-result document for `put_push_result` (storage-api §3).
+/// Validates a push-result document for `put_push_result` (docs/DESIGN.md §Stored JSON).
 pub fn validate(doc: &Value) -> Result<()> {
     let bad =
         |path: &str, reason: &str| Err(Error::invalid_argument(&format!("result{path}"), reason));

@@ -1,6 +1,7 @@
-//! The reaction outbox (storage-api §6): enqueued in the push transaction with their source
-//! commit, claimed under a lease with `FOR UPDATE SKIP LOCKED`, completed / extended / failed
-//! only while the caller still owns the lease. Nothing here takes the partition lock.
+//! The reaction outbox (docs/DESIGN.md §Reactions, §sync_reactions): enqueued in the push
+//! transaction with their source commit, claimed under a lease with `FOR UPDATE SKIP LOCKED`,
+//! completed / extended / failed only while the caller still owns the lease. Nothing here takes
+//! the partition lock.
 
 use crate::args::{self, json_int, IntProblem, MAX_SAFE};
 use crate::db;
@@ -119,7 +120,8 @@ fn valid_type(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || "._:-".contains(c))
 }
 
-/// Validates one reaction (keys in the spec's order) and returns it normalized for insertion.
+/// Validates one reaction (keys in the order of docs/API.md, `enqueue_reactions`) and returns
+/// it normalized for insertion.
 fn reaction(value: &Value, i: usize) -> Result<Value> {
     let at = |key: &str| format!("reactions[{i}].{key}");
     let Value::Object(obj) = value else {

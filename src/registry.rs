@@ -1,5 +1,6 @@
-//! The partition registry and the request entry (storage-api §1): the log epoch (generation of
-//! a partition's log) and the one-call entry step `serve_entry` = touch + gate.
+//! The partition registry and the request entry (docs/DESIGN.md §Registry and request entry):
+//! the log epoch (generation of a partition's log) and the one-call entry step `serve_entry` =
+//! touch + gate.
 
 use crate::args;
 use crate::db;

@@ -1,6 +1,7 @@
-//! Row metadata of the host's app rows (storage-api §2, §3): the scope index of current rows,
-//! blob references, and delete-precedence tombstones. Only `sync_*` tables are read and written
-//! here; reading an app row (`get_row_scopes`) is [`crate::tables`]' business.
+//! Row metadata of the host's app rows (docs/DESIGN.md §App-table registry and row metadata):
+//! the scope index of current rows, blob references, and delete-precedence tombstones. Only
+//! `sync_*` tables are read and written here; reading an app row (`get_row_scopes`) is
+//! [`crate::tables`]' business.
 
 use crate::args;
 use crate::db;

@@ -1,5 +1,6 @@
-//! The scope model (data-model §5.1): stored scopes `{var: "value"}`, effective scope filters
-//! `{var: [values]}`, and the choice of the first variable that drives candidate selection.
+//! The scope model (docs/DESIGN.md §Scopes): stored scopes `{var: "value"}`, effective scope
+//! filters `{var: [values]}`, and the choice of the first variable that drives candidate
+//! selection.
 
 use crate::args;
 use crate::error::{Code, Error, Result};
@@ -65,7 +66,7 @@ pub fn stored(name: &str, value: Value) -> Result<Map<String, Value>> {
 }
 
 /// A table-name argument that addresses the sync log: non-empty, and not a reserved `sync_`
-/// name (those are `unknown_table`, core-api §0.2).
+/// name (those are `unknown_table`, docs/API.md §Conventions).
 pub fn log_table(name: &str, value: Option<&str>) -> Result<String> {
     let table = args::text(name, value)?;
     if table.starts_with("sync_") {
@@ -79,7 +80,7 @@ pub fn log_table(name: &str, value: Option<&str>) -> Result<String> {
 
 /// SQL predicate (a string literal, for `concat!`): the stored scopes `$scopes` match the filter
 /// `$filter`, i.e. every key of the filter is present in the scopes as a string that is one of
-/// the key's values (data-model §5.1). Extra stored variables are ignored.
+/// the key's values (docs/DESIGN.md §Scopes). Extra stored variables are ignored.
 #[macro_export]
 macro_rules! scope_matches {
     ($scopes:literal, $filter:literal) => {

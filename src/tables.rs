@@ -1,11 +1,13 @@
-//! The app-table registry (storage-api §2) and the one place that touches a host's relations.
+//! The app-table registry (docs/DESIGN.md §sync_app_tables) and the one place that touches a
+//! host's relations.
 //!
 //! A registration keeps the relation's OID (`sync_app_tables.relation`) and the role that made it
 //! (`registered_by`). Every use opens the relation by that OID, takes `AccessShareLock` (held to
 //! the end of the transaction, so no rename, type change, rule or ownership change can slip in
 //! between the check and the read) and re-checks it from the relation cache: an ordinary or
-//! partitioned table, permanent, without rewrite rules, with the meta columns of data-model §4
-//! at their exact built-in types, still owned by a role the registrant holds the privileges of.
+//! partitioned table, permanent, without rewrite rules, with the meta columns of docs/DESIGN.md
+//! §App tables at their exact built-in types, still owned by a role the registrant holds the
+//! privileges of.
 //! Host rows are then read as the relation's owner in a restricted security context
 //! ([`access::as_relation_owner`]), never with the extension owner's rights, and only for a
 //! caller that holds `SELECT` on the relation. docs/SECURITY.md explains the rules.
@@ -68,7 +70,7 @@ pub fn unknown_table(tbl: &str) -> Error {
     Error::new(Code::UnknownTable, json!({ "table": tbl }))
 }
 
-/// The meta columns of data-model §4: name, exact type, NOT NULL required.
+/// The meta columns of docs/DESIGN.md §App tables: name, exact type, NOT NULL required.
 const META_COLUMNS: [(&CStr, pg_sys::Oid, bool); 6] = [
     (c"_sync_partition", pg_sys::TEXTOID, true),
     (c"_sync_row_id", pg_sys::TEXTOID, true),
