@@ -1,4 +1,4 @@
-//! Test harness for the scenarios of `spec/scenarios.md` that need real connections.
+//! Test harness for the scenarios of docs/SCENARIOS.md that need real connections.
 //!
 //! Every test gets its own database, created from a fixture template (extension installed, app
 //! tables `tasks` and `docs` created and registered), so tests are independent even though the
@@ -28,7 +28,7 @@ fn connect_to(db: &str) -> Client {
         .unwrap_or_else(|e| panic!("cannot connect to {db}: {e} (is the test cluster running?)"))
 }
 
-/// The host-owned app tables of the fixtures (scenarios.md §0).
+/// The host-owned app tables of the fixtures (docs/SCENARIOS.md §Fixtures).
 pub const APP_TABLES_SQL: &str = r#"
 CREATE TABLE public.tasks (
   "_sync_partition" text NOT NULL, "_sync_row_id" text NOT NULL,
@@ -203,7 +203,7 @@ pub fn count(c: &mut Client, from_where: &str) -> i64 {
     one(c, &format!("SELECT count(*) FROM {from_where}"), &[])
 }
 
-// ---- fixture shorthands (scenarios.md §0) ----------------------------------------------------
+// ---- fixture shorthands (docs/SCENARIOS.md §Fixtures) ---------------------------------------
 
 pub fn l1() -> Value {
     json!({"tasks":[{"name":"id","type":"string","nullable":false},
@@ -547,7 +547,7 @@ pub fn applied(commit_seq: i64, ops: usize, identity: &str) -> Value {
            "results": (0..ops).map(|i| json!({"opIndex": i, "status": "applied"})).collect::<Vec<_>>()})
 }
 
-/// A whole accepted push of upserts (storage-api §3.1): returns the stored result, or the
+/// A whole accepted push of upserts (docs/DESIGN.md §Push path): returns the stored result, or the
 /// replayed one when `push_begin` found it.
 pub fn push_upserts(
     c: &mut Client,
@@ -607,7 +607,7 @@ pub const RKEY: &str = r#"["c1","commit-1","email"]"#;
 /// The storage tables of upstream 0.24, as its adapter creates them (unqualified names).
 pub const UPSTREAM_DDL: &str = include_str!("../../fixtures/upstream-0.24-ddl.sql");
 
-/// A schema `legacy` written by a 0.24 host (scenarios CMP-03): three commits of `part-1` and
+/// A schema `legacy` written by a 0.24 host (scenario CMP-03): three commits of `part-1` and
 /// their allocator row, a push result and a client record stored as jsonb strings (as drivers
 /// that bind JSON text write them), a fence and the marker with the L1 layouts. Created by the
 /// session's current role.

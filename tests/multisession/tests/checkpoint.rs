@@ -1,4 +1,4 @@
-//! scenarios.md §3: backfill checkpoints (CKP-01 … CKP-16).
+//! docs/SCENARIOS.md: backfill checkpoints (CKP-01 … CKP-16).
 
 use serde_json::json;
 use std::thread;

@@ -1,4 +1,4 @@
-//! scenarios.md §9–§11: clients and cursors, blob references, registry and admin reads.
+//! docs/SCENARIOS.md: clients and cursors, blob references, registry and admin reads.
 
 use serde_json::{json, Value};
 use syncular_multisession::*;

@@ -1,4 +1,4 @@
-//! scenarios.md §13 (coexistence, adoption, backup) and SCH-13 (retiring a table).
+//! docs/SCENARIOS.md: coexistence, adoption, backup (CMP, OPS) and SCH-13 (retiring a table).
 
 use serde_json::{json, Value};
 use std::process::Command;

@@ -1,4 +1,4 @@
-//! scenarios.md §1: the writer fence (FEN-01 … FEN-12).
+//! docs/SCENARIOS.md: the writer fence (FEN-01 … FEN-12).
 
 use serde_json::json;
 use syncular_multisession::*;

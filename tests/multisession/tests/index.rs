@@ -1,4 +1,4 @@
-//! scenarios.md §12: index usage (IDX-01 … IDX-07). The plans checked are those of the exact
+//! docs/SCENARIOS.md: index usage (IDX-01 … IDX-07). The plans checked are those of the exact
 //! statements the functions execute, captured with auto_explain (nested statements, logged to
 //! the client as NOTICEs).
 

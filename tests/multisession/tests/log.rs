@@ -1,4 +1,4 @@
-//! scenarios.md §2: the commit log (LOG-01 … LOG-09).
+//! docs/SCENARIOS.md: the commit log (LOG-01 … LOG-09).
 
 use serde_json::{json, Value};
 use std::thread;

@@ -1,4 +1,4 @@
-//! scenarios.md §5: the push path (PUSH-01 … PUSH-14).
+//! docs/SCENARIOS.md: the push path (PUSH-01 … PUSH-14).
 
 use postgres::GenericClient;
 use serde_json::{json, Value};

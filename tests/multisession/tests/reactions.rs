@@ -1,4 +1,4 @@
-//! scenarios.md §8: the reaction outbox (RXN-01 … RXN-09).
+//! docs/SCENARIOS.md: the reaction outbox (RXN-01 … RXN-09).
 
 use serde_json::{json, Value};
 use std::sync::{Arc, Barrier};

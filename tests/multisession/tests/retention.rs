@@ -1,4 +1,4 @@
-//! scenarios.md §7: horizon and pruning (HZN-01 … HZN-10).
+//! docs/SCENARIOS.md: horizon and pruning (HZN-01 … HZN-10).
 
 use serde_json::{json, Value};
 use syncular_multisession::*;

@@ -1,4 +1,5 @@
-//! scenarios.md §6: row metadata, scans and the commit window (ROW-01 … ROW-09, WIN-01 … WIN-05).
+//! docs/SCENARIOS.md: row metadata, scans and the commit window (ROW-01 … ROW-09,
+//! WIN-01 … WIN-05).
 
 use serde_json::{json, Value};
 use syncular_multisession::*;

@@ -1,4 +1,4 @@
-//! scenarios.md §4: the schema barrier and the serve gate (SCH-01 … SCH-12, GATE-01 … GATE-07).
+//! docs/SCENARIOS.md: the schema barrier and the serve gate (SCH-01 … SCH-12, GATE-01 … GATE-07).
 
 use serde_json::{json, Value};
 use std::thread;

@@ -6,7 +6,7 @@ use postgres::Client;
 use serde_json::{json, Value};
 use syncular_multisession::*;
 
-/// The extension tables adoption fills (data-model §1, 1–14).
+/// The extension tables adoption fills (docs/DESIGN.md §Data model, tables 1–14).
 const ADOPTED: &[&str] = &[
     "sync_partitions",
     "sync_partition_registry",
