@@ -85,7 +85,7 @@ def upstream_push(n, shared):
 
 
 def ext_push(n, shared):
-    """The extension's push path with the same app-row writes (storage-api 3.1): optimistic read,
+    """The extension's push path with the same app-row writes (docs/HOST-WALKTHROUGH.md): optimistic read,
     BEGIN, push_begin, SAVEPOINT, one read of the touched rows, per row one statement (upsert +
     set_row_scopes), append_commit, put_push_result, COMMIT: 7 + 1 + N round trips."""
     p = "'p-shared'" if shared else "'p-' || :client_id"

@@ -40,7 +40,7 @@ SELECT syncular.check_schema(1, :'layouts') AS startup_check;
 \echo '== 3. Request entry: register the partition and pass the serve gate in one call'
 SELECT jsonb_pretty(syncular.serve_entry('acme', 1750000000000, 'epoch-1', 1)) AS entry;
 
-\echo '== 4. A push of two rows (storage-api 3.1): optimistic replay check, then one transaction'
+\echo '== 4. A push of two rows (docs/HOST-WALKTHROUGH.md): optimistic replay check, then one transaction'
 SELECT syncular.get_push_result('acme', 'device-1', 'commit-1') AS replay;
 BEGIN;
 SELECT syncular.push_begin('acme', 'device-1', 'commit-1', 1) AS stored_result;  -- NULL: new push

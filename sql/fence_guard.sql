@@ -1,5 +1,5 @@
--- The native writer fence on syncular.sync_commits (core-api §1.2) and the guard that keeps it
--- in force through a 0.24 host's startup DDL (core-api §1.5).
+-- The native writer fence on syncular.sync_commits (docs/DESIGN.md §Writer fence) and the guard
+-- that keeps it in force through a 0.24 host's startup DDL (docs/DESIGN.md §Fence guard).
 
 -- The trigger function runs with the extension owner's rights, so the fence lookup never
 -- depends on the inserting role's privileges; every role that can insert is fenced.

@@ -8,7 +8,7 @@ REVOKE ALL ON ALL TABLES IN SCHEMA syncular FROM PUBLIC;
 -- src/grants.rs. Every update script ends by running this again (docs/SECURITY.md).
 SELECT syncular._grant_api_roles();
 
--- Writer fence (core-api §1)
+-- Writer fence (docs/API.md §Writer fence)
 COMMENT ON FUNCTION syncular.writer_fence_trigger() IS
   'Native BEFORE INSERT trigger on sync_commits: refuses a commit whose writer_version is NULL or below the partition fence / global floor (SY001), read from the latest committed state.';
 COMMENT ON FUNCTION syncular.writer_fence_allows(text, bigint) IS
@@ -16,7 +16,7 @@ COMMENT ON FUNCTION syncular.writer_fence_allows(text, bigint) IS
 COMMENT ON FUNCTION syncular.raise_writer_fence(text, bigint) IS
   'Raises the partition fence to at least the given version (never lowers); returns the effective requirement R(p).';
 
--- Commit log (core-api §2)
+-- Commit log (docs/API.md §Commit log)
 COMMENT ON FUNCTION syncular.lock_partition(text) IS
   'Takes the partition write lock (creating the partition row); returns max_commit_seq.';
 COMMENT ON FUNCTION syncular.append_commit(text, jsonb) IS
@@ -24,7 +24,7 @@ COMMENT ON FUNCTION syncular.append_commit(text, jsonb) IS
 COMMENT ON FUNCTION syncular.max_commit_seq(text) IS
   'The partition''s last allocated commit_seq, 0 if none.';
 
--- Serve gate (core-api §3)
+-- Serve gate (docs/API.md §Serve gate)
 COMMENT ON FUNCTION syncular.read_serve_gate(text, bigint) IS
   'The gate token {storedSchemaVersion, logEpoch, pending} from one snapshot; pending ordered by partition, name.';
 COMMENT ON FUNCTION syncular.serve_gate_refusal(text, bigint, jsonb) IS
@@ -32,7 +32,7 @@ COMMENT ON FUNCTION syncular.serve_gate_refusal(text, bigint, jsonb) IS
 COMMENT ON FUNCTION syncular.assert_serve_ready(text, bigint, jsonb) IS
   'Returns the gate token, or raises sync.schema_not_ready (SY002) with the refusal details.';
 
--- Checkpoints (core-api §4)
+-- Checkpoints (docs/API.md §Checkpoints)
 COMMENT ON FUNCTION syncular.declare_checkpoint(text, text, bigint, bigint) IS
   'Declares a backfill checkpoint (idempotent at the same version, SY012 at another) and raises the partition fence to its version.';
 COMMENT ON FUNCTION syncular.claim_checkpoint(text, text, bigint, bigint) IS
@@ -48,7 +48,7 @@ COMMENT ON FUNCTION syncular.source_coverage_seq(text, text[]) IS
 COMMENT ON FUNCTION syncular.has_source_changes_above(text, text[], bigint) IS
   'clean, changed or unverifiable (history pruned) for the tables above seq, in one snapshot.';
 
--- Schema barrier (core-api §5)
+-- Schema barrier (docs/API.md §Schema barrier)
 COMMENT ON FUNCTION syncular.check_schema(bigint, jsonb, jsonb) IS
   'Startup check: current or migrate, or raises checkpoint_incomplete / schema_newer / stored_layout_mismatch.';
 COMMENT ON FUNCTION syncular.migrate_schema(bigint, jsonb, jsonb) IS
@@ -56,7 +56,7 @@ COMMENT ON FUNCTION syncular.migrate_schema(bigint, jsonb, jsonb) IS
 COMMENT ON FUNCTION syncular.previous_schema() IS
   'The {schemaVersion, layouts} the last migrate_schema of this transaction started from, or NULL.';
 
--- Registry and request entry (storage-api §1)
+-- Registry and request entry (docs/API.md §Registry and request entry)
 COMMENT ON FUNCTION syncular.touch_partition(text, bigint, text) IS
   'Registers the partition (keeping an existing epoch) and stamps the authentication time; returns the registry entry.';
 COMMENT ON FUNCTION syncular.serve_entry(text, bigint, text, bigint, jsonb) IS
@@ -69,7 +69,7 @@ COMMENT ON FUNCTION syncular.list_partitions() IS 'Registered partition names, s
 COMMENT ON FUNCTION syncular.partition_state(text) IS
   '{maxCommitSeq, horizonSeq, logEpoch, epochRequired} from one snapshot.';
 
--- App tables and row metadata (storage-api §2)
+-- App tables and row metadata (docs/API.md §App tables and row metadata)
 COMMENT ON FUNCTION syncular.register_table(text, regclass, boolean) IS
   'Registers the relation holding an app table (caller must own it, and hold the privileges of an earlier registrant); optionally installs the row-meta trigger.';
 COMMENT ON FUNCTION syncular.retire_table(text) IS
@@ -87,7 +87,7 @@ COMMENT ON FUNCTION syncular.set_blob_refs(text, text, text, text[]) IS
 COMMENT ON FUNCTION syncular.get_row_scopes(text, text, text) IS
   '{serverVersion, scopes} of an app row read from its registered table, or NULL.';
 
--- Push (storage-api §3)
+-- Push (docs/API.md §Push)
 COMMENT ON FUNCTION syncular.get_push_result(text, text, text) IS
   'The stored push result, normalized, or NULL; unreadable: SY003.';
 COMMENT ON FUNCTION syncular.push_begin(text, text, text, bigint, jsonb) IS
@@ -100,7 +100,7 @@ COMMENT ON FUNCTION syncular.clear_tombstone(text, text, text) IS 'Deletes a row
 COMMENT ON FUNCTION syncular.enqueue_reactions(text, jsonb) IS
   'Enqueues reactions with their source commit (validated; duplicates refused with SY050); returns the number inserted.';
 
--- Pull (storage-api §4)
+-- Pull (docs/API.md §Pull)
 COMMENT ON FUNCTION syncular.read_commit_window(text, text, jsonb, bigint, bigint, integer) IS
   'The commit window of a table for effective scopes, through the inverted scope index: whole commits, oldest first, up to the change limit.';
 COMMENT ON FUNCTION syncular.scan_rows(text, text, jsonb, text, integer) IS
@@ -108,7 +108,7 @@ COMMENT ON FUNCTION syncular.scan_rows(text, text, jsonb, text, integer) IS
 COMMENT ON FUNCTION syncular.latest_scoped_change_seq(text, text, jsonb) IS
   'The newest commit_seq indexed for the first scope variable''s values, 0 if none.';
 
--- Horizon and pruning (storage-api §5)
+-- Horizon and pruning (docs/API.md §Horizon and pruning)
 COMMENT ON FUNCTION syncular.horizon_seq(text) IS 'The partition''s pruning horizon, 0 if none.';
 COMMENT ON FUNCTION syncular.set_horizon_seq(text, bigint) IS 'Raises the horizon (never lowers); deletes nothing.';
 COMMENT ON FUNCTION syncular.prune_commits_through(text, text, bigint) IS
@@ -117,7 +117,7 @@ COMMENT ON FUNCTION syncular.commit_seq_before(text, bigint) IS 'The newest comm
 COMMENT ON FUNCTION syncular.prune_commit_log(text, bigint, bigint, bigint, bigint) IS
   'Upstream''s whole retention policy (active cursor floor, age force, newest commits kept) and the prune, in one call.';
 
--- Reactions (storage-api §6)
+-- Reactions (docs/API.md §Reactions)
 COMMENT ON FUNCTION syncular.claim_reactions(text, text, text[], bigint, bigint, integer) IS
   'Leases due reactions (FOR UPDATE SKIP LOCKED); concurrent claimers never receive the same one.';
 COMMENT ON FUNCTION syncular.complete_reaction(text, text, text, bigint) IS 'Completes a reaction still leased by the owner.';
@@ -130,7 +130,7 @@ COMMENT ON FUNCTION syncular.list_reactions(text, integer, text[], text[]) IS 'R
 COMMENT ON FUNCTION syncular.prune_reactions(text, bigint, bigint, integer) IS
   'Deletes aged completed and dead-letter reactions, oldest first, bounded: {completed, deadLetter}.';
 
--- Clients (storage-api §7)
+-- Clients (docs/API.md §Clients and cursors)
 COMMENT ON FUNCTION syncular.get_client(text, text) IS 'The client record, or NULL.';
 COMMENT ON FUNCTION syncular.put_client(text, jsonb) IS 'Upserts (overwrites) a client record.';
 COMMENT ON FUNCTION syncular.advance_client_cursor(text, text, text, text, bigint, bigint) IS
@@ -141,17 +141,17 @@ COMMENT ON FUNCTION syncular.list_clients(text) IS 'Client records, most recentl
 COMMENT ON FUNCTION syncular.active_cursor_floor(text, bigint) IS
   'The lowest cursor of clients active since the cutoff, or NULL.';
 
--- Blob references and admin reads (storage-api §8, §9)
+-- Blob references and admin reads (docs/API.md §Blob references and admin reads)
 COMMENT ON FUNCTION syncular.rows_referencing_blob(text, text) IS '[{table, rowId, scopes}] of live rows referencing a blob.';
 COMMENT ON FUNCTION syncular.referenced_blob_ids(text) IS 'Distinct referenced blob ids, sorted (the orphan sweep keep-set).';
 COMMENT ON FUNCTION syncular.list_commit_metadata(text, bigint, integer, text) IS 'Commit metadata newest first.';
 COMMENT ON FUNCTION syncular.scope_activity(text, text, text, integer) IS 'The newest commits per table touching a scope value.';
 
--- Administration (storage-api §10)
+-- Administration (docs/API.md §Administration)
 COMMENT ON FUNCTION syncular.adopt_legacy_tables(name, name) IS
   'Extension owner or superuser only: one-time adoption of a 0.24 database''s tables into the (empty) extension tables, in the caller''s transaction.';
 
--- Internal: the fence guard (core-api §1.5)
+-- Internal: the fence guard (docs/DESIGN.md §Fence guard)
 COMMENT ON FUNCTION syncular._fence_guard_on_drop() IS 'Event trigger: recreates the native fence trigger dropped by a 0.24 host''s startup DDL.';
 COMMENT ON FUNCTION syncular._fence_guard_on_create() IS 'Event trigger: replaces a foreign sync_commits_writer_fence trigger with the native one.';
 COMMENT ON FUNCTION syncular._fence_guard_busy() IS 'Internal: true while the fence guard reacts to its own DDL (transaction-local state no session can set).';

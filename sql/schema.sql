@@ -1,4 +1,4 @@
--- syncular: tables and indexes (data-model.md §1). Created once, by CREATE EXTENSION.
+-- syncular: tables and indexes (docs/DESIGN.md §Data model). Created once, by CREATE EXTENSION.
 -- Names and columns are upstream @syncular/server 0.24's, so a 0.24 host whose search_path
 -- starts with `syncular` reads and writes the same rows. Every text column is COLLATE "C":
 -- ordering and pagination are byte order, whatever the database locale.

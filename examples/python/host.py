@@ -2,7 +2,7 @@
 """A small but complete Syncular host in Python (psycopg 3) over the syncular SQL API.
 
 It creates its app table `tasks` (scope project:{project_id}), registers it, checks / migrates
-the schema, and then: pushes a commit of several rows (the whole protocol of storage-api 3.1,
+the schema, and then: pushes a commit of several rows (the whole protocol of docs/HOST-WALKTHROUGH.md,
 including the rejection path), replays it, pulls the commit window of a scope, claims and
 completes a reaction, and is refused while a backfill it did not declare is pending.
 Every step asserts its result; the process exits non-zero on the first surprise.
@@ -69,7 +69,7 @@ def setup(conn):
 
 
 def push(conn, client_id, commit_id, ops, declared=()):
-    """One push (storage-api 3.1). ops: [(row_id, project_id, title)]; an empty title is
+    """One push (docs/HOST-WALKTHROUGH.md). ops: [(row_id, project_id, title)]; an empty title is
     refused by this host's rule, which takes the rejection path."""
     replay = call(conn, "SELECT syncular.get_push_result(%s, %s, %s)", (PARTITION, client_id, commit_id))[0]
     if replay is not None:
@@ -129,7 +129,7 @@ def push(conn, client_id, commit_id, ops, declared=()):
 
 
 def pull(conn, client_id, project, cursor):
-    """One incremental pull of `tasks` for one project (storage-api 4.1)."""
+    """One incremental pull of `tasks` for one project (docs/HOST-WALKTHROUGH.md, pull)."""
     call(conn, "SELECT syncular.serve_entry(%s, %s, %s, %s)", (PARTITION, NOW, str(uuid.uuid4()), VERSION))
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")

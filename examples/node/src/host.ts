@@ -69,7 +69,7 @@ async function setup(db: pg.Client) {
 
 type Op = [rowId: string, project: string, title: string];
 
-/** One push (storage-api 3.1). An empty title is refused by this host's rule (rejection path). */
+/** One push (docs/HOST-WALKTHROUGH.md). An empty title is refused by this host's rule (rejection path). */
 async function push(db: pg.Client, clientId: string, commitId: string, ops: Op[], declared: Json[] = []): Promise<[string, Json]> {
   const replay = await one(db, "SELECT syncular.get_push_result($1, $2, $3)", [PARTITION, clientId, commitId]);
   if (replay) return ["replay", replay];
@@ -138,7 +138,7 @@ async function push(db: pg.Client, clientId: string, commitId: string, ops: Op[]
   }
 }
 
-/** One incremental pull of `tasks` for one project (storage-api 4.1). */
+/** One incremental pull of `tasks` for one project (docs/HOST-WALKTHROUGH.md, pull). */
 async function pull(db: pg.Client, clientId: string, project: string, cursor: number) {
   await one(db, "SELECT syncular.serve_entry($1, $2, $3, $4)", [PARTITION, NOW, randomUUID(), VERSION]);
   await db.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");

@@ -114,7 +114,8 @@ async fn setup(db: &Client) -> Result<()> {
     check(state == "current", "schema current")
 }
 
-/// One push (storage-api 3.1). An empty title is refused by this host's rule (rejection path).
+/// One push (docs/HOST-WALKTHROUGH.md). An empty title is refused by this host's rule (rejection
+/// path).
 async fn push(
     db: &Client,
     client_id: &str,
@@ -241,7 +242,7 @@ async fn push_in_transaction(
     Ok(("applied", canonical))
 }
 
-/// One incremental pull of `tasks` for one project (storage-api 4.1).
+/// One incremental pull of `tasks` for one project (docs/HOST-WALKTHROUGH.md, pull).
 async fn pull(
     db: &Client,
     client_id: &str,
