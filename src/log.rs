@@ -21,7 +21,7 @@ pub struct Locked {
     /// `max_commit_seq` when the lock was granted (or as this transaction left it).
     pub max_commit_seq: i64,
     /// This call inserted the partition row (activation deletes it again: docs/DESIGN.md,
-    /// gap B7).
+    /// gap B7 — activation left a partition row behind).
     pub created: bool,
 }
 
