@@ -13,8 +13,10 @@
 -- Conventions for every update script of this extension:
 -- - it runs in ALTER EXTENSION's single transaction, so no committed state ever lacks the fence;
 -- - before touching the fence trigger it sets the guard's flag, so the event triggers do not
---   react to the script's own DDL:
---     SELECT pg_catalog.set_config('syncular.fence_guard_busy', 'on', true);
+--   react to the script's own DDL (from 0.2.0 on; a setting no longer does it):
+--     SELECT syncular._fence_guard_hold(true);
+-- - it ends with SELECT syncular._grant_api_roles(), so the roles keep exactly the grants of
+--   the new version (src/grants.rs);
 -- - released install scripts (sql/released/) and update scripts are never edited afterwards;
 -- - exported symbols of the library are never removed (an update chain loads the newest
 --   library for every older install script).

@@ -246,7 +246,7 @@ pub fn run<T>(body: impl FnOnce() -> Result<T>) -> T {
             Err(other) => resume_unwind(other),
         },
     };
-    raise(sqlstate, &message, detail.as_deref(), hint.as_deref())
+    raise(sqlstate, message, detail, hint)
 }
 
 /// Where [`raise`] says an error comes from. PostgreSQL keeps the file and function name of
@@ -278,29 +278,45 @@ unsafe extern "C-unwind" {
     fn errfinish(filename: *const c_char, lineno: c_int, funcname: *const c_char);
 }
 
-/// Copies a Rust string into memory PostgreSQL frees at the end of the (sub)transaction, so
-/// nothing Rust-owned is left on the stack when `errfinish` jumps away.
+/// Copies a Rust string into memory PostgreSQL frees at the end of the (sub)transaction.
 fn palloc_cstr(text: &str) -> *mut c_char {
     let owned = CString::new(text.replace('\0', "\\u0000")).expect("NULs were escaped");
+    // SAFETY: `owned` is a valid NUL-terminated string; `pstrdup` copies it into the current
+    // memory context (and raises a PostgreSQL error on out-of-memory, caught by pgrx).
     unsafe { pg_sys::pstrdup(owned.as_ptr()) }
 }
 
 /// Raises an ERROR with an arbitrary SQLSTATE. Never returns: `errfinish` longjmps to the
-/// innermost PostgreSQL error handler. Callers must own nothing with a destructor at that point;
-/// [`run`] calls it only after its closure has returned or unwound.
-pub fn raise(sqlstate: &str, message: &str, detail: Option<&str>, hint: Option<&str>) -> ! {
-    let message = palloc_cstr(message);
-    let detail = detail.map(palloc_cstr);
-    let hint = hint.map(palloc_cstr);
+/// innermost PostgreSQL error handler, over every Rust frame in between without running a
+/// destructor.
+///
+/// The rule (docs/DESIGN.md, "Errors"): when `errfinish` jumps, no frame between it and
+/// PostgreSQL may own anything with a destructor, or that memory leaks for the backend's life.
+/// So this function takes the texts by value, copies them into PostgreSQL's memory (freed with
+/// the transaction) and drops the Rust copies before `errstart`; [`run`] calls it only after its
+/// closure has returned or unwound, holding nothing else. `tests/multisession/tests/memory.rs`
+/// raises 50,000 errors in one backend and bounds its growth.
+pub fn raise(
+    sqlstate: &'static str,
+    message: String,
+    detail: Option<String>,
+    hint: Option<String>,
+) -> ! {
+    let message_c = palloc_cstr(&message);
+    let detail_c = detail.as_deref().map(palloc_cstr);
+    let hint_c = hint.as_deref().map(palloc_cstr);
+    drop((message, detail, hint));
     let code = make_sqlstate(sqlstate);
+    // SAFETY: the elog.c protocol (errstart, then the field setters, then errfinish) with
+    // NUL-terminated strings in PostgreSQL's memory; the "%s" formats take exactly one string.
     unsafe {
         if errstart(pg_sys::elog::PgLogLevel::ERROR as c_int, std::ptr::null()) {
             errcode(code);
-            errmsg(c"%s".as_ptr(), message);
-            if let Some(detail) = detail {
+            errmsg(c"%s".as_ptr(), message_c);
+            if let Some(detail) = detail_c {
                 errdetail(c"%s".as_ptr(), detail);
             }
-            if let Some(hint) = hint {
+            if let Some(hint) = hint_c {
                 errhint(c"%s".as_ptr(), hint);
             }
             errfinish(RAISED_FILE.as_ptr(), 0, RAISED_FUNCTION.as_ptr());
