@@ -147,6 +147,7 @@ fn schema_args(
 /// explicit (or implicit multi-statement) transaction block, READ COMMITTED, and, where asked,
 /// no prior writes.
 pub fn require_transaction(no_prior_writes: bool) -> Result<()> {
+    // SAFETY: reads of this backend's transaction state; no allocation, never errors.
     unsafe {
         if !pg_sys::IsTransactionBlock() {
             return Err(Error::invalid_transaction_state("no_transaction_block"));

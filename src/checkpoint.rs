@@ -513,3 +513,37 @@ fn has_source_changes_above(
         db::with_spi(|client| source_changes(client, &partition, tables, seq, false))
     })
 }
+
+/// In-backend tests: each runs inside one transaction that is rolled back; scenarios that need
+/// commits, several sessions or locks live in `tests/multisession`.
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    fn bigint(sql: &str) -> i64 {
+        Spi::get_one::<i64>(sql).expect("query").expect("a value")
+    }
+
+    #[pg_test]
+    fn checkpoint_cas_in_one_transaction() {
+        Spi::run("SELECT syncular.declare_checkpoint('p', 'x', 1, 10)").expect("declare");
+        assert_eq!(
+            bigint("SELECT owner_epoch FROM syncular.claim_checkpoint('p', 'x', 1, 11)"),
+            1
+        );
+        assert_eq!(
+            bigint("SELECT owner_epoch FROM syncular.claim_checkpoint('p', 'x', 1, 12)"),
+            2
+        );
+        let stale =
+            Spi::get_one::<bool>("SELECT syncular.advance_checkpoint('p', 'x', 1, 5, 5, 13)");
+        assert_eq!(stale, Ok(Some(false)));
+        let owner =
+            Spi::get_one::<bool>("SELECT syncular.advance_checkpoint('p', 'x', 2, 5, 5, 13)");
+        assert_eq!(owner, Ok(Some(true)));
+        let outcome =
+            Spi::get_one::<&str>("SELECT syncular.activate_checkpoint('p', 'x', 2, 5, '{}', 14)");
+        assert_eq!(outcome, Ok(Some("activated")));
+    }
+}

@@ -7,8 +7,9 @@
 //! change `table`, `rowId`, `op`, `rowVersion`, `scopes` (its variables in byte order),
 //! `payload`. Keys the document format does not name are ignored.
 
+use crate::args;
 use crate::error::{Error, Result};
-use crate::jsonb::{numeric_integer, Integer, Malformed, Node, RawJsonb};
+use crate::jsonb::{self, numeric_integer, Integer, JsonbArg, Malformed, Node, RawJsonb};
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine;
 use std::collections::BTreeSet;
@@ -240,6 +241,45 @@ pub fn decode(doc: Node<'_>) -> Result<Commit<'_>> {
 }
 
 /// Decoding runs on real `jsonb` values, so these are in-backend tests (`cargo pgrx test`).
+/// Reads the commit document of `append_commit` in its binary form and validates all of it.
+/// A document bound as a jsonb *string* holding JSON text is read as that text (drivers that
+/// bind text as jsonb), like every other JSON argument ([`args::unwrap_json_text`]).
+pub fn with_commit<R>(
+    document: Option<JsonbArg>,
+    body: impl FnOnce(&Commit<'_>) -> Result<R>,
+) -> Result<R> {
+    let document = args::required("commit", document)?;
+    let root = read_root(&document)?;
+    let reparsed;
+    let root = match root {
+        Node::String(text) => match std::str::from_utf8(text).ok().and_then(args::json_text) {
+            Some(text) => {
+                reparsed = JsonbArg::parse(text)
+                    .ok_or_else(|| Error::invalid_argument("commit", "type"))?;
+                read_root(&reparsed)?
+            }
+            None => root,
+        },
+        _ => root,
+    };
+    body(&decode(root)?)
+}
+
+fn read_root(document: &JsonbArg) -> Result<Node<'_>> {
+    if document.over_limits() {
+        return Err(Error::invalid_argument("commit", "too_large"));
+    }
+    let unreadable = |_| Error::invalid_argument("commit", "type");
+    let container = document.container().map_err(unreadable)?;
+    if container
+        .nests_deeper_than(jsonb::MAX_DEPTH)
+        .map_err(unreadable)?
+    {
+        return Err(Error::invalid_argument("commit", "too_deep"));
+    }
+    container.root().map_err(unreadable)
+}
+
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]
 mod tests {

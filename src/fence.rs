@@ -16,72 +16,28 @@ use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use serde_json::json;
 
-const LOCK: pg_sys::LOCKMODE = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
-
-/// Reads one `bigint` column of the row whose primary key equals `key`, by a direct scan of the
-/// primary-key index with `snapshot`. No SPI, no executor, no privilege check: the fence lookup
-/// must not depend on the inserting role (docs/DESIGN.md §Writer fence) and runs once per
-/// inserted commit row.
-unsafe fn lookup_by_key(
-    table: SyncTable,
-    key: pg_sys::Datum,
-    (equality, collation): (u32, pg_sys::Oid),
-    column: i32,
-    snapshot: pg_sys::Snapshot,
-) -> error::Result<Option<i64>> {
-    let relation = heap::open(table, LOCK)?;
-    let index_id = pg_sys::RelationGetPrimaryKeyIndex(relation);
-    if index_id == pg_sys::InvalidOid {
-        pg_sys::table_close(relation, LOCK);
-        return Err(Error::Internal(format!(
-            "syncular: {:?} has no primary key",
-            table.name()
-        )));
-    }
-    let mut scan_key: pg_sys::ScanKeyData = std::mem::zeroed();
-    pg_sys::ScanKeyEntryInitialize(
-        &mut scan_key,
-        0,
-        1,
-        pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
-        pg_sys::InvalidOid,
-        collation,
-        pg_sys::RegProcedure::from(equality),
-        key,
-    );
-    let scan = pg_sys::systable_beginscan(relation, index_id, true, snapshot, 1, &mut scan_key);
-    let tuple = pg_sys::systable_getnext(scan);
-    let value = if tuple.is_null() {
-        None
-    } else {
-        let mut is_null = false;
-        let datum = pg_sys::heap_getattr(tuple, column, (*relation).rd_att, &mut is_null);
-        (!is_null).then(|| i64::from_datum(datum, false).expect("bigint column"))
-    };
-    pg_sys::systable_endscan(scan);
-    pg_sys::table_close(relation, LOCK);
-    Ok(value)
-}
-
 /// The effective requirement `R(p)` = max of the defined values of `F(p)` and `G` (the marker's
 /// `required_writer_version` when > 0), read with a fresh `GetLatestSnapshot()`: the newest
 /// committed rows plus this transaction's own earlier commands. `None`: no barrier.
 pub fn requirement(partition: &str) -> error::Result<Option<i64>> {
+    // SAFETY: called inside a transaction (a trigger or SQL function); the snapshot is
+    // registered before the two lookups and unregistered after them, and the keys are of the
+    // primary keys' types (text under "C", int4) with their equality functions.
     unsafe {
         let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
         let partition_key = partition.into_datum().expect("text is never NULL here");
-        let fence = lookup_by_key(
+        let fence = heap::bigint_by_key(
             SyncTable::WriterFence,
             partition_key,
             (pg_sys::F_TEXTEQ, pg_sys::C_COLLATION_OID),
-            2,
+            c"required_writer_version",
             snapshot,
         );
-        let floor = lookup_by_key(
+        let floor = heap::bigint_by_key(
             SyncTable::SchemaMeta,
             pg_sys::Datum::from(1i32),
             (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
-            4,
+            c"required_writer_version",
             snapshot,
         );
         pg_sys::UnregisterSnapshot(snapshot);
@@ -202,4 +158,38 @@ LANGUAGE c AS 'MODULE_PATHNAME', '_fence_guard_hold_wrapper';
 fn _fence_guard_hold(busy: Option<bool>) {
     let value = if busy == Some(true) { "on" } else { "off" };
     crate::txn_local::set(crate::txn_local::Key::FenceGuardBusy, value);
+}
+
+/// In-backend tests: each runs inside one transaction that is rolled back; scenarios that need
+/// commits, several sessions or locks live in `tests/multisession`.
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    fn bigint(sql: &str) -> i64 {
+        Spi::get_one::<i64>(sql).expect("query").expect("a value")
+    }
+
+    const COMMIT: &str = r#"'{"clientId":"c1","clientCommitId":"k","actorId":"a1","createdAtMs":1,
+        "writerVersion":2,"changes":[{"table":"tasks","rowId":"t1","op":"upsert",
+        "scopes":{"project_id":"p1"},"payload":"AQID"}]}'"#;
+
+    /// The fence reads the latest committed state plus this transaction's own earlier writes.
+    #[pg_test]
+    fn fence_sees_the_transactions_own_raise() {
+        assert_eq!(bigint("SELECT syncular.raise_writer_fence('p', 2)"), 2);
+        assert_eq!(crate::fence::requirement("p").expect("lookup"), Some(2));
+        assert!(!crate::fence::allows(Some(2), Some(1)));
+        assert_eq!(
+            bigint(&format!("SELECT syncular.append_commit('p', {COMMIT})")),
+            1
+        );
+    }
+
+    #[pg_test(error = "sync.storage.writer_fence_rejected")]
+    fn fence_rejects_an_old_writer_in_the_same_transaction() {
+        Spi::run("SELECT syncular.raise_writer_fence('p', 3)").expect("raise");
+        Spi::run(&format!("SELECT syncular.append_commit('p', {COMMIT})")).expect("refused");
+    }
 }

@@ -169,3 +169,24 @@ fn assert_serve_ready(
         ))
     })
 }
+
+/// In-backend tests: each runs inside one transaction that is rolled back; scenarios that need
+/// commits, several sessions or locks live in `tests/multisession`.
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn gate_token_lists_pending_in_order() {
+        Spi::run("SELECT syncular.declare_checkpoint('b', 'z', 1, 1)").expect("declare");
+        Spi::run("SELECT syncular.declare_checkpoint('a', 'y', 1, 1)").expect("declare");
+        let token = Spi::get_one::<pgrx::JsonB>("SELECT syncular.read_serve_gate('a', 1)")
+            .expect("query")
+            .expect("token");
+        assert_eq!(
+            token.0["pending"],
+            serde_json::json!([{"partition":"a","name":"y"},{"partition":"b","name":"z"}])
+        );
+    }
+}

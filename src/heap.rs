@@ -10,7 +10,10 @@
 //! security, generated columns. So a DBA's audit trigger on `sync_changes` still fires.
 
 use crate::error::{Error, Result};
+use crate::jsonb::RawJsonb;
+use crate::port;
 use pgrx::pg_sys;
+use pgrx::{FromDatum, IntoDatum};
 use std::cell::Cell;
 use std::ffi::CStr;
 
@@ -50,6 +53,8 @@ thread_local! {
 /// # Safety
 /// Must run inside a transaction; the caller closes the relation (`table_close`).
 pub unsafe fn open(table: SyncTable, lock: pg_sys::LOCKMODE) -> Result<pg_sys::Relation> {
+    // SAFETY: the caller runs inside a transaction; a cached OID is opened with `try_table_open`
+    // (NULL if it no longer exists) and checked to still name the table before it is used.
     unsafe {
         let (namespace, oids) = RESOLVED.with(Cell::get);
         let cached = oids[table as usize];
@@ -83,6 +88,69 @@ pub unsafe fn open(table: SyncTable, lock: pg_sys::LOCKMODE) -> Result<pg_sys::R
     }
 }
 
+/// Reads the `bigint` column named `column` of the row whose primary key equals `key`, by a
+/// direct scan of the primary-key index with `snapshot`. No SPI, no executor, no privilege
+/// check: the fence lookup must not depend on the inserting role (docs/DESIGN.md §Writer fence)
+/// and runs once per inserted commit row. The column is found by name in the open relation's
+/// descriptor, so a column added or dropped by an update never shifts what is read.
+///
+/// # Safety
+/// Must run inside a transaction; `key` is a datum of the primary key's type, compared with
+/// the `equality` function under `collation`; `snapshot` is registered.
+pub unsafe fn bigint_by_key(
+    table: SyncTable,
+    key: pg_sys::Datum,
+    (equality, collation): (u32, pg_sys::Oid),
+    column: &CStr,
+    snapshot: pg_sys::Snapshot,
+) -> Result<Option<i64>> {
+    let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+    // SAFETY: the relation is opened and closed here; the scan key, scan and tuple follow
+    // genam.h's systable protocol under the caller's registered snapshot; the attribute number
+    // comes from the relation's own descriptor and is checked to be a live int8 column.
+    unsafe {
+        let relation = open(table, lock)?;
+        let attributes = pgrx::PgTupleDesc::from_pg_unchecked((*relation).rd_att);
+        let attnum = attributes.iter().position(|a| {
+            !a.attisdropped
+                && a.atttypid == pg_sys::INT8OID
+                && CStr::from_ptr(a.attname.data.as_ptr()) == column
+        });
+        let index_id = port::relation_primary_key_index(relation);
+        let (Some(attnum), true) = (attnum, index_id != pg_sys::InvalidOid) else {
+            pg_sys::table_close(relation, lock);
+            return Err(Error::Internal(format!(
+                "syncular: {:?} has no primary key or no bigint column {column:?}",
+                table.name()
+            )));
+        };
+        let mut scan_key: pg_sys::ScanKeyData = std::mem::zeroed();
+        pg_sys::ScanKeyEntryInitialize(
+            &mut scan_key,
+            0,
+            1,
+            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+            pg_sys::InvalidOid,
+            collation,
+            pg_sys::RegProcedure::from(equality),
+            key,
+        );
+        let scan = pg_sys::systable_beginscan(relation, index_id, true, snapshot, 1, &mut scan_key);
+        let tuple = pg_sys::systable_getnext(scan);
+        let value = if tuple.is_null() {
+            None
+        } else {
+            let mut is_null = false;
+            let datum =
+                pg_sys::heap_getattr(tuple, attnum as i32 + 1, (*relation).rd_att, &mut is_null);
+            (!is_null).then(|| i64::from_datum(datum, false).unwrap_or_default())
+        };
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(relation, lock);
+        Ok(value)
+    }
+}
+
 const ROW_EXCLUSIVE: pg_sys::LOCKMODE = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
 
 /// Rows inserted into one table without a statement: heap insert, then every index (unique ones
@@ -91,15 +159,60 @@ const ROW_EXCLUSIVE: pg_sys::LOCKMODE = pg_sys::RowExclusiveLock as pg_sys::LOCK
 /// nothing else is defined on the table.
 pub struct DirectInsert {
     relation: pg_sys::Relation,
+    /// The columns the table was checked to have, in order: every row is checked against them.
+    columns: &'static [(&'static CStr, pg_sys::Oid)],
     info: *mut pg_sys::ResultRelInfo,
     estate: *mut pg_sys::EState,
     slot: *mut pg_sys::TupleTableSlot,
 }
 
+/// One value of a directly inserted row, typed, so that [`DirectInsert::insert`] can check it
+/// against the column it goes into: a datum of the wrong type would be written as is.
+#[derive(Clone, Copy)]
+pub enum Value<'a> {
+    Text(&'a str),
+    Int2(i16),
+    Int4(i32),
+    Int8(i64),
+    Jsonb(RawJsonb<'a>),
+    Bytea(&'a [u8]),
+}
+
+impl Value<'_> {
+    fn type_oid(self) -> pg_sys::Oid {
+        match self {
+            Value::Text(_) => pg_sys::TEXTOID,
+            Value::Int2(_) => pg_sys::INT2OID,
+            Value::Int4(_) => pg_sys::INT4OID,
+            Value::Int8(_) => pg_sys::INT8OID,
+            Value::Jsonb(_) => pg_sys::JSONBOID,
+            Value::Bytea(_) => pg_sys::BYTEAOID,
+        }
+    }
+
+    /// The datum (by value, or copied into the current memory context).
+    fn datum(self) -> Option<pg_sys::Datum> {
+        match self {
+            Value::Text(v) => v.into_datum(),
+            Value::Int2(v) => v.into_datum(),
+            Value::Int4(v) => v.into_datum(),
+            Value::Int8(v) => v.into_datum(),
+            Value::Jsonb(v) => v.into_datum(),
+            Value::Bytea(v) => v.into_datum(),
+        }
+    }
+}
+
 impl DirectInsert {
     /// Opens `table` for direct inserts of rows with exactly `columns` (name, type), or `None`
     /// when the table has anything a statement would have to run (see the module comment).
-    pub fn open(table: SyncTable, columns: &[(&CStr, pg_sys::Oid)]) -> Result<Option<Self>> {
+    pub fn open(
+        table: SyncTable,
+        columns: &'static [(&'static CStr, pg_sys::Oid)],
+    ) -> Result<Option<Self>> {
+        // SAFETY: `open` returns a locked relation; the result relation info, executor state and
+        // slot are made for it as `CopyFrom` makes them, and are released in `drop` (or by the
+        // transaction's abort after an error).
         unsafe {
             let relation = open(table, ROW_EXCLUSIVE)?;
             if !is_plain(relation, columns) {
@@ -120,6 +233,7 @@ impl DirectInsert {
             let slot = pg_sys::MakeSingleTupleTableSlot((*relation).rd_att, &pg_sys::TTSOpsVirtual);
             Ok(Some(DirectInsert {
                 relation,
+                columns,
                 info,
                 estate,
                 slot,
@@ -127,17 +241,42 @@ impl DirectInsert {
         }
     }
 
-    /// Inserts one row; `values[i]` is NULL where `nulls[i]`. A NULL in a NOT NULL column is
-    /// refused like the executor refuses it (23502), though callers never pass one.
-    pub fn insert(&mut self, values: &[pg_sys::Datum], nulls: &[bool]) -> Result<()> {
+    /// Inserts one row: `row[i]` (NULL where `None`) into the `i`-th column given to
+    /// [`DirectInsert::open`]. A row of another length or a value of another type than its column
+    /// is refused (an internal error); a NULL in a NOT NULL column is refused as the executor
+    /// refuses it (23502), though callers never pass one.
+    pub fn insert(&mut self, row: &[Option<Value<'_>>]) -> Result<()> {
+        if row.len() != self.columns.len() {
+            return Err(Error::Internal(
+                "direct insert: wrong number of columns".into(),
+            ));
+        }
+        let mut values = Vec::with_capacity(row.len());
+        let mut nulls = Vec::with_capacity(row.len());
+        for (cell, (name, type_oid)) in row.iter().zip(self.columns) {
+            match cell {
+                Some(cell) if cell.type_oid() != *type_oid => {
+                    return Err(Error::Internal(format!(
+                        "direct insert: a value of type {:?} for column {name:?} of type {type_oid:?}",
+                        cell.type_oid()
+                    )));
+                }
+                Some(cell) => {
+                    values.push(cell.datum().unwrap_or(pg_sys::Datum::from(0usize)));
+                    nulls.push(false);
+                }
+                None => {
+                    values.push(pg_sys::Datum::from(0usize));
+                    nulls.push(true);
+                }
+            }
+        }
+        // SAFETY: `open` checked that the relation has exactly `self.columns` (names, types,
+        // order) and nothing else; every value was just checked to be of its column's type, so
+        // the slot receives a well-formed virtual tuple. The slot, estate and index info were
+        // made for this relation by `open` and live until `drop`.
         unsafe {
             let slot = self.slot;
-            let natts = (*(*slot).tts_tupleDescriptor).natts as usize;
-            if values.len() != natts || nulls.len() != natts {
-                return Err(Error::Internal(
-                    "direct insert: wrong number of columns".into(),
-                ));
-            }
             let attributes = pgrx::PgTupleDesc::from_pg_unchecked((*self.relation).rd_att);
             for (i, attribute) in attributes.iter().enumerate() {
                 if nulls[i] && attribute.attnotnull {
@@ -151,15 +290,12 @@ impl DirectInsert {
                     );
                 }
             }
-            // ExecClearTuple is an inline function of the headers: the slot's own clear callback.
-            if let Some(clear) = (*(*slot).tts_ops).clear {
-                clear(slot);
-            }
-            std::ptr::copy_nonoverlapping(values.as_ptr(), (*slot).tts_values, natts);
-            std::ptr::copy_nonoverlapping(nulls.as_ptr(), (*slot).tts_isnull, natts);
+            port::exec_clear_tuple(slot);
+            std::ptr::copy_nonoverlapping(values.as_ptr(), (*slot).tts_values, values.len());
+            std::ptr::copy_nonoverlapping(nulls.as_ptr(), (*slot).tts_isnull, nulls.len());
             pg_sys::ExecStoreVirtualTuple(slot);
             pg_sys::simple_table_tuple_insert(self.relation, slot);
-            let recheck = insert_index_entries(self.info, slot, self.estate);
+            let recheck = port::exec_insert_index_tuples(self.info, slot, self.estate);
             pg_sys::list_free(recheck);
             // Index tuples are formed in the per-tuple context: free them row by row.
             let econtext = (*self.estate).es_per_tuple_exprcontext;
@@ -178,6 +314,7 @@ impl Drop for DirectInsert {
         if std::thread::panicking() {
             return;
         }
+        // SAFETY: the four objects were made by `open` and are released once, in reverse order.
         unsafe {
             pg_sys::ExecDropSingleTupleTableSlot(self.slot);
             pg_sys::ExecCloseIndices(self.info);
@@ -187,51 +324,14 @@ impl Drop for DirectInsert {
     }
 }
 
-/// `ExecInsertIndexTuples`, whose signature differs by major version.
-unsafe fn insert_index_entries(
-    info: *mut pg_sys::ResultRelInfo,
-    slot: *mut pg_sys::TupleTableSlot,
-    estate: *mut pg_sys::EState,
-) -> *mut pg_sys::List {
-    let (no_conflict, no_arbiters) = (std::ptr::null_mut(), std::ptr::null_mut());
-    unsafe {
-        #[cfg(feature = "pg13")]
-        {
-            let _ = info;
-            pg_sys::ExecInsertIndexTuples(slot, estate, false, no_conflict, no_arbiters)
-        }
-        #[cfg(any(feature = "pg14", feature = "pg15"))]
-        {
-            pg_sys::ExecInsertIndexTuples(
-                info,
-                slot,
-                estate,
-                false,
-                false,
-                no_conflict,
-                no_arbiters,
-            )
-        }
-        #[cfg(any(feature = "pg16", feature = "pg17", feature = "pg18"))]
-        {
-            pg_sys::ExecInsertIndexTuples(
-                info,
-                slot,
-                estate,
-                false,
-                false,
-                no_conflict,
-                no_arbiters,
-                false,
-            )
-        }
-    }
-}
-
 /// Whether `relation` is a plain table with exactly `columns` and nothing a statement would run
 /// on insert: no triggers, rules, CHECK constraints, generated columns or forced row security
 /// (the extension's functions run as the owner, who is exempt from row security unless forced).
+///
+/// # Safety
+/// `relation` is an open relation.
 unsafe fn is_plain(relation: pg_sys::Relation, columns: &[(&CStr, pg_sys::Oid)]) -> bool {
+    // SAFETY: the caller's open relation; its `rd_rel`, `rd_att` and `constr` are read only.
     unsafe {
         let form = &*(*relation).rd_rel;
         if form.relkind != pg_sys::RELKIND_RELATION as std::ffi::c_char

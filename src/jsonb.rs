@@ -17,20 +17,7 @@
 use pgrx::pg_sys;
 use pgrx::{FromDatum, IntoDatum};
 
-const JB_CMASK: u32 = 0x0FFF_FFFF;
-const JB_FSCALAR: u32 = 0x1000_0000;
-const JB_FOBJECT: u32 = 0x2000_0000;
-const JB_FARRAY: u32 = 0x4000_0000;
-
-const JENTRY_OFFLENMASK: u32 = 0x0FFF_FFFF;
-const JENTRY_TYPEMASK: u32 = 0x7000_0000;
-const JENTRY_HAS_OFF: u32 = 0x8000_0000;
-const JENTRY_ISSTRING: u32 = 0x0000_0000;
-const JENTRY_ISNUMERIC: u32 = 0x1000_0000;
-const JENTRY_ISBOOL_FALSE: u32 = 0x2000_0000;
-const JENTRY_ISBOOL_TRUE: u32 = 0x3000_0000;
-const JENTRY_ISNULL: u32 = 0x4000_0000;
-const JENTRY_ISCONTAINER: u32 = 0x5000_0000;
+use crate::port::jsonb::*;
 
 /// Containers nested deeper than this are refused (`too_deep`), the limit serde's parser applies
 /// to the other JSON arguments.
@@ -66,10 +53,6 @@ pub enum Node<'a> {
 fn u32_at(bytes: &[u8], at: usize) -> Read<u32> {
     let word = bytes.get(at..at + 4).ok_or(Malformed)?;
     Ok(u32::from_ne_bytes(word.try_into().map_err(|_| Malformed)?))
-}
-
-fn int_align(n: usize) -> usize {
-    (n + 3) & !3
 }
 
 impl<'a> Container<'a> {
@@ -320,6 +303,8 @@ pub fn numeric_integer(varlena: &[u8]) -> Read<Integer> {
 /// and lets a NULL through to the body (functions are not STRICT, see [`crate::args`]).
 macro_rules! jsonb_argument {
     ($ty:ident) => {
+        // SAFETY: the SQL type named here, `jsonb`, is the type whose datums `$ty`'s `FromDatum`
+        // reads (a detoastable jsonb varlena).
         unsafe impl ::pgrx::pgrx_sql_entity_graph::metadata::SqlTranslatable for $ty {
             const TYPE_IDENT: &'static str = ::pgrx::pgrx_resolved_type!($ty);
             const TYPE_ORIGIN: ::pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
@@ -336,9 +321,12 @@ macro_rules! jsonb_argument {
             ));
         }
 
+        // SAFETY: unboxing goes through `$ty`'s `FromDatum`, which reads a jsonb datum as pgrx's
+        // own argument types do; pgrx calls this only for a non-NULL `jsonb` argument.
         unsafe impl<'fcx> ::pgrx::callconv::ArgAbi<'fcx> for $ty {
             unsafe fn unbox_arg_unchecked(arg: ::pgrx::callconv::Arg<'_, 'fcx>) -> Self {
                 let index = arg.index();
+                // SAFETY: the argument is a jsonb datum of this call (see above).
                 unsafe {
                     arg.unbox_arg_using_from_datum()
                         .unwrap_or_else(|| panic!("argument {index} must not be null"))
@@ -385,12 +373,15 @@ impl JsonbArg {
     pub fn parse(text: &str) -> Option<JsonbArg> {
         let text = std::ffi::CString::new(text).ok()?;
         // jsonb_in raises on invalid input; the caller only passes text it already knows parses.
+        // SAFETY: `jsonb_in` takes one NUL-terminated C string, which `text` is and outlives
+        // the call; its result is a palloc'd jsonb datum.
         let datum = unsafe {
             pgrx::direct_function_call_as_datum(
                 pg_sys::jsonb_in,
                 &[Some(pg_sys::Datum::from(text.as_ptr()))],
             )?
         };
+        // SAFETY: `datum` is the non-NULL jsonb just built in the current memory context.
         unsafe { JsonbArg::from_polymorphic_datum(datum, false, pg_sys::JSONBOID) }
     }
 }
@@ -406,6 +397,8 @@ impl FromDatum for JsonbArg {
         if is_null {
             return None;
         }
+        // SAFETY: a non-NULL jsonb datum of this call; `pg_detoast_datum` returns it or a
+        // detoasted copy in the call's memory context, whose header and data are read in bounds.
         unsafe {
             // Not the `_packed` variant: the container must keep its 4-byte alignment.
             let detoasted = pg_sys::pg_detoast_datum(datum.cast_mut_ptr());
@@ -427,6 +420,8 @@ pub struct RawJsonb<'a>(&'a [u8]);
 impl IntoDatum for RawJsonb<'_> {
     fn into_datum(self) -> Option<pg_sys::Datum> {
         let size = self.0.len() + pg_sys::VARHDRSZ;
+        // SAFETY: `out` is a fresh allocation of `size` bytes: a 4-byte varlena header, then
+        // exactly `self.0.len()` bytes copied from a slice that does not overlap it.
         unsafe {
             let out = pg_sys::palloc(size) as *mut u8;
             // SET_VARSIZE for a 4-byte header: the length shifted left by two (little and big

@@ -3,6 +3,7 @@
 //! `lib.rs` only wires the modules together; each module owns one concern of the design
 //! (docs/DESIGN.md):
 //! - [`error`]: the error catalogue and the one place that raises it;
+//! - [`port`]: Rust ports of PostgreSQL header code, each quoting what it ports;
 //! - [`access`]: the calling role, the extension owner, and the switches between them;
 //! - [`args`], [`limits`], [`db`]: argument decoding and the size caps, SPI with kept plans; [`heap`]: the extension's
 //!   tables below SQL (cached OIDs, direct inserts into the commit log);
@@ -50,6 +51,7 @@ mod heap;
 mod jsonb;
 mod limits;
 mod log;
+mod port;
 mod prune;
 mod pull;
 mod push;
@@ -83,155 +85,6 @@ extension_sql!(
 );
 // Privileges and comments: after everything else.
 extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
-
-/// In-backend tests: each runs inside one transaction that is rolled back. The scenarios that
-/// need commits, several sessions or locks live in `tests/multisession` (real client).
-#[cfg(any(test, feature = "pg_test"))]
-#[pg_schema]
-mod tests {
-    use pgrx::prelude::*;
-
-    fn bigint(sql: &str) -> i64 {
-        Spi::get_one::<i64>(sql).expect("query").expect("a value")
-    }
-
-    const COMMIT: &str = r#"'{"clientId":"c1","clientCommitId":"k","actorId":"a1","createdAtMs":1,
-        "writerVersion":2,"changes":[{"table":"tasks","rowId":"t1","op":"upsert",
-        "scopes":{"project_id":"p1"},"payload":"AQID"}]}'"#;
-
-    #[pg_test]
-    fn appends_in_one_transaction_are_dense() {
-        for expected in 1..=3 {
-            assert_eq!(
-                bigint(&format!("SELECT syncular.append_commit('p', {COMMIT})")),
-                expected
-            );
-        }
-        assert_eq!(bigint("SELECT syncular.max_commit_seq('p')"), 3);
-        assert_eq!(
-            bigint("SELECT count(*) FROM syncular.sync_change_scopes"),
-            3
-        );
-    }
-
-    /// The change rows and scope index are inserted below SQL only while their tables are as
-    /// created: with a trigger on `sync_changes` (or a column added) the whole commit is one
-    /// statement again, the trigger fires for every change, and the rows are the same.
-    #[pg_test]
-    fn direct_and_statement_appends_write_the_same_rows() {
-        let rows = |p: &str| {
-            Spi::get_one::<String>(&format!(
-                "SELECT string_agg(format('%s|%s|%s|%s|%s|%s|%s|%s', commit_seq, idx, tbl, row_id, op,
-                                          row_version, scopes, encode(payload, 'hex')), ';' ORDER BY commit_seq, idx)
-                 || '/' || (SELECT string_agg(format('%s|%s|%s|%s', tbl, var, value, commit_seq), ';'
-                                              ORDER BY tbl, var, value, commit_seq)
-                            FROM syncular.sync_change_scopes WHERE partition = '{p}')
-                 || '/' || (SELECT string_agg(format('%s|%s|%s', tbl, row_id, commit_seq), ';' ORDER BY tbl, row_id)
-                            FROM syncular.sync_tombstones WHERE partition = '{p}')
-                 FROM syncular.sync_changes WHERE partition = '{p}'"
-            ))
-            .expect("query")
-            .expect("rows")
-        };
-        let commit = r#"'{"clientId":"c1","clientCommitId":"k","actorId":"a1","createdAtMs":1,
-            "changes":[{"table":"tasks","rowId":"t1","op":"upsert","rowVersion":3,
-                        "scopes":{"project_id":"p1","org":"o"},"payload":"AQID"},
-                       {"table":"tasks","rowId":"t2","op":"delete","scopes":{"project_id":"p1"}},
-                       {"table":"notes","rowId":"n1","op":"upsert","scopes":{}}]}'"#;
-        let append = |p: &str| {
-            Spi::run(&format!("SELECT syncular.append_commit('{p}', {commit})")).expect("append")
-        };
-        append("direct");
-        Spi::run(
-            "CREATE TABLE public.audit (n int);
-             CREATE FUNCTION public.audit_change() RETURNS trigger LANGUAGE plpgsql AS
-               $$BEGIN INSERT INTO public.audit VALUES (NEW.idx); RETURN NEW; END$$;
-             CREATE TRIGGER audit AFTER INSERT ON syncular.sync_changes
-               FOR EACH ROW EXECUTE FUNCTION public.audit_change();",
-        )
-        .expect("trigger");
-        append("triggered");
-        assert_eq!(bigint("SELECT count(*) FROM public.audit"), 3);
-        // The statement form without tombstones, too.
-        Spi::run(
-            r#"SELECT syncular.append_commit('no-deletes', '{"clientId":"c1","clientCommitId":"k",
-                 "actorId":"a1","createdAtMs":1,"changes":[{"table":"tasks","rowId":"t1",
-                 "op":"upsert","scopes":{"project_id":"p1"}}]}')"#,
-        )
-        .expect("append");
-        assert_eq!(bigint("SELECT count(*) FROM public.audit"), 4);
-        Spi::run("DROP TRIGGER audit ON syncular.sync_changes").expect("drop");
-        Spi::run("ALTER TABLE syncular.sync_change_scopes ADD COLUMN note text").expect("alter");
-        append("altered");
-        let direct = rows("direct");
-        assert!(direct.contains("tasks|org|o|1"), "{direct}");
-        assert_eq!(rows("triggered"), direct);
-        assert_eq!(rows("altered"), direct);
-    }
-
-    /// The fence reads the latest committed state plus this transaction's own earlier writes.
-    #[pg_test]
-    fn fence_sees_the_transactions_own_raise() {
-        assert_eq!(bigint("SELECT syncular.raise_writer_fence('p', 2)"), 2);
-        assert_eq!(crate::fence::requirement("p").expect("lookup"), Some(2));
-        assert!(!crate::fence::allows(Some(2), Some(1)));
-        assert_eq!(
-            bigint(&format!("SELECT syncular.append_commit('p', {COMMIT})")),
-            1
-        );
-    }
-
-    #[pg_test(error = "sync.storage.writer_fence_rejected")]
-    fn fence_rejects_an_old_writer_in_the_same_transaction() {
-        Spi::run("SELECT syncular.raise_writer_fence('p', 3)").expect("raise");
-        Spi::run(&format!("SELECT syncular.append_commit('p', {COMMIT})")).expect("refused");
-    }
-
-    #[pg_test(error = "sync.storage.invalid_commit")]
-    fn malformed_commit_is_refused() {
-        Spi::run("SELECT syncular.append_commit('p', '{\"clientId\":\"c1\"}')").expect("refused");
-    }
-
-    #[pg_test(error = "sync.storage.invalid_argument")]
-    fn null_partition_is_refused() {
-        Spi::run("SELECT syncular.max_commit_seq(NULL)").expect("refused");
-    }
-
-    #[pg_test]
-    fn checkpoint_cas_in_one_transaction() {
-        Spi::run("SELECT syncular.declare_checkpoint('p', 'x', 1, 10)").expect("declare");
-        assert_eq!(
-            bigint("SELECT owner_epoch FROM syncular.claim_checkpoint('p', 'x', 1, 11)"),
-            1
-        );
-        assert_eq!(
-            bigint("SELECT owner_epoch FROM syncular.claim_checkpoint('p', 'x', 1, 12)"),
-            2
-        );
-        let stale =
-            Spi::get_one::<bool>("SELECT syncular.advance_checkpoint('p', 'x', 1, 5, 5, 13)");
-        assert_eq!(stale, Ok(Some(false)));
-        let owner =
-            Spi::get_one::<bool>("SELECT syncular.advance_checkpoint('p', 'x', 2, 5, 5, 13)");
-        assert_eq!(owner, Ok(Some(true)));
-        let outcome =
-            Spi::get_one::<&str>("SELECT syncular.activate_checkpoint('p', 'x', 2, 5, '{}', 14)");
-        assert_eq!(outcome, Ok(Some("activated")));
-    }
-
-    #[pg_test]
-    fn gate_token_lists_pending_in_order() {
-        Spi::run("SELECT syncular.declare_checkpoint('b', 'z', 1, 1)").expect("declare");
-        Spi::run("SELECT syncular.declare_checkpoint('a', 'y', 1, 1)").expect("declare");
-        let token = Spi::get_one::<pgrx::JsonB>("SELECT syncular.read_serve_gate('a', 1)")
-            .expect("query")
-            .expect("token");
-        assert_eq!(
-            token.0["pending"],
-            serde_json::json!([{"partition":"a","name":"y"},{"partition":"b","name":"z"}])
-        );
-    }
-}
 
 /// Required by `cargo pgrx test`.
 #[cfg(test)]

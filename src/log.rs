@@ -9,8 +9,8 @@ use crate::args;
 use crate::commit::{self, Change, Commit};
 use crate::db;
 use crate::error::{self, Error, Result};
-use crate::heap::{DirectInsert, SyncTable};
-use crate::jsonb::{self, JsonbArg, Node};
+use crate::heap::{DirectInsert, SyncTable, Value};
+use crate::jsonb::JsonbArg;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
@@ -185,40 +185,29 @@ pub fn append<'a>(client: &SpiClient<'_>, partition: &str, commit: &Commit<'a>) 
         args.truncate(6);
     }
     let seq = commit_seq(db::write(client, COMMIT_ONLY_SQL[with_tombstones], &args)?)?;
-    let partition = partition.into_datum();
-    let seq_datum = seq.into_datum();
     for (idx, change) in commit.changes.iter().enumerate() {
-        let values = [
-            partition,
-            seq_datum,
-            (idx as i32).into_datum(),
-            change.table.into_datum(),
-            change.row_id.into_datum(),
-            (change.op as i16).into_datum(),
-            change.row_version.into_datum(),
-            change.scopes_jsonb.into_datum(),
-            change.payload.as_deref().into_datum(),
-        ];
-        insert(&mut changes, values)?;
+        changes.insert(&[
+            Some(Value::Text(partition)),
+            Some(Value::Int8(seq)),
+            Some(Value::Int4(idx as i32)),
+            Some(Value::Text(change.table)),
+            Some(Value::Text(change.row_id)),
+            Some(Value::Int2(change.op as i16)),
+            change.row_version.map(Value::Int8),
+            Some(Value::Jsonb(change.scopes_jsonb)),
+            change.payload.as_deref().map(Value::Bytea),
+        ])?;
     }
     for (table, var, value) in commit.scope_index() {
-        let values = [
-            partition,
-            table.into_datum(),
-            var.into_datum(),
-            value.into_datum(),
-            seq_datum,
-        ];
-        insert(&mut scopes, values)?;
+        scopes.insert(&[
+            Some(Value::Text(partition)),
+            Some(Value::Text(table)),
+            Some(Value::Text(var)),
+            Some(Value::Text(value)),
+            Some(Value::Int8(seq)),
+        ])?;
     }
     Ok(seq)
-}
-
-/// One row of `N` columns, NULL where `None`.
-fn insert<const N: usize>(table: &mut DirectInsert, row: [Option<pg_sys::Datum>; N]) -> Result<()> {
-    let nulls = row.map(|value| value.is_none());
-    let values = row.map(|value| value.unwrap_or(pg_sys::Datum::from(0usize)));
-    table.insert(&values, &nulls)
 }
 
 /// `$9`…`$18` of the whole-commit statement: the change rows and the scope index as arrays.
@@ -249,45 +238,6 @@ fn commit_seq(table: pgrx::spi::SpiTupleTable<'_>) -> Result<i64> {
     db::first::<i64>(table)?.ok_or_else(|| Error::Internal("append returned no commit_seq".into()))
 }
 
-/// Reads the commit document of `append_commit` in its binary form and validates all of it.
-/// A document bound as a jsonb *string* holding JSON text is read as that text (drivers that
-/// bind text as jsonb), like every other JSON argument ([`args::unwrap_json_text`]).
-pub fn with_commit<R>(
-    document: Option<JsonbArg>,
-    body: impl FnOnce(&Commit<'_>) -> Result<R>,
-) -> Result<R> {
-    let document = args::required("commit", document)?;
-    let root = read_root(&document)?;
-    let reparsed;
-    let root = match root {
-        Node::String(text) => match std::str::from_utf8(text).ok().and_then(args::json_text) {
-            Some(text) => {
-                reparsed = JsonbArg::parse(text)
-                    .ok_or_else(|| Error::invalid_argument("commit", "type"))?;
-                read_root(&reparsed)?
-            }
-            None => root,
-        },
-        _ => root,
-    };
-    body(&commit::decode(root)?)
-}
-
-fn read_root(document: &JsonbArg) -> Result<Node<'_>> {
-    if document.over_limits() {
-        return Err(Error::invalid_argument("commit", "too_large"));
-    }
-    let unreadable = |_| Error::invalid_argument("commit", "type");
-    let container = document.container().map_err(unreadable)?;
-    if container
-        .nests_deeper_than(jsonb::MAX_DEPTH)
-        .map_err(unreadable)?
-    {
-        return Err(Error::invalid_argument("commit", "too_deep"));
-    }
-    container.root().map_err(unreadable)
-}
-
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn lock_partition(partition: Option<&str>) -> i64 {
@@ -303,7 +253,7 @@ fn append_commit(partition: Option<&str>, commit: Option<JsonbArg>) -> i64 {
     error::run(|| {
         let partition = args::text_ref("partition", partition)?;
         // Validate everything before anything is locked or written.
-        with_commit(commit, |commit| {
+        commit::with_commit(commit, |commit| {
             db::with_spi(|client| append(client, partition, commit))
         })
     })
@@ -323,4 +273,100 @@ fn max_commit_seq(partition: Option<&str>) -> i64 {
             Ok(db::first::<i64>(table)?.unwrap_or(0))
         })
     })
+}
+
+/// In-backend tests: each runs inside one transaction that is rolled back; scenarios that need
+/// commits, several sessions or locks live in `tests/multisession`.
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    fn bigint(sql: &str) -> i64 {
+        Spi::get_one::<i64>(sql).expect("query").expect("a value")
+    }
+
+    const COMMIT: &str = r#"'{"clientId":"c1","clientCommitId":"k","actorId":"a1","createdAtMs":1,
+        "writerVersion":2,"changes":[{"table":"tasks","rowId":"t1","op":"upsert",
+        "scopes":{"project_id":"p1"},"payload":"AQID"}]}'"#;
+
+    #[pg_test]
+    fn appends_in_one_transaction_are_dense() {
+        for expected in 1..=3 {
+            assert_eq!(
+                bigint(&format!("SELECT syncular.append_commit('p', {COMMIT})")),
+                expected
+            );
+        }
+        assert_eq!(bigint("SELECT syncular.max_commit_seq('p')"), 3);
+        assert_eq!(
+            bigint("SELECT count(*) FROM syncular.sync_change_scopes"),
+            3
+        );
+    }
+
+    /// The change rows and scope index are inserted below SQL only while their tables are as
+    /// created: with a trigger on `sync_changes` (or a column added) the whole commit is one
+    /// statement again, the trigger fires for every change, and the rows are the same.
+    #[pg_test]
+    fn direct_and_statement_appends_write_the_same_rows() {
+        let rows = |p: &str| {
+            Spi::get_one::<String>(&format!(
+                "SELECT string_agg(format('%s|%s|%s|%s|%s|%s|%s|%s', commit_seq, idx, tbl, row_id, op,
+                                          row_version, scopes, encode(payload, 'hex')), ';' ORDER BY commit_seq, idx)
+                 || '/' || (SELECT string_agg(format('%s|%s|%s|%s', tbl, var, value, commit_seq), ';'
+                                              ORDER BY tbl, var, value, commit_seq)
+                            FROM syncular.sync_change_scopes WHERE partition = '{p}')
+                 || '/' || (SELECT string_agg(format('%s|%s|%s', tbl, row_id, commit_seq), ';' ORDER BY tbl, row_id)
+                            FROM syncular.sync_tombstones WHERE partition = '{p}')
+                 FROM syncular.sync_changes WHERE partition = '{p}'"
+            ))
+            .expect("query")
+            .expect("rows")
+        };
+        let commit = r#"'{"clientId":"c1","clientCommitId":"k","actorId":"a1","createdAtMs":1,
+            "changes":[{"table":"tasks","rowId":"t1","op":"upsert","rowVersion":3,
+                        "scopes":{"project_id":"p1","org":"o"},"payload":"AQID"},
+                       {"table":"tasks","rowId":"t2","op":"delete","scopes":{"project_id":"p1"}},
+                       {"table":"notes","rowId":"n1","op":"upsert","scopes":{}}]}'"#;
+        let append = |p: &str| {
+            Spi::run(&format!("SELECT syncular.append_commit('{p}', {commit})")).expect("append")
+        };
+        append("direct");
+        Spi::run(
+            "CREATE TABLE public.audit (n int);
+             CREATE FUNCTION public.audit_change() RETURNS trigger LANGUAGE plpgsql AS
+               $$BEGIN INSERT INTO public.audit VALUES (NEW.idx); RETURN NEW; END$$;
+             CREATE TRIGGER audit AFTER INSERT ON syncular.sync_changes
+               FOR EACH ROW EXECUTE FUNCTION public.audit_change();",
+        )
+        .expect("trigger");
+        append("triggered");
+        assert_eq!(bigint("SELECT count(*) FROM public.audit"), 3);
+        // The statement form without tombstones, too.
+        Spi::run(
+            r#"SELECT syncular.append_commit('no-deletes', '{"clientId":"c1","clientCommitId":"k",
+                 "actorId":"a1","createdAtMs":1,"changes":[{"table":"tasks","rowId":"t1",
+                 "op":"upsert","scopes":{"project_id":"p1"}}]}')"#,
+        )
+        .expect("append");
+        assert_eq!(bigint("SELECT count(*) FROM public.audit"), 4);
+        Spi::run("DROP TRIGGER audit ON syncular.sync_changes").expect("drop");
+        Spi::run("ALTER TABLE syncular.sync_change_scopes ADD COLUMN note text").expect("alter");
+        append("altered");
+        let direct = rows("direct");
+        assert!(direct.contains("tasks|org|o|1"), "{direct}");
+        assert_eq!(rows("triggered"), direct);
+        assert_eq!(rows("altered"), direct);
+    }
+
+    #[pg_test(error = "sync.storage.invalid_commit")]
+    fn malformed_commit_is_refused() {
+        Spi::run("SELECT syncular.append_commit('p', '{\"clientId\":\"c1\"}')").expect("refused");
+    }
+
+    #[pg_test(error = "sync.storage.invalid_argument")]
+    fn null_partition_is_refused() {
+        Spi::run("SELECT syncular.max_commit_seq(NULL)").expect("refused");
+    }
 }

@@ -114,7 +114,7 @@ fn prune_commits_through(
         let through = through_seq
             .filter(|t| (0..=MAX_SAFE).contains(t))
             .ok_or_else(cursor)?;
-        db::with_spi(|client| prune_through(client, &partition, &log_epoch, through)).map(JsonB)
+        db::with_spi(|client| prune_through(client, &partition, log_epoch, through)).map(JsonB)
     })
 }
 

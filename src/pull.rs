@@ -295,7 +295,7 @@ fn scan(
             let Some(row) = found.remove(row_id) else {
                 continue;
             };
-            if !filter_matches(filter, &row.2 .0) {
+            if !filter.matches(&row.2 .0) {
                 continue;
             }
             out.push(row);
@@ -312,20 +312,11 @@ fn scan(
     Ok(out)
 }
 
-/// The matching rule of docs/DESIGN.md §Scopes, for rows read from app tables.
-fn filter_matches(filter: &Filter, scopes: &serde_json::Value) -> bool {
-    filter.keys.iter().all(|(var, values)| {
-        scopes
-            .get(var)
-            .and_then(|v| v.as_str())
-            .is_some_and(|v| values.iter().any(|x| x == v))
-    })
-}
-
 /// SECURITY INVOKER: the caller must hold `SELECT` on the registered relation, which is read
 /// as its owner in a restricted security context (docs/SECURITY.md).
 #[pg_extern(stable, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
+#[allow(clippy::type_complexity)]
 fn scan_rows(
     partition: Option<&str>,
     tbl: Option<&str>,

@@ -24,6 +24,20 @@ impl Filter {
     }
 }
 
+impl Filter {
+    /// The matching rule (docs/DESIGN.md §Scopes) in Rust, for rows read from app tables: every
+    /// key of the filter is present in `scopes` as a string that is one of the key's values.
+    /// Its SQL twin is [`scope_matches!`]; a test holds the two together.
+    pub fn matches(&self, scopes: &Value) -> bool {
+        self.keys.iter().all(|(var, values)| {
+            scopes
+                .get(var)
+                .and_then(|v| v.as_str())
+                .is_some_and(|v| values.iter().any(|x| x == v))
+        })
+    }
+}
+
 /// Decodes `scope_filter`: NULL counts as `{}`; values must be arrays of strings.
 pub fn filter(name: &str, value: Option<args::JsonArg>) -> Result<Filter> {
     filter_value(name, args::optional_json(name, value)?)
@@ -122,5 +136,73 @@ mod tests {
         assert!(filter_value("f", Some(json!({"a": "x"}))).is_err());
         assert!(filter_value("f", Some(json!({"a": [1]}))).is_err());
         assert!(filter_value("f", None).unwrap().first().is_none());
+    }
+}
+
+/// The Rust rule and its SQL twin agree on generated filters and scopes (values that match,
+/// miss, are absent, are not strings; empty filters and empty value lists).
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod pg_tests {
+    use super::*;
+    use pgrx::prelude::*;
+    use serde_json::json;
+
+    #[pg_test]
+    fn rust_and_sql_matching_agree() {
+        let sql = concat!("SELECT ", scope_matches!("$1", "$2"));
+        let vars = ["a", "b", "c"];
+        let values = ["x", "y", "", "\u{e9}"];
+        let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = |n: usize| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as usize % n
+        };
+        let mut matched = 0;
+        for _ in 0..2_000 {
+            let mut scopes = serde_json::Map::new();
+            for var in vars {
+                match next(5) {
+                    0 => {}
+                    1 => {
+                        scopes.insert(var.into(), json!(1));
+                    }
+                    2 => {
+                        scopes.insert(var.into(), Value::Null);
+                    }
+                    _ => {
+                        scopes.insert(var.into(), json!(values[next(values.len())]));
+                    }
+                }
+            }
+            let mut filter = serde_json::Map::new();
+            for var in vars {
+                if next(2) == 0 {
+                    let list: Vec<&str> =
+                        (0..next(3)).map(|_| values[next(values.len())]).collect();
+                    filter.insert(var.into(), json!(list));
+                }
+            }
+            let scopes = Value::Object(scopes);
+            let parsed = filter_value("f", Some(Value::Object(filter))).expect("a filter");
+            let in_sql = Spi::get_one_with_args::<bool>(
+                sql,
+                &[
+                    pgrx::JsonB(scopes.clone()).into(),
+                    pgrx::JsonB(parsed.json.clone()).into(),
+                ],
+            )
+            .expect("query")
+            .expect("a boolean");
+            let in_rust = parsed.matches(&scopes);
+            assert_eq!(in_rust, in_sql, "scopes {scopes} filter {}", parsed.json);
+            matched += in_rust as usize;
+        }
+        assert!(
+            matched > 100 && matched < 1_900,
+            "{matched} of 2,000 matched"
+        );
     }
 }

@@ -74,6 +74,9 @@ fn register_callbacks() {
 }
 
 /// Top-level end (commit, abort, prepare): nothing survives the transaction.
+///
+/// # Safety
+/// Called by PostgreSQL only, as the transaction callback registered above.
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     use pg_sys::XactEvent::*;
@@ -89,6 +92,10 @@ unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut s
     }
 }
 
+/// Subtransaction end: a commit hands the values to the parent, an abort drops them.
+///
+/// # Safety
+/// Called by PostgreSQL only, as the subtransaction callback registered above.
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn on_subxact(
     event: pg_sys::SubXactEvent::Type,

@@ -555,7 +555,11 @@ fn unchanged_row_scopes_are_not_rewritten() {
     let db = TestDb::new("rowsame");
     let mut c = db.connect();
     let set = |c: &mut postgres::Client, rows: Value| {
-        one::<i32>(c, "SELECT syncular.set_rows_scopes($1, 'docs', $2)", &[&P, &rows])
+        one::<i32>(
+            c,
+            "SELECT syncular.set_rows_scopes($1, 'docs', $2)",
+            &[&P, &rows],
+        )
     };
     let versions = |c: &mut postgres::Client| -> Vec<(String, String, String)> {
         c.query(

@@ -1,0 +1,139 @@
+//! Rust ports of PostgreSQL header code: macros and `static inline` functions that bindgen cannot
+//! bind, constants of on-disk formats, and calls whose signature differs between majors. Each
+//! item quotes what it ports, so "how PostgreSQL works" stays apart from "what we do"; the rest
+//! of the crate calls these instead of repeating them.
+
+use pgrx::pg_sys;
+use std::ffi::c_int;
+
+/// `MAKE_SQLSTATE(ch1, …, ch5)` (`src/include/utils/elog.h`):
+/// `PGSIXBIT(ch1) + (PGSIXBIT(ch2) << 6) + …` with `PGSIXBIT(ch) = ((ch) - '0') & 0x3F`.
+pub fn make_sqlstate(code: &str) -> c_int {
+    code.bytes().enumerate().fold(0, |acc, (i, ch)| {
+        acc | ((((ch.wrapping_sub(b'0')) & 0x3F) as c_int) << (6 * i))
+    })
+}
+
+/// The binary `jsonb` layout (`src/include/utils/jsonb.h`, unchanged from 9.4 to 18).
+pub mod jsonb {
+    /// `JsonbContainer.header`: `JB_CMASK` (count), `JB_FSCALAR`, `JB_FOBJECT`, `JB_FARRAY`.
+    pub const JB_CMASK: u32 = 0x0FFF_FFFF;
+    pub const JB_FSCALAR: u32 = 0x1000_0000;
+    pub const JB_FOBJECT: u32 = 0x2000_0000;
+    pub const JB_FARRAY: u32 = 0x4000_0000;
+
+    /// `JEntry`: `JENTRY_OFFLENMASK`, `JENTRY_TYPEMASK`, `JENTRY_HAS_OFF` and the type codes.
+    pub const JENTRY_OFFLENMASK: u32 = 0x0FFF_FFFF;
+    pub const JENTRY_TYPEMASK: u32 = 0x7000_0000;
+    pub const JENTRY_HAS_OFF: u32 = 0x8000_0000;
+    pub const JENTRY_ISSTRING: u32 = 0x0000_0000;
+    pub const JENTRY_ISNUMERIC: u32 = 0x1000_0000;
+    pub const JENTRY_ISBOOL_FALSE: u32 = 0x2000_0000;
+    pub const JENTRY_ISBOOL_TRUE: u32 = 0x3000_0000;
+    pub const JENTRY_ISNULL: u32 = 0x4000_0000;
+    pub const JENTRY_ISCONTAINER: u32 = 0x5000_0000;
+
+    /// `INTALIGN(LEN)` (`src/include/c.h`): numerics and containers start 4-byte aligned.
+    pub fn int_align(n: usize) -> usize {
+        (n + 3) & !3
+    }
+}
+
+/// `ExecClearTuple(slot)` (`src/include/executor/tuptable.h`, `static inline`): the slot's own
+/// `clear` callback.
+///
+/// # Safety
+/// `slot` is a valid tuple table slot.
+pub unsafe fn exec_clear_tuple(slot: *mut pg_sys::TupleTableSlot) {
+    // SAFETY: the caller passes a valid slot, whose `tts_ops` PostgreSQL always sets.
+    unsafe {
+        if let Some(clear) = (*(*slot).tts_ops).clear {
+            clear(slot);
+        }
+    }
+}
+
+/// `ExecInsertIndexTuples` (`src/backend/executor/execIndexing.c`), whose signature changed:
+/// PostgreSQL 14 added the `ResultRelInfo` and `update` arguments, 16 `onlySummarizing`.
+/// Inserts `slot`'s index entries with uniqueness checked; returns the list of indexes to
+/// recheck (always empty without deferred constraints).
+///
+/// # Safety
+/// `info` was set up by `InitResultRelInfo` + `ExecOpenIndices` for the relation `slot` was
+/// stored into, and `estate` is a live executor state.
+pub unsafe fn exec_insert_index_tuples(
+    info: *mut pg_sys::ResultRelInfo,
+    slot: *mut pg_sys::TupleTableSlot,
+    estate: *mut pg_sys::EState,
+) -> *mut pg_sys::List {
+    let (no_conflict, no_arbiters) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: the caller's contract; the flags ask for a plain, non-update insertion.
+    unsafe {
+        #[cfg(feature = "pg13")]
+        {
+            let _ = info;
+            pg_sys::ExecInsertIndexTuples(slot, estate, false, no_conflict, no_arbiters)
+        }
+        #[cfg(any(feature = "pg14", feature = "pg15"))]
+        {
+            pg_sys::ExecInsertIndexTuples(
+                info,
+                slot,
+                estate,
+                false,
+                false,
+                no_conflict,
+                no_arbiters,
+            )
+        }
+        #[cfg(any(feature = "pg16", feature = "pg17", feature = "pg18"))]
+        {
+            pg_sys::ExecInsertIndexTuples(
+                info,
+                slot,
+                estate,
+                false,
+                false,
+                no_conflict,
+                no_arbiters,
+                false,
+            )
+        }
+    }
+}
+
+/// `RelationGetPrimaryKeyIndex(relation)` (`src/backend/utils/cache/relcache.c`); PostgreSQL 18
+/// added `deferrable_ok` (we want only immediate primary keys, the old behaviour).
+///
+/// # Safety
+/// `relation` is an open relation.
+pub unsafe fn relation_primary_key_index(relation: pg_sys::Relation) -> pg_sys::Oid {
+    // SAFETY: the caller passes an open relation.
+    unsafe {
+        #[cfg(not(feature = "pg18"))]
+        {
+            pg_sys::RelationGetPrimaryKeyIndex(relation)
+        }
+        #[cfg(feature = "pg18")]
+        {
+            pg_sys::RelationGetPrimaryKeyIndex(relation, false)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn make_sqlstate_matches_postgres() {
+        // ERRCODE_UNIQUE_VIOLATION = MAKE_SQLSTATE('2','3','5','0','5').
+        let expected = 2 | (3 << 6) | (5 << 12) | (0 << 18) | (5 << 24);
+        assert_eq!(make_sqlstate("23505"), expected);
+    }
+
+    #[test]
+    fn int_align_rounds_up_to_four() {
+        assert_eq!([0, 1, 3, 4, 5, 8].map(jsonb::int_align), [0, 4, 4, 4, 8, 8]);
+    }
+}
