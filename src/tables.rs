@@ -308,11 +308,21 @@ fn get_row_scopes(
     })
 }
 
-/// Drops the row-meta trigger from relation `oid`, if the relation still exists.
-fn drop_row_meta_trigger(oid: pg_sys::Oid) -> error::Result<()> {
-    if let Some(relation) = inspect(oid) {
+/// Drops the row-meta trigger from relation `oid`, if the relation and the trigger exist (checked
+/// first, so a registration prints no NOTICE).
+fn drop_row_meta_trigger(client: &SpiClient<'_>, oid: pg_sys::Oid) -> error::Result<()> {
+    let Some(relation) = inspect(oid) else {
+        return Ok(());
+    };
+    let installed = db::first::<bool>(db::read(
+        client,
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger
+                         WHERE tgrelid = $1 AND tgname = 'syncular_row_meta')",
+        &[DatumWithOid::from(oid)],
+    )?)?;
+    if installed == Some(true) {
         Spi::run(&format!(
-            "DROP TRIGGER IF EXISTS syncular_row_meta ON {}",
+            "DROP TRIGGER syncular_row_meta ON {}",
             relation.qualified()
         ))?;
     }
@@ -392,9 +402,9 @@ pub fn register(
     };
     access::as_extension_owner(client, || {
         if let Some(previous) = &previous {
-            drop_row_meta_trigger(previous.relation)?;
+            drop_row_meta_trigger(client, previous.relation)?;
         }
-        drop_row_meta_trigger(relation)?;
+        drop_row_meta_trigger(client, relation)?;
         db::write(
             client,
             "INSERT INTO syncular.sync_app_tables
@@ -487,7 +497,7 @@ fn retire_table(tbl: Option<&str>) -> JsonB {
             access::as_extension_owner(client, || {
                 let (row_scopes, blob_refs) = rows::delete_table_meta(client, &tbl)?;
                 if let Some(previous) = &previous {
-                    drop_row_meta_trigger(previous.relation)?;
+                    drop_row_meta_trigger(client, previous.relation)?;
                     db::write(
                         client,
                         "DELETE FROM syncular.sync_app_tables WHERE tbl = $1",

@@ -1,0 +1,1 @@
+../../../scripts/demo.sql
