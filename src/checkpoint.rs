@@ -519,11 +519,8 @@ fn has_source_changes_above(
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]
 mod tests {
+    use crate::testing::bigint;
     use pgrx::prelude::*;
-
-    fn bigint(sql: &str) -> i64 {
-        Spi::get_one::<i64>(sql).expect("query").expect("a value")
-    }
 
     #[pg_test]
     fn checkpoint_cas_in_one_transaction() {

@@ -165,15 +165,8 @@ fn _fence_guard_hold(busy: Option<bool>) {
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]
 mod tests {
+    use crate::testing::{bigint, COMMIT};
     use pgrx::prelude::*;
-
-    fn bigint(sql: &str) -> i64 {
-        Spi::get_one::<i64>(sql).expect("query").expect("a value")
-    }
-
-    const COMMIT: &str = r#"'{"clientId":"c1","clientCommitId":"k","actorId":"a1","createdAtMs":1,
-        "writerVersion":2,"changes":[{"table":"tasks","rowId":"t1","op":"upsert",
-        "scopes":{"project_id":"p1"},"payload":"AQID"}]}'"#;
 
     /// The fence reads the latest committed state plus this transaction's own earlier writes.
     #[pg_test]

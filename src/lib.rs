@@ -61,6 +61,8 @@ mod repair;
 mod rows;
 mod scope;
 mod tables;
+#[cfg(any(test, feature = "pg_test"))]
+mod testing;
 mod txn_local;
 
 ::pgrx::pg_module_magic!(name, version);

@@ -280,15 +280,8 @@ fn max_commit_seq(partition: Option<&str>) -> i64 {
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]
 mod tests {
+    use crate::testing::{bigint, COMMIT};
     use pgrx::prelude::*;
-
-    fn bigint(sql: &str) -> i64 {
-        Spi::get_one::<i64>(sql).expect("query").expect("a value")
-    }
-
-    const COMMIT: &str = r#"'{"clientId":"c1","clientCommitId":"k","actorId":"a1","createdAtMs":1,
-        "writerVersion":2,"changes":[{"table":"tasks","rowId":"t1","op":"upsert",
-        "scopes":{"project_id":"p1"},"payload":"AQID"}]}'"#;
 
     #[pg_test]
     fn appends_in_one_transaction_are_dense() {

@@ -47,7 +47,21 @@ const WINDOW_CHANGES_SQL: &str = concat!(
     " ORDER BY c.commit_seq, ch.idx"
 );
 
-pub type WindowRow = (
+/// One change of a commit window, as `read_commit_window` returns it.
+pub struct WindowRow {
+    commit_seq: i64,
+    created_at_ms: i64,
+    actor_id: String,
+    idx: i32,
+    row_id: String,
+    op: String,
+    row_version: Option<i64>,
+    scopes: JsonB,
+    payload: Option<Vec<u8>>,
+}
+
+/// The columns of `read_commit_window`'s result, in order.
+type WindowColumns = (
     i64,
     i64,
     String,
@@ -58,6 +72,22 @@ pub type WindowRow = (
     JsonB,
     Option<Vec<u8>>,
 );
+
+impl WindowRow {
+    fn into_columns(self) -> WindowColumns {
+        (
+            self.commit_seq,
+            self.created_at_ms,
+            self.actor_id,
+            self.idx,
+            self.row_id,
+            self.op,
+            self.row_version,
+            self.scopes,
+            self.payload,
+        )
+    }
+}
 
 fn window(
     client: &SpiClient<'_>,
@@ -115,17 +145,17 @@ fn window(
                 current = Some(seq);
             }
             total += 1;
-            out.push((
-                seq,
-                row.get::<i64>(2)?.unwrap_or_default(),
-                row.get::<String>(3)?.unwrap_or_default(),
-                row.get::<i32>(4)?.unwrap_or_default(),
-                row.get::<String>(5)?.unwrap_or_default(),
-                row.get::<String>(6)?.unwrap_or_default(),
-                row.get::<i64>(7)?,
-                row.get::<JsonB>(8)?.unwrap_or(JsonB(serde_json::json!({}))),
-                row.get::<Vec<u8>>(9)?,
-            ));
+            out.push(WindowRow {
+                commit_seq: seq,
+                created_at_ms: row.get::<i64>(2)?.unwrap_or_default(),
+                actor_id: row.get::<String>(3)?.unwrap_or_default(),
+                idx: row.get::<i32>(4)?.unwrap_or_default(),
+                row_id: row.get::<String>(5)?.unwrap_or_default(),
+                op: row.get::<String>(6)?.unwrap_or_default(),
+                row_version: row.get::<i64>(7)?,
+                scopes: row.get::<JsonB>(8)?.unwrap_or(JsonB(serde_json::json!({}))),
+                payload: row.get::<Vec<u8>>(9)?,
+            });
         }
         if stopped || total >= limit || (page.len() as i64) < batch {
             break;
@@ -170,7 +200,9 @@ fn read_commit_window(
         let rows = db::with_spi(|client| {
             window(client, &partition, &tbl, &filter, after, through, limit)
         })?;
-        Ok(TableIterator::new(rows))
+        Ok(TableIterator::new(
+            rows.into_iter().map(WindowRow::into_columns),
+        ))
     })
 }
 
@@ -208,7 +240,26 @@ fn latest_scoped_change_seq(
     })
 }
 
-pub type ScanRow = (String, i64, JsonB, Vec<u8>, Option<Vec<u8>>);
+/// One current row of a bootstrap page, as `scan_rows` returns it.
+pub struct ScanRow {
+    row_id: String,
+    server_version: i64,
+    scopes: JsonB,
+    payload: Vec<u8>,
+    column_versions: Option<Vec<u8>>,
+}
+
+impl ScanRow {
+    fn into_columns(self) -> (String, i64, JsonB, Vec<u8>, Option<Vec<u8>>) {
+        (
+            self.row_id,
+            self.server_version,
+            self.scopes,
+            self.payload,
+            self.column_versions,
+        )
+    }
+}
 
 /// One page of bootstrap candidates: one bounded range of the `sync_row_scopes` primary key per
 /// value, merged, ascending.
@@ -279,13 +330,13 @@ fn scan(
             )?
             .map(|row| {
                 let row_id = row.get::<String>(1)?.unwrap_or_default();
-                let scanned: ScanRow = (
-                    row_id.clone(),
-                    row.get::<i64>(2)?.unwrap_or_default(),
-                    row.get::<JsonB>(3)?.unwrap_or(JsonB(serde_json::json!({}))),
-                    row.get::<Vec<u8>>(4)?.unwrap_or_default(),
-                    row.get::<Vec<u8>>(5)?,
-                );
+                let scanned = ScanRow {
+                    row_id: row_id.clone(),
+                    server_version: row.get::<i64>(2)?.unwrap_or_default(),
+                    scopes: row.get::<JsonB>(3)?.unwrap_or(JsonB(serde_json::json!({}))),
+                    payload: row.get::<Vec<u8>>(4)?.unwrap_or_default(),
+                    column_versions: row.get::<Vec<u8>>(5)?,
+                };
                 Ok((row_id, scanned))
             })
             .collect()
@@ -295,7 +346,7 @@ fn scan(
             let Some(row) = found.remove(row_id) else {
                 continue;
             };
-            if !filter.matches(&row.2 .0) {
+            if !filter.matches(&row.scopes.0) {
                 continue;
             }
             out.push(row);
@@ -356,6 +407,8 @@ fn scan_rows(
                 lim,
             )
         })?;
-        Ok(TableIterator::new(rows))
+        Ok(TableIterator::new(
+            rows.into_iter().map(ScanRow::into_columns),
+        ))
     })
 }

@@ -143,7 +143,7 @@ mod tests {
 /// miss, are absent, are not strings; empty filters and empty value lists).
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]
-mod pg_tests {
+mod sql_twin_tests {
     use super::*;
     use pgrx::prelude::*;
     use serde_json::json;

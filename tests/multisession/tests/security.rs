@@ -82,6 +82,28 @@ impl Attacker {
         self.leave(c);
     }
 
+    /// Runs `sql` as the attacker, `{r}` standing for its schema (and role).
+    fn run(&self, c: &mut Client, sql: &str) {
+        self.act(c);
+        exec(c, &sql.replace("{r}", &self.role));
+        self.leave(c);
+    }
+
+    /// The attacker's relation, as it is now, cannot be registered again (`shape`).
+    fn refused_registration(&self, c: &mut Client) {
+        self.act(c);
+        invalid(
+            c,
+            &format!(
+                "SELECT syncular.register_table('{r}_again', '{r}.t')",
+                r = self.role
+            ),
+            "relation",
+            "shape",
+        );
+        self.leave(c);
+    }
+
     fn is_superuser(&self, c: &mut Client) -> bool {
         one(
             c,
@@ -139,24 +161,29 @@ fn assert_registration_dead(c: &mut Client, attacker: &Attacker) {
     assert!(!attacker.is_superuser(c));
 }
 
-#[test]
-fn a_view_swapped_in_by_drop_is_never_read() {
-    let db = TestDb::new("sec_view_drop");
+/// A test database with an attacker whose payload function is planted.
+fn armed(test: &str) -> (TestDb, Client, Attacker) {
+    let db = TestDb::new(test);
     let mut c = db.connect();
     let attacker = Attacker::new(&mut c, &db, "a");
     attacker.plant_payload(&mut c);
-    attacker.act(&mut c);
-    exec(
+    (db, c, attacker)
+}
+
+/// An app row as a view column list would fake it, with the payload in `_sync_payload`.
+const FAKE_ROW: &str = r#"'part-1'::text AS "_sync_partition", 'r1'::text AS "_sync_row_id",
+    1::bigint AS "_sync_server_version", '{}'::jsonb AS "_sync_scopes",
+    {r}.pwn()::bytea AS "_sync_payload", NULL::bytea AS "_sync_column_versions""#;
+
+#[test]
+fn a_view_swapped_in_by_drop_is_never_read() {
+    let (_db, mut c, attacker) = armed("sec_view_drop");
+    attacker.run(
         &mut c,
-        &format!(
-            "DROP TABLE {r}.t;
-             CREATE VIEW {r}.t AS SELECT '{P}'::text AS \"_sync_partition\", 'r1'::text AS \"_sync_row_id\",
-                    1::bigint AS \"_sync_server_version\", '{{}}'::jsonb AS \"_sync_scopes\",
-                    {r}.pwn()::bytea AS \"_sync_payload\", NULL::bytea AS \"_sync_column_versions\";",
-            r = attacker.role
-        ),
+        &format!("DROP TABLE {{r}}.t; CREATE VIEW {{r}}.t AS SELECT {FAKE_ROW}"),
     );
     // Every reader, by the attacker and by the superuser (a victim's routine call).
+    attacker.act(&mut c);
     assert_registration_dead(&mut c, &attacker);
     attacker.leave(&mut c);
     assert_registration_dead(&mut c, &attacker);
@@ -164,22 +191,14 @@ fn a_view_swapped_in_by_drop_is_never_read() {
 
 #[test]
 fn a_view_swapped_in_by_rename_is_never_read() {
-    let db = TestDb::new("sec_view_rename");
-    let mut c = db.connect();
-    let attacker = Attacker::new(&mut c, &db, "a");
-    attacker.plant_payload(&mut c);
-    attacker.act(&mut c);
-    exec(
+    let (_db, mut c, attacker) = armed("sec_view_rename");
+    attacker.run(
         &mut c,
-        &format!(
-            "ALTER TABLE {r}.t RENAME TO t_old;
-             CREATE VIEW {r}.t AS SELECT \"_sync_partition\", \"_sync_row_id\", \"_sync_server_version\",
-                    \"_sync_scopes\", {r}.pwn()::bytea AS \"_sync_payload\", \"_sync_column_versions\"
-               FROM {r}.t_old;",
-            r = attacker.role
-        ),
+        r#"ALTER TABLE {r}.t RENAME TO t_old;
+           CREATE VIEW {r}.t AS SELECT "_sync_partition", "_sync_row_id", "_sync_server_version",
+                  "_sync_scopes", {r}.pwn()::bytea AS "_sync_payload", "_sync_column_versions"
+             FROM {r}.t_old"#,
     );
-    attacker.leave(&mut c);
     // The registration follows the relation (its OID), not the name: the renamed table is read.
     let scopes: Value = one(
         &mut c,
@@ -198,105 +217,55 @@ fn a_view_swapped_in_by_rename_is_never_read() {
 
 #[test]
 fn a_table_turned_into_a_view_by_a_return_rule_is_never_read() {
-    let db = TestDb::new("sec_return_rule");
-    let mut c = db.connect();
-    let attacker = Attacker::new(&mut c, &db, "a");
-    attacker.plant_payload(&mut c);
-    attacker.act(&mut c);
-    exec(
+    let (_db, mut c, attacker) = armed("sec_return_rule");
+    attacker.run(
         &mut c,
-        &format!(
-            "DELETE FROM {r}.t;
-             ALTER TABLE {r}.t DROP CONSTRAINT t_pkey;",
-            r = attacker.role
-        ),
+        "DELETE FROM {r}.t; ALTER TABLE {r}.t DROP CONSTRAINT t_pkey",
     );
     // relhasindex is cleared by VACUUM only; a table with it set cannot become a view.
-    exec(&mut c, &format!("VACUUM {}.t", attacker.role));
-    exec(
+    attacker.run(&mut c, "VACUUM {r}.t");
+    attacker.run(
+        &mut c,
+        &format!("CREATE RULE \"_RETURN\" AS ON SELECT TO {{r}}.t DO INSTEAD SELECT {FAKE_ROW}"),
+    );
+    let kind: String = one(
         &mut c,
         &format!(
-            "CREATE RULE \"_RETURN\" AS ON SELECT TO {r}.t DO INSTEAD
-               SELECT '{P}'::text AS \"_sync_partition\", 'r1'::text AS \"_sync_row_id\",
-                      1::bigint AS \"_sync_server_version\", '{{}}'::jsonb AS \"_sync_scopes\",
-                      {r}.pwn()::bytea AS \"_sync_payload\", NULL::bytea AS \"_sync_column_versions\";",
-            r = attacker.role
+            "SELECT relkind::text FROM pg_class WHERE oid = '{}.t'::regclass",
+            attacker.role
         ),
+        &[],
     );
-    assert_eq!(
-        one::<String>(
-            &mut c,
-            &format!(
-                "SELECT relkind::text FROM pg_class WHERE oid = '{}.t'::regclass",
-                attacker.role
-            ),
-            &[]
-        ),
-        "v",
-        "the same OID is now a view"
-    );
-    attacker.leave(&mut c);
+    assert_eq!(kind, "v", "the same OID is now a view");
     assert_registration_dead(&mut c, &attacker);
 }
 
 #[test]
 fn a_table_with_any_rewrite_rule_is_not_usable() {
-    let db = TestDb::new("sec_rule");
-    let mut c = db.connect();
-    let attacker = Attacker::new(&mut c, &db, "a");
-    attacker.act(&mut c);
-    exec(
+    let (_db, mut c, attacker) = armed("sec_rule");
+    attacker.run(
         &mut c,
-        &format!(
-            "CREATE RULE quiet AS ON DELETE TO {r}.t DO INSTEAD NOTHING",
-            r = attacker.role
-        ),
+        "CREATE RULE quiet AS ON DELETE TO {r}.t DO INSTEAD NOTHING",
     );
-    invalid(
-        &mut c,
-        &format!(
-            "SELECT syncular.register_table('{}_again', '{}.t')",
-            attacker.role, attacker.role
-        ),
-        "relation",
-        "shape",
-    );
-    attacker.leave(&mut c);
+    attacker.refused_registration(&mut c);
     assert_registration_dead(&mut c, &attacker);
 }
 
 #[test]
 fn a_meta_column_of_a_host_type_with_an_implicit_cast_is_never_read() {
-    let db = TestDb::new("sec_cast");
-    let mut c = db.connect();
-    let attacker = Attacker::new(&mut c, &db, "a");
-    attacker.plant_payload(&mut c);
-    attacker.act(&mut c);
-    exec(
+    let (_db, mut c, attacker) = armed("sec_cast");
+    attacker.run(
         &mut c,
-        &format!(
-            "CREATE TYPE {r}.evil AS (v text);
-             CREATE FUNCTION {r}.evil_text({r}.evil) RETURNS text LANGUAGE plpgsql AS
-               $$BEGIN PERFORM {r}.pwn(); RETURN $1.v; END$$;
-             CREATE CAST ({r}.evil AS text) WITH FUNCTION {r}.evil_text({r}.evil) AS IMPLICIT;
-             ALTER TABLE {r}.t ALTER COLUMN \"_sync_partition\" TYPE {r}.evil
-               USING ROW(\"_sync_partition\")::{r}.evil;",
-            r = attacker.role
-        ),
+        r#"CREATE TYPE {r}.evil AS (v text);
+           CREATE FUNCTION {r}.evil_text({r}.evil) RETURNS text LANGUAGE plpgsql AS
+             $$BEGIN PERFORM {r}.pwn(); RETURN $1.v; END$$;
+           CREATE CAST ({r}.evil AS text) WITH FUNCTION {r}.evil_text({r}.evil) AS IMPLICIT;
+           ALTER TABLE {r}.t ALTER COLUMN "_sync_partition" TYPE {r}.evil
+             USING ROW("_sync_partition")::{r}.evil"#,
     );
-    attacker.leave(&mut c);
     assert_registration_dead(&mut c, &attacker);
     // And such a relation cannot be registered in the first place.
-    attacker.act(&mut c);
-    invalid(
-        &mut c,
-        &format!(
-            "SELECT syncular.register_table('{}_again', '{}.t')",
-            attacker.role, attacker.role
-        ),
-        "relation",
-        "shape",
-    );
+    attacker.refused_registration(&mut c);
 }
 
 /// A victim's routine `rows_referencing_blob` reaches the attacker's table through a planted
@@ -304,21 +273,13 @@ fn a_meta_column_of_a_host_type_with_an_implicit_cast_is_never_read() {
 /// as the attacker, in a restricted security context: it cannot escalate.
 #[test]
 fn code_on_a_host_table_runs_as_its_owner_when_a_victim_reads_it() {
-    let db = TestDb::new("sec_victim");
-    let mut c = db.connect();
-    let attacker = Attacker::new(&mut c, &db, "a");
-    attacker.plant_payload(&mut c);
-    attacker.act(&mut c);
-    exec(
+    let (_db, mut c, attacker) = armed("sec_victim");
+    attacker.run(
         &mut c,
-        &format!(
-            "ALTER TABLE {r}.t ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
-             CREATE POLICY everyone ON {r}.t USING ({r}.pwn() IS NOT NULL);
-             GRANT SELECT ON {r}.t TO PUBLIC;",
-            r = attacker.role
-        ),
+        "ALTER TABLE {r}.t ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
+         CREATE POLICY everyone ON {r}.t USING ({r}.pwn() IS NOT NULL);
+         GRANT SELECT ON {r}.t TO PUBLIC",
     );
-    attacker.leave(&mut c);
     // The victim: the superuser, as a host's maintenance job would run.
     let err = sql_error(
         &c.execute("SELECT syncular.rows_referencing_blob($1, 'blob-1')", &[&P])
