@@ -15,7 +15,7 @@
 use crate::error::Result;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::{self, PgOid};
-use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiTupleTable};
+use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiCursor, SpiTupleTable};
 use pgrx::Spi;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -70,19 +70,17 @@ pub fn write<'conn>(
     Ok(client.select(stmt, None, args)?)
 }
 
-/// Like [`write`], for a statement whose parameters are all keys with an index made for them
-/// (`= ANY ($n)` on an index column): it runs its generic plan, never a custom one. The plan
-/// cache plans such a statement again on every call when the column statistics are skewed (one
-/// partition holding most rows, as in a single-tenant database): a custom plan always looks
-/// cheaper there than the generic one, though both use the same index.
-pub fn write_generic<'conn>(
-    client: &SpiClient<'conn>,
-    sql: &'static str,
-    args: &[DatumWithOid<'_>],
-) -> Result<SpiTupleTable<'conn>> {
+/// Runs `body` with `plan_cache_mode = force_generic_plan`: statements planned or opened in it
+/// run their kept generic plan, never a custom one. For statements whose parameters are all keys
+/// with an index made for them (`= ANY ($n)`, ranges of a primary key): the plan cache plans such
+/// a statement again on every call when the column statistics are skewed (one partition holding
+/// most rows, as in a single-tenant database): a custom plan always looks cheaper there than the
+/// generic one, though both use the same index, and re-planning is most of an idle pull's cost
+/// (docs/BENCHMARKS.md, Pull).
+fn generic<R>(body: impl FnOnce() -> Result<R>) -> Result<R> {
     // SAFETY: the setting is made in a GUC nest level of its own and undone right after the
-    // statement; an error in between unwinds it with the (sub)transaction, as for a function's
-    // own SET clause.
+    // body; an error in between unwinds it with the (sub)transaction, as for a function's own
+    // SET clause.
     unsafe {
         let level = pg_sys::NewGUCNestLevel();
         pg_sys::set_config_option(
@@ -95,10 +93,40 @@ pub fn write_generic<'conn>(
             0,
             false,
         );
-        let result = write(client, sql, args);
+        let result = body();
         pg_sys::AtEOXact_GUC(true, level);
         result
     }
+}
+
+/// Like [`write`], on the statement's generic plan (see [`generic`]).
+pub fn write_generic<'conn>(
+    client: &SpiClient<'conn>,
+    sql: &'static str,
+    args: &[DatumWithOid<'_>],
+) -> Result<SpiTupleTable<'conn>> {
+    generic(|| write(client, sql, args))
+}
+
+/// Like [`read`], on the statement's generic plan (see [`generic`]).
+pub fn read_generic<'conn>(
+    client: &SpiClient<'conn>,
+    sql: &'static str,
+    args: &[DatumWithOid<'_>],
+) -> Result<SpiTupleTable<'conn>> {
+    generic(|| read(client, sql, args))
+}
+
+/// Opens a read-only statement as a cursor on its generic plan, in the caller's snapshot: rows
+/// are produced only as far as they are fetched, so a reader that stops early never makes the
+/// executor read the rest.
+pub fn read_cursor<'conn>(
+    client: &SpiClient<'conn>,
+    sql: &'static str,
+    args: &[DatumWithOid<'_>],
+) -> Result<SpiCursor<'conn>> {
+    let stmt = plan(client, sql, args, false)?;
+    generic(|| Ok(client.try_open_cursor(stmt, args)?))
 }
 
 /// Like [`read`], for a statement text built at run time around an app table's quoted name.

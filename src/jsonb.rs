@@ -436,3 +436,75 @@ impl IntoDatum for RawJsonb<'_> {
         pg_sys::JSONBOID
     }
 }
+
+/// A jsonb value read from a result column and kept as its container bytes: passed back to SQL
+/// without a text round trip, and read in place ([`Container`]) instead of being parsed. The
+/// pull path reads and returns every change's scopes this way (docs/DESIGN.md §Pull path).
+pub struct OwnedJsonb(Vec<u8>);
+
+impl OwnedJsonb {
+    /// The binary form of a parsed value (one text round trip through `jsonb_in`).
+    pub fn from_value(value: pgrx::JsonB) -> Option<OwnedJsonb> {
+        let datum = value.into_datum()?;
+        // SAFETY: `datum` is the non-NULL jsonb just built in the current memory context.
+        unsafe { OwnedJsonb::from_polymorphic_datum(datum, false, pg_sys::JSONBOID) }
+    }
+
+    /// The top container.
+    pub fn container(&self) -> Read<Container<'_>> {
+        Container::new(&self.0)
+    }
+}
+
+impl FromDatum for OwnedJsonb {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _: pg_sys::Oid,
+    ) -> Option<OwnedJsonb> {
+        if is_null {
+            return None;
+        }
+        // SAFETY: a non-NULL jsonb datum of a result row, alive while the row is read;
+        // `pg_detoast_datum` returns it or a detoasted copy in the current memory context, whose
+        // header and data are read in bounds and copied out before anything frees them.
+        unsafe {
+            let detoasted = pg_sys::pg_detoast_datum(datum.cast_mut_ptr());
+            let total = pgrx::varsize_any(detoasted as *const _);
+            let data = pgrx::vardata_any(detoasted as *const _) as *const u8;
+            let header = data as usize - detoasted as usize;
+            let bytes = std::slice::from_raw_parts(data, total.saturating_sub(header)).to_vec();
+            if detoasted != datum.cast_mut_ptr() {
+                pg_sys::pfree(detoasted.cast());
+            }
+            Some(OwnedJsonb(bytes))
+        }
+    }
+}
+
+impl IntoDatum for OwnedJsonb {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        RawJsonb(&self.0).into_datum()
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+jsonb_argument!(OwnedJsonb);
+
+// SAFETY: the datum returned is a freshly palloc'd jsonb varlena in the current (the call's)
+// memory context, exactly what a function returning `jsonb` must return.
+unsafe impl pgrx::callconv::BoxRet for OwnedJsonb {
+    unsafe fn box_into<'fcx>(
+        self,
+        fcinfo: &mut pgrx::callconv::FcInfo<'fcx>,
+    ) -> pgrx::datum::Datum<'fcx> {
+        match self.into_datum() {
+            // SAFETY: as above.
+            Some(datum) => unsafe { fcinfo.return_raw_datum(datum) },
+            None => fcinfo.return_null(),
+        }
+    }
+}

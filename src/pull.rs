@@ -10,8 +10,8 @@ use crate::access;
 use crate::args;
 use crate::db;
 use crate::error::{self, Error, Result};
+use crate::jsonb::OwnedJsonb;
 use crate::scope::{self, Filter};
-use crate::scope_matches;
 use crate::tables;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
@@ -19,45 +19,61 @@ use pgrx::spi::SpiClient;
 use pgrx::JsonB;
 use std::collections::HashMap;
 
-/// One page of candidate commits: the distinct `commit_seq` above `after`, ascending. One
-/// bounded index range per value, merged.
-const WINDOW_CANDIDATES_SQL: &str = "\
-SELECT DISTINCT s.commit_seq
-  FROM unnest($4::text[]) AS v(value)
-  CROSS JOIN LATERAL (
-    SELECT c.commit_seq FROM syncular.sync_change_scopes c
-     WHERE c.partition = $1 AND c.tbl = $2 AND c.var = $3 AND c.value = v.value COLLATE \"C\"
-       AND c.commit_seq > $5 AND c.commit_seq <= $6
-     ORDER BY c.commit_seq LIMIT $7) AS s
- ORDER BY s.commit_seq LIMIT $7";
+/// One page of the window in one statement, read through a cursor: the page's candidate commits
+/// (the distinct `commit_seq` above `$5`, ascending, at most `$6`: one bounded range of the
+/// `sync_change_scopes` key per value, merged), each followed by its changes of `tbl` fetched by
+/// key. A candidate without a commit row or without changes of `tbl` still yields one row
+/// (NULL change columns), so the fold sees every candidate. The outer order is the candidates'
+/// (no sort above the joins): the executor reads a commit's changes only when the fold asks for
+/// the next row, so the reads stop at the commits the window returns (docs/DESIGN.md §Pull path).
+const WINDOW_PAGE_SQL: &str = "\
+SELECT k.commit_seq, c.created_at_ms, c.actor_id, ch.idx, ch.row_id, ch.op, ch.row_version,
+       ch.scopes, ch.payload
+  FROM (SELECT DISTINCT s.commit_seq
+          FROM unnest($4::text[]) AS v(value)
+          CROSS JOIN LATERAL (
+            SELECT x.commit_seq FROM syncular.sync_change_scopes x
+             WHERE x.partition = $1 AND x.tbl = $2 AND x.var = $3
+               AND x.value = v.value COLLATE \"C\"
+               AND x.commit_seq > $5 AND x.commit_seq <= $7
+             ORDER BY x.commit_seq LIMIT $6) AS s
+         ORDER BY s.commit_seq LIMIT $6) AS k
+  LEFT JOIN syncular.sync_commits c ON c.partition = $1 AND c.commit_seq = k.commit_seq
+  LEFT JOIN LATERAL (
+    SELECT d.idx, d.row_id, d.op, d.row_version, d.scopes, d.payload
+      FROM syncular.sync_changes d
+     WHERE d.partition = $1 AND d.commit_seq = c.commit_seq AND d.tbl = $2) AS ch ON true
+ ORDER BY k.commit_seq";
 
-/// The matching changes of `tbl` in the candidate commits that still exist, by key.
-const WINDOW_CHANGES_SQL: &str = concat!(
-    "SELECT c.commit_seq, c.created_at_ms, c.actor_id, ch.idx, ch.row_id,
-            CASE ch.op WHEN 2 THEN 'delete' ELSE 'upsert' END,
-            CASE ch.op WHEN 2 THEN NULL ELSE ch.row_version END,
-            ch.scopes,
-            CASE ch.op WHEN 2 THEN NULL ELSE ch.payload END
-       FROM unnest($3::int8[]) AS k(seq)
-       JOIN syncular.sync_commits c ON c.partition = $1 AND c.commit_seq = k.seq
-       JOIN syncular.sync_changes ch
-         ON ch.partition = $1 AND ch.commit_seq = k.seq AND ch.tbl = $2
-      WHERE ",
-    scope_matches!("ch.scopes", "$4::jsonb"),
-    " ORDER BY c.commit_seq, ch.idx"
-);
+/// Rows fetched at a time once the change limit is reached, to find where the last commit ends.
+const TAIL_FETCH: i64 = 16;
 
 /// One change of a commit window, as `read_commit_window` returns it.
 pub struct WindowRow {
-    commit_seq: i64,
-    created_at_ms: i64,
-    actor_id: String,
-    idx: i32,
-    row_id: String,
-    op: String,
-    row_version: Option<i64>,
-    scopes: JsonB,
-    payload: Option<Vec<u8>>,
+    pub commit_seq: i64,
+    pub created_at_ms: i64,
+    pub actor_id: String,
+    pub idx: i32,
+    pub row_id: String,
+    /// 2 is a delete (`row_version` and `payload` are NULL then), anything else an upsert.
+    pub op: i16,
+    pub row_version: Option<i64>,
+    pub scopes: OwnedJsonb,
+    pub payload: Option<Vec<u8>>,
+}
+
+impl WindowRow {
+    pub fn is_delete(&self) -> bool {
+        self.op == 2
+    }
+
+    pub fn op_name(&self) -> &'static str {
+        if self.is_delete() {
+            "delete"
+        } else {
+            "upsert"
+        }
+    }
 }
 
 /// The columns of `read_commit_window`'s result, in order.
@@ -67,29 +83,97 @@ type WindowColumns = (
     String,
     i32,
     String,
-    String,
+    &'static str,
     Option<i64>,
-    JsonB,
+    OwnedJsonb,
     Option<Vec<u8>>,
 );
 
 impl WindowRow {
     fn into_columns(self) -> WindowColumns {
+        let delete = self.is_delete();
+        let op = self.op_name();
         (
             self.commit_seq,
             self.created_at_ms,
             self.actor_id,
             self.idx,
             self.row_id,
-            self.op,
-            self.row_version,
+            op,
+            self.row_version.filter(|_| !delete),
             self.scopes,
-            self.payload,
+            self.payload.filter(|_| !delete),
         )
     }
 }
 
-fn window(
+/// The fold of docs/DESIGN.md §Pull path over one page's rows: whole commits, oldest first,
+/// each with its changes matching the whole filter in `idx` order, until `limit` changes.
+struct Fold<'f> {
+    filter: &'f Filter,
+    limit: i64,
+    total: i64,
+    out: Vec<WindowRow>,
+    /// The commit being read and its kept changes (delivered when it ends).
+    current: Option<i64>,
+    pending: Vec<WindowRow>,
+    /// Candidates seen in this page, and the last one.
+    candidates: i64,
+    last: Option<i64>,
+    stopped: bool,
+}
+
+impl Fold<'_> {
+    /// Ends the current commit: delivers its kept changes, if any.
+    fn close(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        self.pending.sort_by_key(|row| row.idx);
+        self.total += self.pending.len() as i64;
+        self.out.append(&mut self.pending);
+    }
+
+    /// Takes one row; false once the window is complete (the row was not needed).
+    fn take(&mut self, row: pgrx::spi::SpiHeapTupleData<'_>) -> Result<bool> {
+        let seq = row.get::<i64>(1)?.unwrap_or_default();
+        if self.current != Some(seq) {
+            self.close();
+            if self.total >= self.limit {
+                self.stopped = true;
+                return Ok(false);
+            }
+            self.current = Some(seq);
+            self.candidates += 1;
+            self.last = Some(seq);
+        }
+        // A candidate whose commit row is gone, or without changes of the table: nothing kept.
+        let (Some(created_at_ms), Some(idx)) = (row.get::<i64>(2)?, row.get::<i32>(4)?) else {
+            return Ok(true);
+        };
+        let scopes = row
+            .get::<OwnedJsonb>(8)?
+            .ok_or_else(|| error::Error::Internal("a change without scopes".into()))?;
+        if !self.filter.matches_binary(&scopes) {
+            return Ok(true);
+        }
+        self.pending.push(WindowRow {
+            commit_seq: seq,
+            created_at_ms,
+            actor_id: row.get::<String>(3)?.unwrap_or_default(),
+            idx,
+            row_id: row.get::<String>(5)?.unwrap_or_default(),
+            op: row.get::<i16>(6)?.unwrap_or_default(),
+            row_version: row.get::<i64>(7)?,
+            scopes,
+            payload: row.get::<Vec<u8>>(9)?,
+        });
+        Ok(true)
+    }
+}
+
+/// The commit window (docs/API.md, `read_commit_window`). An empty range reads nothing.
+pub fn window(
     client: &SpiClient<'_>,
     partition: &str,
     tbl: &str,
@@ -101,68 +185,67 @@ fn window(
     let Some((var, values)) = filter.first() else {
         return Ok(Vec::new());
     };
+    if after_seq >= through_seq {
+        return Ok(Vec::new());
+    }
     let batch = limit.max(64);
+    let mut fold = Fold {
+        filter,
+        limit,
+        total: 0,
+        out: Vec::new(),
+        current: None,
+        pending: Vec::new(),
+        candidates: 0,
+        last: None,
+        stopped: false,
+    };
     let mut after = after_seq;
-    let mut total = 0i64;
-    let mut out = Vec::new();
     loop {
-        let page: Vec<i64> = db::read(
+        let mut cursor = db::read_cursor(
             client,
-            WINDOW_CANDIDATES_SQL,
+            WINDOW_PAGE_SQL,
             &[
                 DatumWithOid::from(partition),
                 DatumWithOid::from(tbl),
                 DatumWithOid::from(var),
                 DatumWithOid::from(values.to_vec()),
                 DatumWithOid::from(after),
-                DatumWithOid::from(through_seq),
                 DatumWithOid::from(batch),
-            ],
-        )?
-        .map(|row| row.get::<i64>(1).map(Option::unwrap_or_default))
-        .collect::<std::result::Result<_, _>>()?;
-        let Some(&last) = page.last() else { break };
-        let rows = db::read(
-            client,
-            WINDOW_CHANGES_SQL,
-            &[
-                DatumWithOid::from(partition),
-                DatumWithOid::from(tbl),
-                DatumWithOid::from(page.clone()),
-                DatumWithOid::from(JsonB(filter.json.clone())),
+                DatumWithOid::from(through_seq),
             ],
         )?;
-        // The fold: whole commits, oldest first, until the change limit is reached.
-        let mut stopped = false;
-        let mut current: Option<i64> = None;
-        for row in rows {
-            let seq = row.get::<i64>(1)?.unwrap_or_default();
-            if current != Some(seq) {
-                if total >= limit {
-                    stopped = true;
-                    break;
-                }
-                current = Some(seq);
+        fold.candidates = 0;
+        'page: loop {
+            // Below the limit every row fetched is needed; past it, only the rest of the last
+            // commit is, so the cursor advances in small steps.
+            let want = if fold.total + (fold.pending.len() as i64) < limit {
+                limit - fold.total - fold.pending.len() as i64
+            } else {
+                TAIL_FETCH
+            };
+            let rows = cursor.fetch(want)?;
+            if rows.is_empty() {
+                break;
             }
-            total += 1;
-            out.push(WindowRow {
-                commit_seq: seq,
-                created_at_ms: row.get::<i64>(2)?.unwrap_or_default(),
-                actor_id: row.get::<String>(3)?.unwrap_or_default(),
-                idx: row.get::<i32>(4)?.unwrap_or_default(),
-                row_id: row.get::<String>(5)?.unwrap_or_default(),
-                op: row.get::<String>(6)?.unwrap_or_default(),
-                row_version: row.get::<i64>(7)?,
-                scopes: row.get::<JsonB>(8)?.unwrap_or(JsonB(serde_json::json!({}))),
-                payload: row.get::<Vec<u8>>(9)?,
-            });
+            for row in rows {
+                if !fold.take(row)? {
+                    break 'page;
+                }
+            }
         }
-        if stopped || total >= limit || (page.len() as i64) < batch {
+        drop(cursor);
+        fold.close();
+        if fold.stopped || fold.total >= limit || fold.candidates < batch {
             break;
         }
-        after = last;
+        match fold.last {
+            Some(last) => after = last,
+            None => break,
+        }
+        fold.current = None;
     }
-    Ok(out)
+    Ok(fold.out)
 }
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
@@ -183,9 +266,9 @@ fn read_commit_window(
         name!(actor_id, String),
         name!(idx, i32),
         name!(row_id, String),
-        name!(op, String),
+        name!(op, &'static str),
         name!(row_version, Option<i64>),
-        name!(scopes, JsonB),
+        name!(scopes, OwnedJsonb),
         name!(payload, Option<Vec<u8>>),
     ),
 > {
@@ -242,11 +325,11 @@ fn latest_scoped_change_seq(
 
 /// One current row of a bootstrap page, as `scan_rows` returns it.
 pub struct ScanRow {
-    row_id: String,
-    server_version: i64,
-    scopes: JsonB,
-    payload: Vec<u8>,
-    column_versions: Option<Vec<u8>>,
+    pub row_id: String,
+    pub server_version: i64,
+    pub scopes: JsonB,
+    pub payload: Vec<u8>,
+    pub column_versions: Option<Vec<u8>>,
 }
 
 impl ScanRow {
@@ -273,7 +356,7 @@ SELECT DISTINCT s.row_id
      ORDER BY r.row_id LIMIT $6) AS s
  ORDER BY s.row_id LIMIT $6";
 
-fn scan(
+pub fn scan(
     client: &SpiClient<'_>,
     relation: &tables::AppRelation,
     partition: &str,

@@ -4,13 +4,12 @@
 
 use crate::args;
 use crate::error::{Code, Error, Result};
+use crate::jsonb;
 use serde_json::{Map, Value};
 
 /// An effective scope filter, keys in UTF-16 code-unit order (upstream sorts JavaScript strings).
 pub struct Filter {
     pub keys: Vec<(String, Vec<String>)>,
-    /// The filter as a jsonb object, for the SQL matching predicate.
-    pub json: Value,
 }
 
 impl Filter {
@@ -36,6 +35,25 @@ impl Filter {
                 .is_some_and(|v| values.iter().any(|x| x == v))
         })
     }
+
+    /// [`Filter::matches`] on stored scopes in jsonb's binary form, read in place (no text, no
+    /// parsing): the commit window checks every change this way. A string-wrapped or malformed
+    /// document matches nothing, as in the SQL twin.
+    pub fn matches_binary(&self, scopes: &jsonb::OwnedJsonb) -> bool {
+        let Ok(Ok(jsonb::Node::Object(object))) = scopes.container().map(|c| c.root()) else {
+            return self.keys.is_empty();
+        };
+        let Ok(pairs) = object.pairs() else {
+            return false;
+        };
+        self.keys.iter().all(|(var, values)| {
+            pairs.iter().any(|(key, value)| {
+                *key == var.as_bytes()
+                    && matches!(value, jsonb::Node::String(s)
+                        if values.iter().any(|x| x.as_bytes() == *s))
+            })
+        })
+    }
 }
 
 /// Decodes `scope_filter`: NULL counts as `{}`; values must be arrays of strings.
@@ -43,7 +61,7 @@ pub fn filter(name: &str, value: Option<args::JsonArg>) -> Result<Filter> {
     filter_value(name, args::optional_json(name, value)?)
 }
 
-fn filter_value(name: &str, value: Option<Value>) -> Result<Filter> {
+pub fn filter_value(name: &str, value: Option<Value>) -> Result<Filter> {
     let value = value.unwrap_or(Value::Object(Map::new()));
     let Value::Object(map) = &value else {
         return Err(Error::invalid_argument(name, "type"));
@@ -65,7 +83,7 @@ fn filter_value(name: &str, value: Option<Value>) -> Result<Filter> {
         keys.push((var.clone(), values));
     }
     keys.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
-    Ok(Filter { keys, json: value })
+    Ok(Filter { keys })
 }
 
 /// Decodes stored scopes `{var: "value"}` (set_row_scopes, the row-meta trigger).
@@ -186,18 +204,31 @@ mod sql_twin_tests {
                 }
             }
             let scopes = Value::Object(scopes);
-            let parsed = filter_value("f", Some(Value::Object(filter))).expect("a filter");
+            let filter = Value::Object(filter);
+            let parsed = filter_value("f", Some(filter.clone())).expect("a filter");
             let in_sql = Spi::get_one_with_args::<bool>(
                 sql,
                 &[
                     pgrx::JsonB(scopes.clone()).into(),
-                    pgrx::JsonB(parsed.json.clone()).into(),
+                    pgrx::JsonB(filter.clone()).into(),
                 ],
             )
             .expect("query")
             .expect("a boolean");
             let in_rust = parsed.matches(&scopes);
-            assert_eq!(in_rust, in_sql, "scopes {scopes} filter {}", parsed.json);
+            assert_eq!(in_rust, in_sql, "scopes {scopes} filter {filter}");
+            // The binary reading the commit window uses agrees too.
+            let binary = Spi::get_one_with_args::<crate::jsonb::OwnedJsonb>(
+                "SELECT $1",
+                &[pgrx::JsonB(scopes.clone()).into()],
+            )
+            .expect("query")
+            .expect("scopes");
+            assert_eq!(
+                parsed.matches_binary(&binary),
+                in_rust,
+                "scopes {scopes} filter {filter}"
+            );
             matched += in_rust as usize;
         }
         assert!(
