@@ -107,6 +107,8 @@ COMMENT ON FUNCTION syncular.scan_rows(text, text, jsonb, text, integer) IS
   'A bootstrap page of current rows matching the scopes, ordered by row_id.';
 COMMENT ON FUNCTION syncular.latest_scoped_change_seq(text, text, jsonb) IS
   'The newest commit_seq indexed for the first scope variable''s values, 0 if none.';
+COMMENT ON FUNCTION syncular.pull(text, text, text, bigint, text, bigint, jsonb, jsonb) IS
+  'A whole pull request in one call and one snapshot: gate, client record, every subscription''s window or bootstrap page (the classic path''s decisions), registry touch and the record''s new cursor; a document row first, then the rows.';
 
 -- Horizon and pruning (docs/API.md §Horizon and pruning)
 COMMENT ON FUNCTION syncular.horizon_seq(text) IS 'The partition''s pruning horizon, 0 if none.';

@@ -154,5 +154,37 @@ COMMENT ON FUNCTION syncular.retire_table(text) IS
 COMMENT ON FUNCTION syncular.adopt_legacy_tables(name, name) IS
   'Extension owner or superuser only: one-time adoption of a 0.24 database''s tables into the (empty) extension tables, in the caller''s transaction.';
 
+-- 0.2.0: the one-call pull (docs/API.md §Pull). SECURITY INVOKER: a bootstrap reads app tables.
+CREATE FUNCTION syncular."pull"(
+	"partition" TEXT,
+	"client_id" TEXT,
+	"actor_id" TEXT,
+	"now_ms" bigint,
+	"initial_log_epoch" TEXT,
+	"running_schema_version" bigint,
+	"request" jsonb,
+	"declared" jsonb DEFAULT '[]'
+) RETURNS TABLE (
+	"sub" INT,
+	"commit_seq" bigint,
+	"created_at_ms" bigint,
+	"actor_id" TEXT,
+	"idx" INT,
+	"row_id" TEXT,
+	"op" TEXT,
+	"row_version" bigint,
+	"scopes" jsonb,
+	"payload" bytea,
+	"column_versions" bytea,
+	"document" jsonb
+)
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'pull_wrapper';
+REVOKE ALL ON FUNCTION syncular.pull(text, text, text, bigint, text, bigint, jsonb, jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION syncular.pull(text, text, text, bigint, text, bigint, jsonb, jsonb) IS
+  'A whole pull request in one call and one snapshot: gate, client record, every subscription''s window or bootstrap page (the classic path''s decisions), registry touch and the record''s new cursor; a document row first, then the rows.';
+
 -- Last, as in every update script: the roles get exactly the grants of this version.
 SELECT syncular._grant_api_roles();

@@ -58,16 +58,17 @@ fn record_int(
     }
 }
 
-/// `{"id": string, "table": string, "scopes": {var: [string]}}` (extra keys kept).
-fn subscriptions(value: Option<&Value>) -> Result<Value> {
+/// `{"id": string, "table": string, "scopes": {var: [string]}}` (extra keys kept); `name` is
+/// the argument path errors name (`record.subscriptions`).
+pub fn subscriptions(value: Option<&Value>, name: &str) -> Result<Value> {
     let Some(value) = value.filter(|v| !v.is_null()) else {
-        return Err(Error::invalid_argument("record.subscriptions", "missing"));
+        return Err(Error::invalid_argument(name, "missing"));
     };
     let Value::Array(items) = value else {
-        return Err(Error::invalid_argument("record.subscriptions", "type"));
+        return Err(Error::invalid_argument(name, "type"));
     };
     for (i, item) in items.iter().enumerate() {
-        let at = |key: &str| format!("record.subscriptions[{i}]{key}");
+        let at = |key: &str| format!("{name}[{i}]{key}");
         let Value::Object(sub) = item else {
             return Err(Error::invalid_argument(&at(""), "type"));
         };
@@ -133,7 +134,7 @@ fn put_client(partition: Option<&str>, record: Option<args::JsonArg>) {
         let actor_id = args::json_text_field(&obj, "actorId", "record.actorId")?;
         let wire = record_int(&obj, "wireVersion", 1, i32::MAX as i64, Some(1))?;
         let cursor = record_int(&obj, "cursor", -MAX_SAFE, MAX_SAFE, None)?;
-        let subs = subscriptions(obj.get("subscriptions"))?;
+        let subs = subscriptions(obj.get("subscriptions"), "record.subscriptions")?;
         let updated = record_int(&obj, "updatedAtMs", 0, MAX_SAFE, None)?;
         db::with_spi(|client| {
             db::write(

@@ -50,7 +50,18 @@ pub fn read_state(
         db::read(client, STATE_SQL, &params)?
     };
     let row = table.first();
-    let pending = match row.get::<JsonB>(4)? {
+    let pending = pending(row.get::<JsonB>(4)?);
+    Ok(SchemaState {
+        stored_schema_version: row.get::<i64>(1)?.unwrap_or(0),
+        stored_layouts: row.get::<String>(2)?,
+        log_epoch: row.get::<String>(3)?,
+        pending,
+    })
+}
+
+/// The `[[partition, name], …]` array of the pending checkpoints, as pairs.
+pub fn pending(value: Option<JsonB>) -> Vec<(String, String)> {
+    match value {
         Some(JsonB(Value::Array(items))) => items
             .into_iter()
             .filter_map(|pair| match pair {
@@ -63,13 +74,7 @@ pub fn read_state(
             })
             .collect(),
         _ => Vec::new(),
-    };
-    Ok(SchemaState {
-        stored_schema_version: row.get::<i64>(1)?.unwrap_or(0),
-        stored_layouts: row.get::<String>(2)?,
-        log_epoch: row.get::<String>(3)?,
-        pending,
-    })
+    }
 }
 
 impl SchemaState {

@@ -16,6 +16,7 @@
 //! - [`registry`], [`push`], [`prune`]: partition registry, push path and retention
 //!   (docs/DESIGN.md §Around the native parts);
 //! - [`scope`], [`pull`]: scope filters, the commit window and the bootstrap scan;
+//!   [`pull_request`]: the one-call pull of a whole request;
 //! - [`tables`], [`rows`]: the app-table registry and row metadata (scopes, blobs, tombstones);
 //! - [`queue`]: the reaction outbox; [`clients`]: client records and cursors;
 //! - [`txn_local`]: transaction-local control state no session can set;
@@ -54,6 +55,7 @@ mod log;
 mod port;
 mod prune;
 mod pull;
+mod pull_request;
 mod push;
 mod queue;
 mod registry;

@@ -33,7 +33,8 @@ fn entries(table: SpiTupleTable<'_>) -> Result<Vec<Value>> {
         .collect()
 }
 
-fn single(table: SpiTupleTable<'_>) -> Result<Value> {
+/// The registry entry of a one-row result of [`entry_columns!`], or JSON null.
+pub fn single(table: SpiTupleTable<'_>) -> Result<Value> {
     Ok(entries(table)?.into_iter().next().unwrap_or(Value::Null))
 }
 

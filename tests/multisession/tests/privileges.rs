@@ -20,6 +20,7 @@ const INVOKER: &[&str] = &[
     "retire_table",
     "rows_referencing_blob",
     "scan_rows",
+    "pull",
 ];
 
 #[test]

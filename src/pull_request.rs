@@ -1,0 +1,618 @@
+//! The one-call pull (docs/API.md §Pull, `pull`; docs/DESIGN.md §Pull path): a whole pull
+//! request of one partition — the gate, the client record, every subscription's window or
+//! bootstrap page, the registry touch and the client record's new cursor — in one call and one
+//! snapshot, with the decisions of the classic path (`storage-api` §4.1, upstream's pull driver):
+//!
+//! - revoked (the host resolved no effective scopes): nothing read, the cursor echoed;
+//! - reset (no usable bootstrap token and `0 <= cursor < horizon`): nothing read, echoed;
+//! - incremental (no token, `horizon <= cursor <= maxCommitSeq`): the commit window after the
+//!   cursor through `maxCommitSeq` with `limitCommits + 1` changes, cut by the delivery rule;
+//! - bootstrap (a token, or a cursor below 0 or past `maxCommitSeq`): up to `maxSnapshotPages`
+//!   pages of `limitSnapshotRows` current rows, pinned at the token's `asOfCommitSeq` when it is
+//!   not behind the horizon, else at `maxCommitSeq`.
+//!
+//! Every read runs before any write, in the caller's snapshot (plans that write nothing), so the
+//! gate, the bounds, the client record and every window share one snapshot; then one statement
+//! touches the registry and writes the client record. SECURITY INVOKER: a bootstrap reads app
+//! tables, which needs the caller's identity ([`tables::open_for_read`], docs/SECURITY.md); the
+//! `sync_*` statements run with the extension owner's rights.
+
+use crate::access;
+use crate::args::{self, json_int, IntProblem, MAX_SAFE};
+use crate::clients;
+use crate::db;
+use crate::error::{self, Code, Error, Result};
+use crate::gate::{self, SchemaState};
+use crate::jsonb::OwnedJsonb;
+use crate::limits;
+use crate::pull::{self, ScanRow, WindowRow};
+use crate::registry;
+use crate::scope::{self, Filter};
+use crate::tables;
+use pgrx::datum::DatumWithOid;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use pgrx::JsonB;
+use serde_json::{json, Map, Value};
+
+/// Everything the request reads besides the windows, in one statement: the gate's state, the
+/// partition's bounds and the client record.
+const HEAD_SQL: &str = "\
+SELECT coalesce(m.schema_version, 0),
+       (SELECT r.log_epoch FROM syncular.sync_partition_registry r WHERE r.partition = $1),
+       coalesce((SELECT jsonb_agg(jsonb_build_array(c.partition, c.name)
+                                  ORDER BY c.partition, c.name)
+                   FROM syncular.sync_backfill_checkpoints c
+                  WHERE c.schema_version = $2 AND c.state <> 'activated'), '[]'::jsonb),
+       coalesce(p.max_commit_seq, 0), coalesce(p.horizon_seq, 0),
+       cl.actor_id, cl.cursor
+  FROM (SELECT 1) AS one
+  LEFT JOIN syncular.sync_schema_meta m ON m.id = 1
+  LEFT JOIN syncular.sync_partitions p ON p.partition = $1
+  LEFT JOIN syncular.sync_clients cl ON cl.partition = $1 AND cl.client_id = $3";
+
+/// The request's writes in one statement: the registry touch (`touch_partition`) and, unless
+/// `$9` is false, the client record (`put_client`). Returns the registry entry.
+const WRITE_SQL: &str = "\
+WITH touched AS (
+  INSERT INTO syncular.sync_partition_registry AS r
+    (partition, log_epoch, epoch_required, last_authenticated_at_ms)
+  VALUES ($1, $3, false, $2)
+  ON CONFLICT (partition) DO UPDATE
+    SET last_authenticated_at_ms = EXCLUDED.last_authenticated_at_ms
+  RETURNING partition, log_epoch, epoch_required, last_authenticated_at_ms),
+recorded AS (
+  INSERT INTO syncular.sync_clients
+    (partition, client_id, actor_id, wire_version, cursor, subscriptions, updated_at_ms)
+  SELECT $1, $4, $5, $6, $7, $8, $2 WHERE $9
+  ON CONFLICT (partition, client_id) DO UPDATE
+    SET actor_id = EXCLUDED.actor_id, wire_version = EXCLUDED.wire_version,
+        cursor = EXCLUDED.cursor, subscriptions = EXCLUDED.subscriptions,
+        updated_at_ms = EXCLUDED.updated_at_ms)
+SELECT partition, log_epoch, epoch_required, last_authenticated_at_ms FROM touched";
+
+/// A bootstrap token as upstream writes it (`{"asOfCommitSeq", "tables", "tableIndex",
+/// "rowCursor"}`), when it is usable for the subscription's table.
+struct Token {
+    as_of: i64,
+    row_cursor: Option<String>,
+}
+
+/// Upstream's reading of a token (`parseBootstrapToken`): anything malformed, or a token of
+/// another table, counts as no token. Also unusable here: an `asOfCommitSeq` that is not an
+/// integer within ±(2^53 − 1), a `rowCursor` longer than a key (docs/API.md, `pull`).
+fn token(raw: Option<&str>, table: &str) -> Option<Token> {
+    let Value::Object(t) = serde_json::from_str::<Value>(raw?).ok()? else {
+        return None;
+    };
+    let as_of = json_int(t.get("asOfCommitSeq")?).ok()?;
+    let first = t.get("tables")?.as_array()?.first()?.as_str()?;
+    if first != table || !t.get("tableIndex")?.is_number() {
+        return None;
+    }
+    let row_cursor = match t.get("rowCursor")? {
+        Value::Null => None,
+        Value::String(s) if s.len() <= limits::KEY_BYTES => Some(s.clone()),
+        _ => return None,
+    };
+    Some(Token { as_of, row_cursor })
+}
+
+/// One subscription of the request.
+struct Subscription {
+    id: String,
+    table: String,
+    /// The effective scopes the host resolved; `None`: revoked.
+    effective: Option<Filter>,
+    cursor: i64,
+    token: Option<Token>,
+}
+
+/// The request's limits, defaulted and clamped as upstream does (`clampPullLimits`).
+struct Limits {
+    commits: i64,
+    snapshot_rows: i64,
+    snapshot_pages: i64,
+}
+
+fn limit(obj: &Map<String, Value>, key: &str, range: (i64, i64), default: i64) -> Result<i64> {
+    let at = format!("request.{key}");
+    let value = match obj.get(key) {
+        None | Some(Value::Null) => 0,
+        Some(v) => match json_int(v) {
+            Ok(n) => n,
+            Err(IntProblem::Range) => return Err(Error::invalid_argument(&at, "range")),
+            Err(IntProblem::Type) => return Err(Error::invalid_argument(&at, "type")),
+        },
+    };
+    Ok(if value == 0 {
+        default
+    } else {
+        value.clamp(range.0, range.1)
+    })
+}
+
+struct Request {
+    subscriptions: Vec<Subscription>,
+    /// `[{id, table, scopes}]`: what the client record keeps.
+    recorded: Value,
+    limits: Limits,
+    wire_version: i32,
+}
+
+fn parse_request(value: Option<args::JsonArg>) -> Result<Request> {
+    let Value::Object(obj) = args::json("request", value)? else {
+        return Err(Error::invalid_argument("request", "type"));
+    };
+    let items = match obj.get("subscriptions") {
+        None | Some(Value::Null) => {
+            return Err(Error::invalid_argument("request.subscriptions", "missing"))
+        }
+        Some(Value::Array(items)) => items,
+        Some(_) => return Err(Error::invalid_argument("request.subscriptions", "type")),
+    };
+    if items.len() > limits::PULL_SUBSCRIPTIONS {
+        return Err(
+            Error::invalid_argument("request.subscriptions", "too_large").with_hint(format!(
+                "at most {} subscriptions",
+                limits::PULL_SUBSCRIPTIONS
+            )),
+        );
+    }
+    // The recorded list is what put_client would store, checked as put_client checks it.
+    let recorded: Vec<Value> = items
+        .iter()
+        .map(|item| match item {
+            Value::Object(sub) => {
+                let mut kept = Map::new();
+                for key in ["id", "table", "scopes"] {
+                    if let Some(v) = sub.get(key) {
+                        kept.insert(key.into(), v.clone());
+                    }
+                }
+                Value::Object(kept)
+            }
+            other => other.clone(),
+        })
+        .collect();
+    let recorded = clients::subscriptions(Some(&Value::Array(recorded)), "request.subscriptions")?;
+    let mut subscriptions = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let at = |key: &str| format!("request.subscriptions[{i}].{key}");
+        let Value::Object(sub) = item else {
+            unreachable!("checked by clients::subscriptions");
+        };
+        let text = |key: &str| -> Result<String> {
+            let value = sub.get(key).and_then(Value::as_str).unwrap_or_default();
+            if value.is_empty() {
+                return Err(Error::invalid_argument(&at(key), "empty"));
+            }
+            if value.len() > limits::KEY_BYTES {
+                return Err(Error::invalid_argument(&at(key), "too_large"));
+            }
+            Ok(value.to_string())
+        };
+        let (id, table) = (text("id")?, text("table")?);
+        let effective = match sub.get("effective") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(scope::filter_value(&at("effective"), Some(v.clone()))?),
+        };
+        let cursor = match sub.get("cursor").map(json_int) {
+            None => return Err(Error::invalid_argument(&at("cursor"), "missing")),
+            Some(Ok(n)) => n,
+            Some(Err(IntProblem::Range)) => {
+                return Err(Error::invalid_argument(&at("cursor"), "range"))
+            }
+            Some(Err(IntProblem::Type)) => {
+                return Err(Error::invalid_argument(&at("cursor"), "type"))
+            }
+        };
+        let raw_token = match sub.get("bootstrapState") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.as_str()),
+            Some(_) => return Err(Error::invalid_argument(&at("bootstrapState"), "type")),
+        };
+        subscriptions.push(Subscription {
+            token: token(raw_token, &table),
+            id,
+            table,
+            effective,
+            cursor,
+        });
+    }
+    let wire_version = match obj.get("wireVersion") {
+        None | Some(Value::Null) => 1,
+        Some(v) => match json_int(v) {
+            Ok(n) if (1..=i64::from(i32::MAX)).contains(&n) => n as i32,
+            Ok(_) | Err(IntProblem::Range) => {
+                return Err(Error::invalid_argument("request.wireVersion", "range"))
+            }
+            Err(IntProblem::Type) => {
+                return Err(Error::invalid_argument("request.wireVersion", "type"))
+            }
+        },
+    };
+    Ok(Request {
+        subscriptions,
+        recorded,
+        limits: Limits {
+            commits: limit(&obj, "limitCommits", (1, 1000), 1000)?,
+            snapshot_rows: limit(&obj, "limitSnapshotRows", (1, 50_000), 1000)?,
+            snapshot_pages: limit(&obj, "maxSnapshotPages", (1, 50), 4)?,
+        },
+        wire_version,
+    })
+}
+
+/// What the head statement read.
+struct Head {
+    state: SchemaState,
+    max_seq: i64,
+    horizon: i64,
+    /// The stored record's actor and cursor.
+    client: Option<(String, i64)>,
+}
+
+fn head(client: &SpiClient<'_>, partition: &str, running: i64, client_id: &str) -> Result<Head> {
+    let table = db::read_generic(
+        client,
+        HEAD_SQL,
+        &[
+            DatumWithOid::from(partition),
+            DatumWithOid::from(running),
+            DatumWithOid::from(client_id),
+        ],
+    )?;
+    let row = table.first();
+    let actor = row.get::<String>(6)?;
+    let cursor = row.get::<i64>(7)?;
+    Ok(Head {
+        state: SchemaState {
+            stored_schema_version: row.get::<i64>(1)?.unwrap_or(0),
+            stored_layouts: None,
+            log_epoch: row.get::<String>(2)?,
+            pending: gate::pending(row.get::<JsonB>(3)?),
+        },
+        max_seq: row.get::<i64>(4)?.unwrap_or(0),
+        horizon: row.get::<i64>(5)?.unwrap_or(0),
+        client: actor.zip(cursor),
+    })
+}
+
+/// One result row of `pull`: a window change, a snapshot row, or the document (first).
+#[derive(Default)]
+struct Out {
+    sub: Option<i32>,
+    commit_seq: Option<i64>,
+    created_at_ms: Option<i64>,
+    actor_id: Option<String>,
+    idx: Option<i32>,
+    row_id: Option<String>,
+    op: Option<&'static str>,
+    row_version: Option<i64>,
+    scopes: Option<OwnedJsonb>,
+    payload: Option<Vec<u8>>,
+    column_versions: Option<Vec<u8>>,
+    document: Option<JsonB>,
+}
+
+type OutColumns = (
+    Option<i32>,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+    Option<i32>,
+    Option<String>,
+    Option<&'static str>,
+    Option<i64>,
+    Option<OwnedJsonb>,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+    Option<JsonB>,
+);
+
+impl Out {
+    fn change(sub: i32, row: WindowRow) -> Out {
+        let delete = row.is_delete();
+        Out {
+            sub: Some(sub),
+            commit_seq: Some(row.commit_seq),
+            created_at_ms: Some(row.created_at_ms),
+            op: Some(row.op_name()),
+            actor_id: Some(row.actor_id),
+            idx: Some(row.idx),
+            row_id: Some(row.row_id),
+            row_version: row.row_version.filter(|_| !delete),
+            scopes: Some(row.scopes),
+            payload: row.payload.filter(|_| !delete),
+            ..Out::default()
+        }
+    }
+
+    fn snapshot(sub: i32, row: ScanRow) -> Out {
+        Out {
+            sub: Some(sub),
+            row_id: Some(row.row_id),
+            row_version: Some(row.server_version),
+            scopes: OwnedJsonb::from_value(row.scopes),
+            payload: Some(row.payload),
+            column_versions: row.column_versions,
+            ..Out::default()
+        }
+    }
+
+    fn into_columns(self) -> OutColumns {
+        (
+            self.sub,
+            self.commit_seq,
+            self.created_at_ms,
+            self.actor_id,
+            self.idx,
+            self.row_id,
+            self.op,
+            self.row_version,
+            self.scopes,
+            self.payload,
+            self.column_versions,
+            self.document,
+        )
+    }
+}
+
+/// The delivery rule of upstream's driver (`storage-api` §4.1): commits oldest first; the first
+/// always goes; another only if it keeps the changes within `limit`; stop once `limit` is
+/// reached. Returns the delivered changes and the next cursor.
+fn deliver(rows: Vec<WindowRow>, limit: i64, cursor: i64, max_seq: i64) -> (Vec<WindowRow>, i64) {
+    let returned = rows.len() as i64;
+    let mut commits: Vec<Vec<WindowRow>> = Vec::new();
+    for row in rows {
+        match commits.last_mut() {
+            Some(commit) if commit[0].commit_seq == row.commit_seq => commit.push(row),
+            _ => commits.push(vec![row]),
+        }
+    }
+    let total_commits = commits.len();
+    let (mut delivered, mut delivered_commits, mut last) = (0i64, 0usize, cursor);
+    let mut out = Vec::new();
+    for commit in commits {
+        let size = commit.len() as i64;
+        if delivered > 0 && delivered + size > limit {
+            break;
+        }
+        delivered += size;
+        delivered_commits += 1;
+        last = commit[0].commit_seq;
+        out.extend(commit);
+        if delivered >= limit {
+            break;
+        }
+    }
+    let exhausted = returned <= limit && delivered_commits == total_commits;
+    let next = if exhausted {
+        cursor.max(max_seq)
+    } else {
+        cursor.max(last)
+    };
+    (out, next)
+}
+
+/// Serves one subscription: its outcome object, its rows, and its next cursor if active.
+#[allow(clippy::too_many_arguments)]
+fn serve(
+    client: &SpiClient<'_>,
+    caller: pg_sys::Oid,
+    partition: &str,
+    i: i32,
+    sub: &Subscription,
+    limits: &Limits,
+    head: &Head,
+    out: &mut Vec<Out>,
+) -> Result<(Value, Option<i64>)> {
+    let outcome = |status: &str, reason: &str| {
+        json!({"id": sub.id, "status": status, "reasonCode": reason, "bootstrap": false,
+               "nextCursor": sub.cursor})
+    };
+    let Some(effective) = &sub.effective else {
+        return Ok((outcome("revoked", "sync.scope_revoked"), None));
+    };
+    if sub.token.is_none() && sub.cursor >= 0 && sub.cursor < head.horizon {
+        return Ok((outcome("reset", "sync.cursor_expired"), None));
+    }
+    if sub.token.is_none() && sub.cursor <= head.max_seq && sub.cursor >= 0 {
+        let table = scope::log_table("request.subscriptions.table", Some(&sub.table))?;
+        let rows = pull::window(
+            client,
+            partition,
+            &table,
+            effective,
+            sub.cursor,
+            head.max_seq,
+            limits.commits + 1,
+        )?;
+        let (rows, next) = deliver(rows, limits.commits, sub.cursor, head.max_seq);
+        let commits = {
+            let mut seqs: Vec<i64> = rows.iter().map(|r| r.commit_seq).collect();
+            seqs.dedup();
+            seqs.len()
+        };
+        let changes = rows.len();
+        out.extend(rows.into_iter().map(|row| Out::change(i, row)));
+        return Ok((
+            json!({"id": sub.id, "status": "active", "bootstrap": false, "nextCursor": next,
+                   "commits": commits, "changes": changes}),
+            Some(next),
+        ));
+    }
+    // Bootstrap: resume at the token's pin unless it fell behind the horizon.
+    let resume = sub.token.as_ref().filter(|t| t.as_of >= head.horizon);
+    let as_of = resume.map_or(head.max_seq, |t| t.as_of);
+    let start = resume.and_then(|t| t.row_cursor.clone());
+    if effective.keys.is_empty() {
+        return Err(Error::bare(Code::ScanRequiresScope));
+    }
+    let relation = tables::open_for_read(client, &sub.table, caller)?;
+    // The pages of upstream's driver read as one scan: `pages` pages of `rows`, plus one row
+    // that tells whether more remain. One call returns at most RESULT_ROWS rows per subscription
+    // (fewer pages then; the token resumes the rest).
+    let rows_per_page = limits.snapshot_rows;
+    let pages = limits
+        .snapshot_pages
+        .min((limits::RESULT_ROWS - 1) / rows_per_page)
+        .max(1);
+    let budget = pages * rows_per_page;
+    let mut rows = pull::scan(
+        client,
+        &relation,
+        partition,
+        &sub.table,
+        effective,
+        start,
+        budget + 1,
+    )?;
+    let complete = rows.len() as i64 <= budget;
+    rows.truncate(budget as usize);
+    let mut outcome = json!({"id": sub.id, "status": "active", "bootstrap": true,
+                             "nextCursor": as_of, "rows": rows.len()});
+    if !complete {
+        let row_cursor = rows.last().map(|r| r.row_id.clone());
+        // Upstream's JSON.stringify order: asOfCommitSeq, tables, tableIndex, rowCursor.
+        let state = format!(
+            "{{\"asOfCommitSeq\":{as_of},\"tables\":[{}],\"tableIndex\":0,\"rowCursor\":{}}}",
+            Value::String(sub.table.clone()),
+            row_cursor.map_or(Value::Null, Value::String)
+        );
+        outcome["bootstrapState"] = Value::String(state);
+    }
+    out.extend(rows.into_iter().map(|row| Out::snapshot(i, row)));
+    Ok((outcome, Some(as_of)))
+}
+
+/// SECURITY INVOKER: a bootstrap reads app tables as their owner for a caller that may
+/// `SELECT` them (docs/SECURITY.md); everything else runs with the extension owner's rights.
+#[pg_extern(volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
+fn pull(
+    partition: Option<&str>,
+    client_id: Option<&str>,
+    actor_id: Option<&str>,
+    now_ms: Option<i64>,
+    initial_log_epoch: Option<&str>,
+    running_schema_version: Option<i64>,
+    request: Option<args::JsonArg>,
+    declared: default!(Option<args::JsonArg>, "'[]'"),
+) -> TableIterator<
+    'static,
+    (
+        name!(sub, Option<i32>),
+        name!(commit_seq, Option<i64>),
+        name!(created_at_ms, Option<i64>),
+        name!(actor_id, Option<String>),
+        name!(idx, Option<i32>),
+        name!(row_id, Option<String>),
+        name!(op, Option<&'static str>),
+        name!(row_version, Option<i64>),
+        name!(scopes, Option<OwnedJsonb>),
+        name!(payload, Option<Vec<u8>>),
+        name!(column_versions, Option<Vec<u8>>),
+        name!(document, Option<JsonB>),
+    ),
+> {
+    error::run(|| {
+        let partition = args::text("partition", partition)?;
+        let client_id = args::text("client_id", client_id)?;
+        let actor_id = args::text("actor_id", actor_id)?;
+        let now_ms = args::count("now_ms", now_ms)?;
+        let epoch = args::text("initial_log_epoch", initial_log_epoch)?;
+        let running = args::count("running_schema_version", running_schema_version)?;
+        let request = parse_request(request)?;
+        let declared = args::declarations(declared)?;
+        let caller = access::current_role();
+        let rows = db::with_spi(|client| {
+            access::as_extension_owner(client, || {
+                serve_request(
+                    client, caller, &partition, &client_id, &actor_id, now_ms, &epoch, running,
+                    &request, &declared,
+                )
+            })
+        })?;
+        Ok(TableIterator::new(rows.into_iter().map(Out::into_columns)))
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn serve_request(
+    client: &SpiClient<'_>,
+    caller: pg_sys::Oid,
+    partition: &str,
+    client_id: &str,
+    actor_id: &str,
+    now_ms: i64,
+    epoch: &str,
+    running: i64,
+    request: &Request,
+    declared: &[args::Declaration],
+) -> Result<Vec<Out>> {
+    // Reads first, all in the caller's snapshot.
+    let head = head(client, partition, running, client_id)?;
+    let mut token = head.state.assert_ready(running, declared)?;
+    let mismatch = head
+        .client
+        .as_ref()
+        .is_some_and(|(stored, _)| stored != actor_id);
+    let mut out = vec![Out::default()];
+    let mut outcomes = Vec::new();
+    let mut cursors = Vec::new();
+    if !mismatch {
+        for (i, sub) in request.subscriptions.iter().enumerate() {
+            let (outcome, next) = serve(
+                client,
+                caller,
+                partition,
+                i as i32,
+                sub,
+                &request.limits,
+                &head,
+                &mut out,
+            )?;
+            outcomes.push(outcome);
+            cursors.extend(next);
+        }
+    }
+    // Upstream's record: the lowest next cursor of the active subscriptions, else the stored
+    // cursor, else -1.
+    let cursor = cursors
+        .iter()
+        .copied()
+        .min()
+        .or(head.client.as_ref().map(|(_, c)| *c))
+        .unwrap_or(-1)
+        .clamp(-MAX_SAFE, MAX_SAFE);
+    let registry = registry::single(db::write_generic(
+        client,
+        WRITE_SQL,
+        &[
+            DatumWithOid::from(partition),
+            DatumWithOid::from(now_ms),
+            DatumWithOid::from(epoch),
+            DatumWithOid::from(client_id),
+            DatumWithOid::from(actor_id),
+            DatumWithOid::from(request.wire_version),
+            DatumWithOid::from(cursor),
+            DatumWithOid::from(JsonB(request.recorded.clone())),
+            DatumWithOid::from(!mismatch),
+        ],
+    )?)?;
+    // The token as a gate read after the touch sees it (serve_entry): the registry's epoch.
+    token["logEpoch"] = registry["logEpoch"].clone();
+    out[0].document = Some(JsonB(json!({
+        "gate": token,
+        "registry": registry,
+        "maxCommitSeq": head.max_seq,
+        "horizonSeq": head.horizon,
+        "client": if mismatch { "actor_mismatch" } else { "recorded" },
+        "cursor": if mismatch { Value::Null } else { json!(cursor) },
+        "subscriptions": outcomes,
+    })));
+    Ok(out)
+}
