@@ -14,6 +14,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pull  # noqa: E402  (bench/pull.py)
+
 BIN = "/usr/lib/postgresql/15/bin"
 PORT = os.environ.get("BENCH_PORT", "55437")
 SECONDS = int(os.environ.get("BENCH_SECONDS", "3"))
@@ -345,8 +348,10 @@ def main():
     psql("postgres", "CREATE DATABASE window_db")
     psql_file("upstream", UPSTREAM_DDL)
     psql("upstream", "CREATE TABLE floor_rows (client_id int, k bigint)")
-    print("setting up (bulk-loading 10^4 and 10^6 commits for the window workload into window_db)...", flush=True)
-    setup_ext()
+    pull_only = os.environ.get("BENCH_PULL_ONLY") == "1"
+    if not pull_only:
+        print("setting up (bulk-loading 10^4 and 10^6 commits for the window workload into window_db)...", flush=True)
+        setup_ext()
     results = []
 
     only = os.environ.get("BENCH_ONLY")
@@ -356,7 +361,7 @@ def main():
         (label, baseline side, syncular side) from the two sides' median rounds. Rows that share
         a side share its measurement, so their ratios are taken against the same rounds."""
         if only and not any(only in label for label, _, _ in rows):
-            return
+            return {}
         scripts = {key: (db, write_script(f"{key}.sql", text)) for key, db, text in sides}
         runs = {key: [] for key in scripts}
         for _ in range(rounds):
@@ -368,12 +373,21 @@ def main():
             spread = lambda key: "/".join(f"{r[0]:.0f}" for r in runs[key])
             print(f"{label:<44} c={clients}  baseline {up[0]:>8.0f} tps {up[1]:>7.2f} ms | syncular {ex[0]:>8.0f} tps {ex[1]:>7.2f} ms | x{ex[0] / up[0]:.2f}"
                   f"   (rounds: {spread(base)} | {spread(ours)})", flush=True)
+        if not rows:
+            for key in runs:
+                print(f"{key:<44} c={clients}  {median(runs[key])[0]:>8.0f} tps   (rounds: "
+                      + "/".join(f"{r[0]:.0f}" for r in runs[key]) + ")", flush=True)
+        return {key: median(runs[key]) for key in runs}
 
     def pair(label, clients, up_script, ext_script, up_db="upstream", ext_db="ext"):
         name = label.replace(" ", "_").replace(",", "").replace("^", "")
         rotate(clients, [(f"{name}-up", up_db, up_script), (f"{name}-ext", ext_db, ext_script)],
                [(label, f"{name}-up", f"{name}-ext")])
 
+    if pull_only:
+        # Only the pull (bench/pull.py): its section of docs/BENCHMARKS.md is replaced, nothing else.
+        splice_pull_section(pull.section(pull.run(rotate, psql, psql_file, UPSTREAM_DDL)))
+        return
     # a) push: one client, upstream and the extension's three ways in one rotation per N (the
     #    rows share upstream's rounds); then four clients.
     for n in (1, 10, 100):
@@ -413,6 +427,9 @@ def main():
     # d) window (baseline column = 10^4 commits, syncular column = 10^6)
     pair("window 100 changes: 10^4 vs 10^6 commits", 1,
          window_script("w4", 10_000 - 100 * 100, 10_000), window_script("w6", 1_000_000 - 100 * 100, 1_000_000), up_db="window_db", ext_db="window_db")
+    # f) the pull, four ways (bench/pull.py); BENCH_SKIP_PULL=1 leaves it out (about 7 minutes).
+    if os.environ.get("BENCH_SKIP_PULL") != "1" and not only:
+        PULL_SECTION.extend(pull.section(pull.run(rotate, psql, psql_file, UPSTREAM_DDL)))
     # e) fence overhead: interleaved rounds, best of three per variant (the effect is smaller
     #    than the noise of a shared 2-core machine; the best round is the least disturbed).
     variants = {
@@ -540,6 +557,8 @@ def report(results, elapsed):
     lines.append("Columns: *baseline* is upstream 0.24's statements for `push` and `append` rows; for the floor rows it is the "
                  "floor; for the window row it is the same window at 10^4 commits (syncular column: 10^6); for the fence rows it "
                  "is `append_commit` with the trigger disabled (`session_replication_role = replica`).")
+    if PULL_SECTION:
+        lines += [""] + PULL_SECTION
     path = os.path.join(ROOT, "docs", "BENCHMARKS.md")
     body = "\n".join(lines) + "\n"
     extra = os.path.join(ROOT, "docs", "BENCHMARKS-notes.md")
@@ -549,6 +568,27 @@ def report(results, elapsed):
     with open(path, "w") as f:
         f.write(body)
     print(f"\nwrote {path}")
+
+
+PULL_SECTION = []
+
+
+def splice_pull_section(section):
+    """Replaces the "## Pull" section of docs/BENCHMARKS.md (or inserts it before the notes)."""
+    path = os.path.join(ROOT, "docs", "BENCHMARKS.md")
+    with open(path) as f:
+        text = f.read()
+    block = "\n".join(section) + "\n\n"
+    start = text.find("## Pull\n")
+    if start >= 0:
+        end = text.find("\n## ", start + 1)
+        text = text[:start] + block + (text[end + 1:] if end >= 0 else "")
+    else:
+        at = text.find("## Reading the numbers")
+        text = text[:at] + block + text[at:] if at >= 0 else text + "\n" + block
+    with open(path, "w") as f:
+        f.write(text)
+    print(f"\nwrote the Pull section of {path}")
 
 
 if __name__ == "__main__":
