@@ -36,15 +36,20 @@ class SyncRefusal(Exception):
         self.sqlstate, self.code, self.details = sqlstate, code, details
 
 
-def call(conn, sql, params=()):
+def query(conn, sql, params=()):
     """Runs one statement; maps syncular errors (SQLSTATE class SY) to SyncRefusal by code."""
     try:
-        return conn.execute(sql, params).fetchone()
+        return conn.execute(sql, params)
     except psycopg.Error as e:
         if e.sqlstate and e.sqlstate.startswith("SY"):
             detail = e.diag.message_detail
             raise SyncRefusal(e.sqlstate, e.diag.message_primary, json.loads(detail) if detail else None) from e
         raise
+
+
+def call(conn, sql, params=()):
+    """`query`, returning the first row."""
+    return query(conn, sql, params).fetchone()
 
 
 def check(condition, message):
@@ -129,19 +134,17 @@ def push(conn, client_id, commit_id, ops, declared=()):
 
 
 def pull(conn, client_id, project, cursor):
-    """One incremental pull of `tasks` for one project (docs/HOST-WALKTHROUGH.md, pull)."""
-    call(conn, "SELECT syncular.serve_entry(%s, %s, %s, %s)", (PARTITION, NOW, str(uuid.uuid4()), VERSION))
-    with conn.transaction():
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        call(conn, "SELECT syncular.assert_serve_ready(%s, %s)", (PARTITION, VERSION))
-        state = call(conn, "SELECT syncular.partition_state(%s)", (PARTITION,))[0]
-        rows = conn.execute(
-            "SELECT commit_seq, row_id, op, row_version FROM syncular.read_commit_window(%s, 'tasks', %s, %s, %s, 1001)",
-            (PARTITION, Jsonb({"project_id": [project]}), cursor, state["maxCommitSeq"])).fetchall()
-    record = {"clientId": client_id, "actorId": "alice", "cursor": state["maxCommitSeq"], "updatedAtMs": NOW,
-              "subscriptions": [{"id": "s1", "table": "tasks", "scopes": {"project_id": [project]}}]}
-    conn.execute("SELECT syncular.put_client(%s, %s)", (PARTITION, Jsonb(record)))
-    return rows
+    """One incremental pull of `tasks` for one project, in one call (docs/HOST-WALKTHROUGH.md,
+    pull): gate, client record, window and the record's new cursor in one statement."""
+    scopes = {"project_id": [project]}
+    request = {"limitCommits": 1000, "subscriptions": [
+        {"id": "s1", "table": "tasks", "scopes": scopes, "effective": scopes, "cursor": cursor}]}
+    rows = query(
+        conn, "SELECT document, commit_seq, row_id, op, row_version FROM syncular.pull(%s, %s, 'alice', %s, %s, %s, %s)",
+        (PARTITION, client_id, NOW, str(uuid.uuid4()), VERSION, Jsonb(request))).fetchall()
+    document = rows[0][0]
+    check(document["client"] == "recorded", f"pull served: {document}")
+    return [row[1:] for row in rows[1:]]
 
 
 def main():

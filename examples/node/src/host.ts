@@ -34,9 +34,14 @@ function check(condition: boolean, message: string): asserts condition {
 
 /** Runs one statement and returns the first column of its first row; maps SY errors by code. */
 async function one(db: pg.ClientBase, sql: string, params: unknown[] = []): Promise<Json> {
+  const result = await query(db, sql, params);
+  return result.rows.length ? Object.values(result.rows[0])[0] : undefined;
+}
+
+/** Runs one statement and returns its result; maps SY errors by code. */
+async function query(db: pg.ClientBase, sql: string, params: unknown[] = []) {
   try {
-    const result = await db.query(sql, params);
-    return result.rows.length ? Object.values(result.rows[0])[0] : undefined;
+    return await db.query(sql, params);
   } catch (e) {
     const err = e as pg.DatabaseError;
     if (typeof err.code === "string" && err.code.startsWith("SY")) {
@@ -138,28 +143,24 @@ async function push(db: pg.Client, clientId: string, commitId: string, ops: Op[]
   }
 }
 
-/** One incremental pull of `tasks` for one project (docs/HOST-WALKTHROUGH.md, pull). */
+/**
+ * One incremental pull of `tasks` for one project, in one call (docs/HOST-WALKTHROUGH.md, pull):
+ * gate, client record, window and the record's new cursor in one statement.
+ */
 async function pull(db: pg.Client, clientId: string, project: string, cursor: number) {
-  await one(db, "SELECT syncular.serve_entry($1, $2, $3, $4)", [PARTITION, NOW, randomUUID(), VERSION]);
-  await db.query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
-  try {
-    await one(db, "SELECT syncular.assert_serve_ready($1, $2)", [PARTITION, VERSION]);
-    const state = await one(db, "SELECT syncular.partition_state($1)", [PARTITION]);
-    const window = await db.query(
-      "SELECT commit_seq, row_id, op, row_version FROM syncular.read_commit_window($1, 'tasks', $2::jsonb, $3, $4, 1001)",
-      [PARTITION, j({ project_id: [project] }), cursor, state.maxCommitSeq],
-    );
-    await db.query("COMMIT");
-    const record = {
-      clientId, actorId: "alice", cursor: state.maxCommitSeq, updatedAtMs: NOW,
-      subscriptions: [{ id: "s1", table: "tasks", scopes: { project_id: [project] } }],
-    };
-    await one(db, "SELECT syncular.put_client($1, $2::jsonb)", [PARTITION, j(record)]);
-    return window.rows.map((r) => [Number(r.commit_seq), r.row_id as string]);
-  } catch (e) {
-    await db.query("ROLLBACK");
-    throw e;
-  }
+  const scopes = { project_id: [project] };
+  const request = {
+    limitCommits: 1000,
+    subscriptions: [{ id: "s1", table: "tasks", scopes, effective: scopes, cursor }],
+  };
+  const result = await query(
+    db,
+    "SELECT document, commit_seq, row_id FROM syncular.pull($1, $2, 'alice', $3, $4, $5, $6::jsonb)",
+    [PARTITION, clientId, NOW, randomUUID(), VERSION, j(request)],
+  );
+  const document = result.rows[0].document;
+  check(document.client === "recorded", `pull served: ${JSON.stringify(document)}`);
+  return result.rows.slice(1).map((r) => [Number(r.commit_seq), r.row_id as string]);
 }
 
 async function main() {

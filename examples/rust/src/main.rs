@@ -242,41 +242,37 @@ async fn push_in_transaction(
     Ok(("applied", canonical))
 }
 
-/// One incremental pull of `tasks` for one project (docs/HOST-WALKTHROUGH.md, pull).
+/// One incremental pull of `tasks` for one project, in one call (docs/HOST-WALKTHROUGH.md,
+/// pull): gate, client record, window and the record's new cursor in one statement.
 async fn pull(
     db: &Client,
     client_id: &str,
     project: &str,
     cursor: i64,
 ) -> Result<Vec<(i64, String)>> {
-    db.execute(
-        "SELECT syncular.serve_entry($1, $2, $3, $4)",
-        &[&PARTITION, &NOW, &identity(), &VERSION],
-    )
-    .await?;
-    db.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    let scopes = json!({"project_id": [project]});
+    let request = json!({"limitCommits": 1000, "subscriptions": [{"id": "s1", "table": "tasks",
+                         "scopes": scopes, "effective": scopes, "cursor": cursor}]});
+    let rows = db
+        .query(
+            "SELECT document, commit_seq, row_id
+               FROM syncular.pull($1, $2, 'alice', $3, $4, $5, $6)",
+            &[
+                &PARTITION,
+                &client_id,
+                &NOW,
+                &identity(),
+                &VERSION,
+                &request,
+            ],
+        )
         .await?;
-    let window = async {
-        db.execute("SELECT syncular.assert_serve_ready($1, $2)", &[&PARTITION, &VERSION]).await?;
-        let state: Value = one(db, "SELECT syncular.partition_state($1)", &[&PARTITION]).await?;
-        let max = state["maxCommitSeq"].as_i64().unwrap_or(0);
-        let rows = db
-            .query(
-                "SELECT commit_seq, row_id FROM syncular.read_commit_window($1, 'tasks', $2, $3, $4, 1001)",
-                &[&PARTITION, &json!({"project_id": [project]}), &cursor, &max],
-            )
-            .await?;
-        Ok::<_, HostError>((max, rows.iter().map(|r| (r.get(0), r.get(1))).collect::<Vec<_>>()))
-    }
-    .await;
-    db.batch_execute(if window.is_ok() { "COMMIT" } else { "ROLLBACK" })
-        .await?;
-    let (max, rows) = window?;
-    let record = json!({"clientId":client_id,"actorId":"alice","cursor":max,"updatedAtMs":NOW,
-                        "subscriptions":[{"id":"s1","table":"tasks","scopes":{"project_id":[project]}}]});
-    db.execute("SELECT syncular.put_client($1, $2)", &[&PARTITION, &record])
-        .await?;
-    Ok(rows)
+    let document: Value = rows[0].get(0);
+    check(
+        document["client"] == json!("recorded"),
+        &format!("pull served: {document}"),
+    )?;
+    Ok(rows[1..].iter().map(|r| (r.get(1), r.get(2))).collect())
 }
 
 async fn run(db: &Client) -> Result<()> {
