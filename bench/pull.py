@@ -122,7 +122,7 @@ def run(rotate, psql, psql_file, ddl):
                 label = f"pull {workload}, {scale} commits"
                 key = f"pull-{workload}-{scale.replace('^', '')}-{clients}"
                 runs = rotate(clients, [(f"{key}-{side.replace(' ', '-')}", "pull_db", text)
-                                        for side, text in scripts(lo, hi, where).items()])
+                                        for side, text in scripts(lo, hi, where).items()], [])
                 rows.append((label, clients, {side: runs[f"{key}-{side.replace(' ', '-')}"] for side in SIDES}))
     return rows
 
