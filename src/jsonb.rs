@@ -337,6 +337,23 @@ macro_rules! jsonb_argument {
 }
 pub(crate) use jsonb_argument;
 
+/// The container bytes of a jsonb datum (past the varlena header), detoasted: the datum itself,
+/// or a copy `pg_detoast_datum` makes in the current memory context.
+///
+/// # Safety
+/// `datum` must be a non-NULL jsonb datum that stays valid for `'a`.
+unsafe fn container_bytes<'a>(datum: pg_sys::Datum) -> &'a [u8] {
+    // SAFETY: the caller's promise; the header and data are read in bounds of the varlena.
+    unsafe {
+        // Not the `_packed` variant: the container must keep its 4-byte alignment.
+        let detoasted = pg_sys::pg_detoast_datum(datum.cast_mut_ptr());
+        let total = pgrx::varsize_any(detoasted as *const _);
+        let data = pgrx::vardata_any(detoasted as *const _) as *const u8;
+        let header = data as usize - detoasted as usize;
+        std::slice::from_raw_parts(data, total.saturating_sub(header))
+    }
+}
+
 /// A `jsonb` argument, detoasted but not parsed.
 pub struct JsonbArg {
     /// The container bytes, past the varlena header. Palloc'd in the call's memory context (or
@@ -397,19 +414,12 @@ impl FromDatum for JsonbArg {
         if is_null {
             return None;
         }
-        // SAFETY: a non-NULL jsonb datum of this call; `pg_detoast_datum` returns it or a
-        // detoasted copy in the call's memory context, whose header and data are read in bounds.
-        unsafe {
-            // Not the `_packed` variant: the container must keep its 4-byte alignment.
-            let detoasted = pg_sys::pg_detoast_datum(datum.cast_mut_ptr());
-            let total = pgrx::varsize_any(detoasted as *const _);
-            let data = pgrx::vardata_any(detoasted as *const _) as *const u8;
-            let header = data as usize - detoasted as usize;
-            Some(JsonbArg {
-                data,
-                len: total.saturating_sub(header),
-            })
-        }
+        // SAFETY: a non-NULL jsonb datum of this call, alive for the whole call.
+        let bytes = unsafe { container_bytes(datum) };
+        Some(JsonbArg {
+            data: bytes.as_ptr(),
+            len: bytes.len(),
+        })
     }
 }
 
@@ -465,20 +475,9 @@ impl FromDatum for OwnedJsonb {
         if is_null {
             return None;
         }
-        // SAFETY: a non-NULL jsonb datum of a result row, alive while the row is read;
-        // `pg_detoast_datum` returns it or a detoasted copy in the current memory context, whose
-        // header and data are read in bounds and copied out before anything frees them.
-        unsafe {
-            let detoasted = pg_sys::pg_detoast_datum(datum.cast_mut_ptr());
-            let total = pgrx::varsize_any(detoasted as *const _);
-            let data = pgrx::vardata_any(detoasted as *const _) as *const u8;
-            let header = data as usize - detoasted as usize;
-            let bytes = std::slice::from_raw_parts(data, total.saturating_sub(header)).to_vec();
-            if detoasted != datum.cast_mut_ptr() {
-                pg_sys::pfree(detoasted.cast());
-            }
-            Some(OwnedJsonb(bytes))
-        }
+        // SAFETY: a non-NULL jsonb datum of a result row, alive while the row is read; its bytes
+        // are copied out before anything frees them.
+        Some(OwnedJsonb(unsafe { container_bytes(datum) }.to_vec()))
     }
 }
 

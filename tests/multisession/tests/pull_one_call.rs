@@ -765,30 +765,16 @@ fn pull1_05_hostile_requests() {
         );
     }
     // Reserved and unknown tables, a bootstrap without scopes: the classic path's errors.
-    let mut s = sub(0);
-    s["table"] = json!("sync_commits");
-    assert_eq!(
-        pull_doc(&mut c, P, &json!({"subscriptions": [s]}))
-            .unwrap_err()
-            .state,
-        "SY041"
-    );
-    let mut s = sub(-1);
-    s["effective"] = json!({});
-    assert_eq!(
-        pull_doc(&mut c, P, &json!({"subscriptions": [s]}))
-            .unwrap_err()
-            .state,
-        "SY040"
-    );
-    let mut s = sub(-1);
-    s["table"] = json!("nope");
-    assert_eq!(
-        pull_doc(&mut c, P, &json!({"subscriptions": [s]}))
-            .unwrap_err()
-            .state,
-        "SY041"
-    );
+    for (cursor, key, value, state) in [
+        (0, "table", json!("sync_commits"), "SY041"),
+        (-1, "effective", json!({}), "SY040"),
+        (-1, "table", json!("nope"), "SY041"),
+    ] {
+        let mut s = sub(cursor);
+        s[key] = value;
+        let req = json!({"subscriptions": [s]});
+        assert_eq!(pull_doc(&mut c, P, &req).unwrap_err().state, state, "{req}");
+    }
     // Limits beyond upstream's are clamped, not refused; nothing was written by the refusals.
     let d = pull_doc(&mut c, P, &json!({"subscriptions": [sub(0)], "limitCommits": -5, "limitSnapshotRows": 10_000_000, "maxSnapshotPages": 999})).unwrap();
     assert_eq!(d["subscriptions"][0]["status"], json!("active"));
