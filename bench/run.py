@@ -362,11 +362,13 @@ def main():
         a side share its measurement, so their ratios are taken against the same rounds."""
         if only and not any(only in label for label, _, _ in rows):
             return {}
-        scripts = {key: (db, write_script(f"{key}.sql", text)) for key, db, text in sides}
+        # A side may carry a fourth element: environment for its connections (PGOPTIONS).
+        scripts = {side[0]: (side[1], write_script(f"{side[0]}.sql", side[2]), side[3] if len(side) > 3 else None)
+                   for side in sides}
         runs = {key: [] for key in scripts}
         for _ in range(rounds):
-            for key, (db, script) in scripts.items():
-                runs[key].append(pgbench(db, script, clients))
+            for key, (db, script, env) in scripts.items():
+                runs[key].append(pgbench(db, script, clients, env))
         for label, base, ours in rows:
             up, ex = median(runs[base]), median(runs[ours])
             results.append((label, clients, up, ex))
