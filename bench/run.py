@@ -14,7 +14,9 @@ import sys
 import tempfile
 import time
 
-BIN = "/usr/lib/postgresql/15/bin"
+# The PostgreSQL major under test (bench/run.sh sets both from scripts/pg.sh).
+BIN = os.environ.get("BENCH_PG_BIN", "/usr/lib/postgresql/15/bin")
+MAJOR = os.environ.get("BENCH_PG_MAJOR", "15")
 PORT = os.environ.get("BENCH_PORT", "55437")
 SECONDS = int(os.environ.get("BENCH_SECONDS", "3"))
 # Each workload runs ROUNDS times per side, the sides interleaved (baseline, syncular, baseline,
@@ -540,15 +542,44 @@ def report(results, elapsed):
     lines.append("Columns: *baseline* is upstream 0.24's statements for `push` and `append` rows; for the floor rows it is the "
                  "floor; for the window row it is the same window at 10^4 commits (syncular column: 10^6); for the fence rows it "
                  "is `append_commit` with the trigger disabled (`session_replication_role = replica`).")
-    path = os.path.join(ROOT, "docs", "BENCHMARKS.md")
+    # PostgreSQL 15 writes docs/BENCHMARKS.md (with the latest 18 run's ratios next to its own);
+    # any other major writes docs/BENCHMARKS-pg<major>.md.
+    name = "BENCHMARKS.md" if MAJOR == "15" else f"BENCHMARKS-pg{MAJOR}.md"
+    path = os.path.join(ROOT, "docs", name)
+    if MAJOR == "15":
+        lines.extend(other_major_lines(results, "18"))
     body = "\n".join(lines) + "\n"
     extra = os.path.join(ROOT, "docs", "BENCHMARKS-notes.md")
-    if os.path.exists(extra):
+    if MAJOR == "15" and os.path.exists(extra):
         with open(extra) as f:
             body += "\n" + f.read()
     with open(path, "w") as f:
         f.write(body)
     print(f"\nwrote {path}")
+
+
+def other_major_lines(results, major):
+    """The ratios of the latest run on another major (docs/BENCHMARKS-pg<major>.md), next to
+    this run's, row by row; nothing if that major has not been run."""
+    path = os.path.join(ROOT, "docs", f"BENCHMARKS-pg{major}.md")
+    if not os.path.exists(path):
+        return []
+    theirs = {}
+    with open(path) as f:
+        for line in f:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 7 and cells[0] not in ("workload", "---"):
+                theirs[(cells[0], cells[1])] = cells[6]
+    rows = [("| workload | clients | ratio on 15 (this run) | ratio on " + major + " |"), "|---|---|---|---|"]
+    for label, clients, up, ex in results:
+        if (label, str(clients)) in theirs:
+            rows.append(f"| {label} | {clients} | {ex[0] / up[0]:.2f} | {theirs[(label, str(clients))]} |")
+    if len(rows) == 2:
+        return []
+    return ["", f"## PostgreSQL {major} next to 15", "",
+            f"The same benchmark on PostgreSQL {major} (`BENCH_PG_MAJOR={major} bash bench/run.sh`, "
+            f"docs/BENCHMARKS-pg{major}.md, its own run); ratios are each major's own upstream-vs-syncular "
+            "comparison, so they compare across majors even where absolute speeds differ.", ""] + rows
 
 
 if __name__ == "__main__":

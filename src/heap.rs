@@ -229,10 +229,7 @@ impl DirectInsert {
             (*info).type_ = pg_sys::NodeTag::T_ResultRelInfo;
             pg_sys::InitResultRelInfo(info, relation, 1, std::ptr::null_mut(), 0);
             pg_sys::ExecOpenIndices(info, false);
-            #[cfg(feature = "pg13")]
-            {
-                (*estate).es_result_relation_info = info;
-            }
+            port::set_result_relation(estate, info);
             let slot = pg_sys::MakeSingleTupleTableSlot((*relation).rd_att, &pg_sys::TTSOpsVirtual);
             Ok(Some(DirectInsert {
                 relation,
