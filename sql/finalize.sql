@@ -53,6 +53,8 @@ COMMENT ON FUNCTION syncular.check_schema(bigint, jsonb, jsonb) IS
   'Startup check: current or migrate, or raises checkpoint_incomplete / schema_newer / stored_layout_mismatch.';
 COMMENT ON FUNCTION syncular.migrate_schema(bigint, jsonb, jsonb) IS
   'Opens a migration in the caller''s transaction under the barrier lock, re-validates, installs declarations, fences and the global floor; returns the previously stored version.';
+COMMENT ON FUNCTION syncular.schema_state() IS
+  'The stored schema state {schemaVersion, layouts, writerFloor}, or NULL before the first migration.';
 COMMENT ON FUNCTION syncular.previous_schema() IS
   'The {schemaVersion, layouts} the last migrate_schema of this transaction started from, or NULL.';
 
@@ -72,6 +74,8 @@ COMMENT ON FUNCTION syncular.partition_state(text) IS
 -- App tables and row metadata (docs/API.md §App tables and row metadata)
 COMMENT ON FUNCTION syncular.register_table(text, regclass, boolean) IS
   'Registers the relation holding an app table (caller must own it, and hold the privileges of an earlier registrant); optionally installs the row-meta trigger.';
+COMMENT ON FUNCTION syncular.list_tables() IS
+  'Every app-table registration: [{table, relation (NULL once gone), registeredBy, maintainRowMeta, registeredAtMs}], by name.';
 COMMENT ON FUNCTION syncular.retire_table(text) IS
   'Removes a retired table''s row scopes, blob refs, registration and trigger (caller must hold the registrant''s privileges); keeps history.';
 COMMENT ON FUNCTION syncular.row_meta_trigger() IS

@@ -154,5 +154,19 @@ COMMENT ON FUNCTION syncular.retire_table(text) IS
 COMMENT ON FUNCTION syncular.adopt_legacy_tables(name, name) IS
   'Extension owner or superuser only: one-time adoption of a 0.24 database''s tables into the (empty) extension tables, in the caller''s transaction.';
 
+CREATE FUNCTION syncular.schema_state() RETURNS jsonb
+STABLE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'schema_state_wrapper';
+CREATE FUNCTION syncular.list_tables() RETURNS jsonb
+STABLE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'list_tables_wrapper';
+REVOKE ALL ON FUNCTION syncular.schema_state(), syncular.list_tables() FROM PUBLIC;
+COMMENT ON FUNCTION syncular.schema_state() IS
+  'The stored schema state {schemaVersion, layouts, writerFloor}, or NULL before the first migration.';
+COMMENT ON FUNCTION syncular.list_tables() IS
+  'Every app-table registration: [{table, relation (NULL once gone), registeredBy, maintainRowMeta, registeredAtMs}], by name.';
+
 -- Last, as in every update script: the roles get exactly the grants of this version.
 SELECT syncular._grant_api_roles();

@@ -50,6 +50,8 @@ const HOST: &[&str] = &[
     "update_client_cursor(text, text, bigint, bigint)",
     "rows_referencing_blob(text, text)",
     "referenced_blob_ids(text)",
+    "list_tables()",
+    "schema_state()",
 ];
 
 /// `HOST` plus migrations, registration, fences, checkpoints, retention, operator retries and

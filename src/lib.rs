@@ -13,6 +13,7 @@
 //! - [`gate`]: the serve gate (docs/DESIGN.md §Serve gate);
 //! - [`checkpoint`]: backfill checkpoints (docs/DESIGN.md §Checkpoints);
 //! - [`barrier`]: the schema barrier (docs/DESIGN.md §Schema barrier);
+//! - [`push_guard`]: the classic push's own consistency (ids and commit_seq of the push begun);
 //! - [`registry`], [`push`], [`prune`]: partition registry, push path and retention
 //!   (docs/DESIGN.md §Around the native parts);
 //! - [`scope`], [`pull`]: scope filters, the commit window and the bootstrap scan;
@@ -55,6 +56,7 @@ mod port;
 mod prune;
 mod pull;
 mod push;
+mod push_guard;
 mod queue;
 mod registry;
 mod repair;

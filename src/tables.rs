@@ -308,6 +308,35 @@ fn get_row_scopes(
     })
 }
 
+/// Every registration, by logical name: `[{table, relation, registeredBy, maintainRowMeta,
+/// registeredAtMs}]`; `relation` is the relation's current qualified name, or NULL once it is
+/// gone (such a registration is no longer read; retire or register it again).
+#[pg_extern(stable, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn list_tables() -> JsonB {
+    error::run(|| {
+        db::with_spi(|client| {
+            let list = db::read(
+                client,
+                "SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+                          'table', a.tbl,
+                          'relation', CASE WHEN c.oid IS NULL THEN NULL
+                                           ELSE pg_catalog.quote_ident(n.nspname) || '.'
+                                                || pg_catalog.quote_ident(c.relname) END,
+                          'registeredBy', r.rolname,
+                          'maintainRowMeta', a.maintain_row_meta,
+                          'registeredAtMs', a.registered_at_ms) ORDER BY a.tbl), '[]')
+                   FROM syncular.sync_app_tables a
+                   LEFT JOIN pg_catalog.pg_class c ON c.oid = a.relation
+                   LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                   LEFT JOIN pg_catalog.pg_roles r ON r.oid = a.registered_by",
+                &[],
+            )?;
+            Ok(db::first::<JsonB>(list)?.unwrap_or(JsonB(json!([]))))
+        })
+    })
+}
+
 /// Drops the row-meta trigger from relation `oid`, if the relation and the trigger exist (checked
 /// first, so a registration prints no NOTICE).
 fn drop_row_meta_trigger(client: &SpiClient<'_>, oid: pg_sys::Oid) -> error::Result<()> {
