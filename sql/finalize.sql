@@ -149,6 +149,8 @@ COMMENT ON FUNCTION syncular.active_cursor_floor(text, bigint) IS
 COMMENT ON FUNCTION syncular.rows_referencing_blob(text, text) IS '[{table, rowId, scopes}] of live rows referencing a blob.';
 COMMENT ON FUNCTION syncular.referenced_blob_ids(text) IS 'Distinct referenced blob ids, sorted (the orphan sweep keep-set).';
 COMMENT ON FUNCTION syncular.list_commit_metadata(text, bigint, integer, text) IS 'Commit metadata newest first.';
+COMMENT ON FUNCTION syncular.stats(bigint) IS
+  'Health per partition: log (maxCommitSeq, horizonSeq, commits, changes), clients (all, active since the time, max active lag), pending checkpoints, reactions by state.';
 COMMENT ON FUNCTION syncular.scope_activity(text, text, text, integer) IS 'The newest commits per table touching a scope value.';
 
 -- Administration (docs/API.md §Administration)

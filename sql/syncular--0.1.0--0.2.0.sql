@@ -168,5 +168,13 @@ COMMENT ON FUNCTION syncular.schema_state() IS
 COMMENT ON FUNCTION syncular.list_tables() IS
   'Every app-table registration: [{table, relation (NULL once gone), registeredBy, maintainRowMeta, registeredAtMs}], by name.';
 
+CREATE FUNCTION syncular.stats(active_since_ms bigint DEFAULT 0) RETURNS jsonb
+STABLE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'stats_wrapper';
+REVOKE ALL ON FUNCTION syncular.stats(bigint) FROM PUBLIC;
+COMMENT ON FUNCTION syncular.stats(bigint) IS
+  'Health per partition: log (maxCommitSeq, horizonSeq, commits, changes), clients (all, active since the time, max active lag), pending checkpoints, reactions by state.';
+
 -- Last, as in every update script: the roles get exactly the grants of this version.
 SELECT syncular._grant_api_roles();

@@ -83,6 +83,7 @@ const ADMIN: &[&str] = &[
     "active_cursor_floor(text, bigint)",
     "list_commit_metadata(text, bigint, integer, text)",
     "scope_activity(text, text, text, integer)",
+    "stats(bigint)",
 ];
 
 /// Roles are cluster-wide: the first database that installs the extension creates them.

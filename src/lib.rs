@@ -13,6 +13,7 @@
 //! - [`gate`]: the serve gate (docs/DESIGN.md §Serve gate);
 //! - [`checkpoint`]: backfill checkpoints (docs/DESIGN.md §Checkpoints);
 //! - [`barrier`]: the schema barrier (docs/DESIGN.md §Schema barrier);
+//! - [`notify`]: the opt-in NOTIFY after each appended commit;
 //! - [`push_guard`]: the classic push's own consistency (ids and commit_seq of the push begun);
 //! - [`registry`], [`push`], [`prune`]: partition registry, push path and retention
 //!   (docs/DESIGN.md §Around the native parts);
@@ -52,6 +53,7 @@ mod heap;
 mod jsonb;
 mod limits;
 mod log;
+mod notify;
 mod port;
 mod prune;
 mod pull;
@@ -68,6 +70,12 @@ mod testing;
 mod txn_local;
 
 ::pgrx::pg_module_magic!(name, version);
+
+/// Runs once per backend when the library loads: defines the extension's settings.
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    notify::init();
+}
 
 // Tables first: the functions' composite return types need them.
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
