@@ -155,11 +155,11 @@ COMMENT ON FUNCTION syncular.adopt_legacy_tables(name, name) IS
   'Extension owner or superuser only: one-time adoption of a 0.24 database''s tables into the (empty) extension tables, in the caller''s transaction.';
 
 CREATE FUNCTION syncular.schema_state() RETURNS jsonb
-STABLE SECURITY DEFINER PARALLEL UNSAFE
+STABLE STRICT SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c AS 'MODULE_PATHNAME', 'schema_state_wrapper';
 CREATE FUNCTION syncular.list_tables() RETURNS jsonb
-STABLE SECURITY DEFINER PARALLEL UNSAFE
+STABLE STRICT SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c AS 'MODULE_PATHNAME', 'list_tables_wrapper';
 REVOKE ALL ON FUNCTION syncular.schema_state(), syncular.list_tables() FROM PUBLIC;

@@ -15,15 +15,15 @@ fn stats_counts_log_clients_checkpoints_and_reactions_per_partition() {
     }
     append(&mut c, "part-2", "tasks", "x", Some(V));
     for (client, cursor, at) in [("c1", 1, NOW), ("c2", 3, NOW), ("c3", 0, NOW - 10 * DAY)] {
-        one::<Value>(
-            &mut c,
+        c.execute(
             "SELECT syncular.put_client($1, $2)",
             &[
                 &P,
                 &json!({"clientId": client, "actorId": "a", "cursor": cursor,
                         "subscriptions": [], "updatedAtMs": at}),
             ],
-        );
+        )
+        .unwrap();
     }
     declare(&mut c, P, "proj", 2, NOW);
     one::<i32>(
