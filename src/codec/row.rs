@@ -125,7 +125,7 @@ pub fn decode_sparse<'a>(layout: &Layout, payload: &'a [u8]) -> Result<Vec<Optio
 }
 
 /// Upstream's encoder refusal for a value of the wrong kind.
-fn wrong_kind(column: &Column) -> CodecError {
+pub fn wrong_kind(column: &Column) -> CodecError {
     let name = &column.name;
     CodecError(match column.ty {
         ColumnType::String | ColumnType::Json | ColumnType::BlobRef => {
