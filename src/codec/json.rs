@@ -174,7 +174,7 @@ impl<'a> Scanner<'a> {
     /// One complete value (leading whitespace allowed), without recursion: `stack` holds one
     /// entry per open container (`true` = object).
     fn value(&mut self) -> bool {
-        let mut stack: Vec<bool> = Vec::new();
+        let mut stack = Stack::default();
         'value: loop {
             self.ws();
             match self.peek() {
@@ -215,7 +215,7 @@ impl<'a> Scanner<'a> {
             // After a complete value: close containers or move to the next element.
             loop {
                 self.ws();
-                let Some(&object) = stack.last() else {
+                let Some(object) = stack.last() else {
                     return true;
                 };
                 match self.peek() {
@@ -238,6 +238,41 @@ impl<'a> Scanner<'a> {
                 }
             }
         }
+    }
+}
+
+/// The open containers of [`Scanner::value`] (`true` = object): the first 64 levels in a
+/// word, deeper ones in a vector, so ordinary documents validate without allocating.
+#[derive(Default)]
+struct Stack {
+    bits: u64,
+    depth: usize,
+    deeper: Vec<bool>,
+}
+
+impl Stack {
+    fn push(&mut self, object: bool) {
+        if self.depth < 64 {
+            self.bits = (self.bits & !(1 << self.depth)) | (u64::from(object) << self.depth);
+        } else {
+            self.deeper.push(object);
+        }
+        self.depth += 1;
+    }
+
+    fn last(&self) -> Option<bool> {
+        match self.depth {
+            0 => None,
+            d if d <= 64 => Some((self.bits >> (d - 1)) & 1 == 1),
+            _ => self.deeper.last().copied(),
+        }
+    }
+
+    fn pop(&mut self) {
+        if self.depth > 64 {
+            self.deeper.pop();
+        }
+        self.depth = self.depth.saturating_sub(1);
     }
 }
 

@@ -176,17 +176,21 @@ pub fn after_update(
     server_version: u64,
 ) -> (u64, Option<Vec<u8>>) {
     let next = server_version + 1;
-    let versions: Versions = (0..columns)
-        .map(|i| {
-            let v = if i != primary_key && present.contains(&i) {
-                next
-            } else {
-                effective(blob, server_version, i)
-            };
-            (i, v)
-        })
-        .collect();
-    (next, encode(&versions))
+    // Written directly in ascending ordinal order (what `encode` would produce), without an
+    // intermediate list: this runs once per updated row.
+    let mut out = Vec::with_capacity(columns * 2);
+    for i in 0..columns {
+        let version = if i != primary_key && present.contains(&i) {
+            next
+        } else {
+            effective(blob, server_version, i)
+        };
+        if version > 1 {
+            leb128(&mut out, i as u64);
+            leb128(&mut out, version);
+        }
+    }
+    (next, (!out.is_empty()).then_some(out))
 }
 
 #[cfg(test)]
