@@ -230,3 +230,30 @@ fn bad_rows_are_refused_with_the_codec_message() {
         Some(json!({"table": "nope"})),
     );
 }
+
+/// The serving role encodes and decodes; only the admin role stores a push schema.
+#[test]
+fn the_host_role_codes_rows_and_the_admin_role_sets_the_schema() {
+    let db = TestDb::new("codec_roles");
+    let mut c = db.connect();
+    let executable = |c: &mut Client, role: &str, signature: &str| -> bool {
+        one(c, "SELECT has_function_privilege($1, $2, 'EXECUTE')", &[&role, &signature])
+    };
+    for signature in [
+        "syncular.encode_row(text, jsonb, boolean)",
+        "syncular.decode_row(text, bytea, boolean)",
+    ] {
+        assert!(executable(&mut c, "syncular_host", signature), "{signature}");
+    }
+    let set_schema = "syncular.set_push_schema(bigint, jsonb)";
+    assert!(!executable(&mut c, "syncular_host", set_schema));
+    assert!(executable(&mut c, "syncular_admin", set_schema));
+    // A host role without any table privilege uses the stored schema.
+    set(&mut c, 1, &schema()).unwrap();
+    let role = format!("{}_srv", db.name);
+    exec(&mut c, &format!("CREATE ROLE {role} NOLOGIN; GRANT syncular_host TO {role}"));
+    exec(&mut c, &format!("SET ROLE {role}"));
+    let bytes = encode(&mut c, "tasks", &json!({"id": "t1"}), true).unwrap();
+    assert_eq!(decode(&mut c, "tasks", &bytes, true).unwrap(), json!({"id": "t1"}));
+    exec(&mut c, &format!("RESET ROLE; DROP OWNED BY {role}; DROP ROLE {role}"));
+}
