@@ -16,7 +16,9 @@ use serde_json::{json, Map, Value};
 /// One table of a push schema, validated.
 pub struct TableSchema {
     pub layout: Layout,
-    /// `(variable, column index)` per scope pattern, in declared order.
+    /// `(variable, column index)` per scope pattern, in declared order (read by the one-call
+    /// push; the codec functions need only the layout).
+    #[allow(dead_code)]
     pub scopes: Vec<(String, usize)>,
     pub materialize: bool,
     /// The normalized descriptor, as stored.
