@@ -153,6 +153,14 @@ COMMENT ON FUNCTION syncular.stats(bigint) IS
   'Health per partition: log (maxCommitSeq, horizonSeq, commits, changes), clients (all, active since the time, max active lag), pending checkpoints, reactions by state.';
 COMMENT ON FUNCTION syncular.scope_activity(text, text, text, integer) IS 'The newest commits per table touching a scope value.';
 
+-- Row codec and push schema (docs/API.md §Row codec and push schema, docs/CODEC.md)
+COMMENT ON FUNCTION syncular.set_push_schema(bigint, jsonb) IS
+  'Stores the host''s compiled schema for a schema version after checking it against the registered relations and the stored layouts; idempotent; returns the number of tables.';
+COMMENT ON FUNCTION syncular.encode_row(text, jsonb, boolean) IS
+  'Encodes a row given as JSON with the table''s push schema (full row, or sparse row with only the given columns); bad input: SY000 with the codec''s message as reason.';
+COMMENT ON FUNCTION syncular.decode_row(text, bytea, boolean) IS
+  'Decodes a full or sparse row payload with the table''s push schema into JSON (absent columns omitted); bad input: SY000 with the codec''s message as reason.';
+
 -- Administration (docs/API.md §Administration)
 COMMENT ON FUNCTION syncular.adopt_legacy_tables(name, name) IS
   'Extension owner or superuser only: one-time adoption of a 0.24 database''s tables into the (empty) extension tables, in the caller''s transaction.';

@@ -2,7 +2,8 @@
 --
 -- 0.2.0: the fence trigger reads the fence and the marker with direct primary-key index scans;
 -- jsonb arguments are parsed without panics (deep nesting and out-of-range numbers become
--- sync.storage.invalid_argument); new function set_rows_scopes (batch set_row_scopes).
+-- sync.storage.invalid_argument); new function set_rows_scopes (batch set_row_scopes); the row
+-- codec: table sync_push_schemas, set_push_schema, encode_row, decode_row (docs/CODEC.md).
 -- Security (docs/SECURITY.md): registrations keep the relation's OID and their registrant; the
 -- functions that read app tables run as the caller and read the table as its owner in a
 -- restricted security context; control state left the session-settable settings; the roles
@@ -175,6 +176,38 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'stats_wrapper';
 REVOKE ALL ON FUNCTION syncular.stats(bigint) FROM PUBLIC;
 COMMENT ON FUNCTION syncular.stats(bigint) IS
   'Health per partition: log (maxCommitSeq, horizonSeq, commits, changes), clients (all, active since the time, max active lag), pending checkpoints, reactions by state.';
+
+-- The push schema and the row codec (docs/CODEC.md).
+CREATE TABLE syncular.sync_push_schemas (
+  schema_version bigint PRIMARY KEY,
+  tables         jsonb  NOT NULL,
+  updated_at_ms  bigint NOT NULL
+);
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_push_schemas', '');
+REVOKE ALL ON syncular.sync_push_schemas FROM PUBLIC;
+CREATE FUNCTION syncular.set_push_schema(schema_version bigint, tables jsonb) RETURNS integer
+VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'set_push_schema_wrapper';
+CREATE FUNCTION syncular.encode_row(tbl text, "values" jsonb, sparse boolean DEFAULT false) RETURNS bytea
+STABLE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'encode_row_wrapper';
+CREATE FUNCTION syncular.decode_row(tbl text, payload bytea, sparse boolean DEFAULT false) RETURNS jsonb
+STABLE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'decode_row_wrapper';
+REVOKE ALL ON FUNCTION syncular.set_push_schema(bigint, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION syncular.encode_row(text, jsonb, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION syncular.decode_row(text, bytea, boolean) FROM PUBLIC;
+
+-- Row codec and push schema (docs/API.md §Row codec and push schema, docs/CODEC.md)
+COMMENT ON FUNCTION syncular.set_push_schema(bigint, jsonb) IS
+  'Stores the host''s compiled schema for a schema version after checking it against the registered relations and the stored layouts; idempotent; returns the number of tables.';
+COMMENT ON FUNCTION syncular.encode_row(text, jsonb, boolean) IS
+  'Encodes a row given as JSON with the table''s push schema (full row, or sparse row with only the given columns); bad input: SY000 with the codec''s message as reason.';
+COMMENT ON FUNCTION syncular.decode_row(text, bytea, boolean) IS
+  'Decodes a full or sparse row payload with the table''s push schema into JSON (absent columns omitted); bad input: SY000 with the codec''s message as reason.';
 
 -- Last, as in every update script: the roles get exactly the grants of this version.
 SELECT syncular._grant_api_roles();

@@ -111,6 +111,15 @@ pub fn optional_key(name: &str, value: Option<&str>) -> Result<Option<String>> {
     value.map(|v| key(name, Some(v))).transpose()
 }
 
+/// A required `bytea` argument of at most [`limits::PAYLOAD_BYTES`] (`too_large`), borrowed.
+pub fn bytes<'a>(name: &str, value: Option<&'a [u8]>) -> Result<&'a [u8]> {
+    let value = required(name, value)?;
+    if value.len() > limits::PAYLOAD_BYTES {
+        return Err(Error::invalid_argument(name, "too_large"));
+    }
+    Ok(value)
+}
+
 /// A required `lim`-like row count: at most [`limits::RESULT_ROWS`] (`too_large`).
 pub fn row_limit(name: &str, value: Option<i32>) -> Result<i32> {
     let value = required(name, value)?;

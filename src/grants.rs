@@ -52,6 +52,8 @@ const HOST: &[&str] = &[
     "referenced_blob_ids(text)",
     "list_tables()",
     "schema_state()",
+    "encode_row(text, jsonb, boolean)",
+    "decode_row(text, bytea, boolean)",
 ];
 
 /// `HOST` plus migrations, registration, fences, checkpoints, retention, operator retries and
@@ -84,6 +86,7 @@ const ADMIN: &[&str] = &[
     "list_commit_metadata(text, bigint, integer, text)",
     "scope_activity(text, text, text, integer)",
     "stats(bigint)",
+    "set_push_schema(bigint, jsonb)",
 ];
 
 /// Roles are cluster-wide: the first database that installs the extension creates them.

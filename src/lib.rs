@@ -23,6 +23,8 @@
 //! - [`txn_local`]: transaction-local control state no session can set;
 //! - [`admin`]: blob-reference and admin reads; [`adopt`]: adoption of a 0.24 database;
 //! - [`repair`]: the owner-only way back from a marker or fence set too high;
+//! - [`codec`] (pure, no SQL), [`push_schema`], [`codec_sql`]: upstream's row codec, the
+//!   stored push schema and `encode_row`/`decode_row` (docs/CODEC.md);
 //! - [`grants`]: what the roles `syncular_host` and `syncular_admin` may call.
 //!
 //! Privileges, decided per function (docs/SECURITY.md): the API functions are
@@ -43,6 +45,8 @@ mod args;
 mod barrier;
 mod checkpoint;
 mod clients;
+mod codec;
+mod codec_sql;
 mod commit;
 mod db;
 mod error;
@@ -59,6 +63,7 @@ mod prune;
 mod pull;
 mod push;
 mod push_guard;
+mod push_schema;
 mod queue;
 mod registry;
 mod repair;

@@ -16,3 +16,5 @@ pub const DOCUMENT_BYTES: usize = 32 << 20;
 pub const DOCUMENT_VALUES: usize = 1_000_000;
 /// Rows one call returns at most (`lim`, `limit_changes`).
 pub const RESULT_ROWS: i64 = 100_000;
+/// Bytes of one `bytea` argument (a row payload), checked before it is read.
+pub const PAYLOAD_BYTES: usize = 32 << 20;
