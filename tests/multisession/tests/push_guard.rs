@@ -81,43 +81,35 @@ fn an_applied_result_names_the_commit_the_transaction_appended() {
         )
         .map(|r| r.get::<_, Value>(0))
     };
+    let append_in = |tx: &mut Transaction<'_>| {
+        tx.query_one(
+            "SELECT syncular.append_commit($1, $2)",
+            &[&P, &commit_of("c1", "k1")],
+        )
+        .unwrap();
+    };
+    let refused = |tx: &mut Transaction<'_>, result: &Value, argument: &str| {
+        expect_error(
+            store(tx, result),
+            "SY000",
+            "sync.storage.invalid_argument",
+            Some(json!({"argument": argument, "reason": "range"})),
+        );
+    };
     // No append in this transaction: an applied result would point at someone else's commit.
     let mut tx = begin(&mut c, "k1");
-    expect_error(
-        store(&mut tx, &applied(1, 1, "k1")),
-        "SY000",
-        "sync.storage.invalid_argument",
-        Some(json!({"argument": "result.commitSeq", "reason": "range"})),
-    );
+    refused(&mut tx, &applied(1, 1, "k1"), "result.commitSeq");
     tx.rollback().unwrap();
     // Appended as 2, named 1.
     let mut tx = begin(&mut c, "k1");
-    tx.query_one(
-        "SELECT syncular.append_commit($1, $2)",
-        &[&P, &commit_of("c1", "k1")],
-    )
-    .unwrap();
-    expect_error(
-        store(&mut tx, &applied(1, 1, "k1")),
-        "SY000",
-        "sync.storage.invalid_argument",
-        Some(json!({"argument": "result.commitSeq", "reason": "range"})),
-    );
+    append_in(&mut tx);
+    refused(&mut tx, &applied(1, 1, "k1"), "result.commitSeq");
     tx.rollback().unwrap();
     // A rejection while the append stands is refused; after the rollback to the savepoint it
     // is stored, and consumed no number.
     let mut tx = begin(&mut c, "k1");
-    tx.query_one(
-        "SELECT syncular.append_commit($1, $2)",
-        &[&P, &commit_of("c1", "k1")],
-    )
-    .unwrap();
-    expect_error(
-        store(&mut tx, &rejected()),
-        "SY000",
-        "sync.storage.invalid_argument",
-        Some(json!({"argument": "result.status", "reason": "range"})),
-    );
+    append_in(&mut tx);
+    refused(&mut tx, &rejected(), "result.status");
     tx.batch_execute("ROLLBACK TO SAVEPOINT syncular_push_candidate")
         .unwrap();
     assert_eq!(
