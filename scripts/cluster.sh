@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Throwaway PostgreSQL 15 cluster run as the `postgres` OS user (PostgreSQL refuses root).
+# Throwaway PostgreSQL cluster run as the `postgres` OS user (PostgreSQL refuses root), of the
+# major in SYNCULAR_PG_MAJOR (15 by default; scripts/pg.sh says where each major lives).
 #   scripts/cluster.sh start DIR PORT   initdb if needed, start, wait until it accepts connections
 #   scripts/cluster.sh stop DIR         stop it (fast shutdown), if running
 #   scripts/cluster.sh fresh DIR PORT   stop and remove whatever is in DIR, then start anew
@@ -7,7 +8,8 @@
 # With SYNCULAR_CLUSTER_MEMORY_KB set, every server process runs under that address-space limit
 # (ulimit -v), so an allocation beyond it fails inside the server (the argument-cap test).
 set -euo pipefail
-BIN=/usr/lib/postgresql/15/bin
+. "$(dirname "$0")/pg.sh"
+BIN=$(pg_bindir "${SYNCULAR_PG_MAJOR:-15}")
 cmd=${1:?start|stop}; dir=${2:?cluster directory}
 as_postgres() { if [ "$(id -u)" = 0 ]; then sudo -u postgres "$@"; else "$@"; fi; }
 case "$cmd" in

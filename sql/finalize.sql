@@ -53,6 +53,8 @@ COMMENT ON FUNCTION syncular.check_schema(bigint, jsonb, jsonb) IS
   'Startup check: current or migrate, or raises checkpoint_incomplete / schema_newer / stored_layout_mismatch.';
 COMMENT ON FUNCTION syncular.migrate_schema(bigint, jsonb, jsonb) IS
   'Opens a migration in the caller''s transaction under the barrier lock, re-validates, installs declarations, fences and the global floor; returns the previously stored version.';
+COMMENT ON FUNCTION syncular.schema_state() IS
+  'The stored schema state {schemaVersion, layouts, writerFloor}, or NULL before the first migration.';
 COMMENT ON FUNCTION syncular.previous_schema() IS
   'The {schemaVersion, layouts} the last migrate_schema of this transaction started from, or NULL.';
 
@@ -72,6 +74,8 @@ COMMENT ON FUNCTION syncular.partition_state(text) IS
 -- App tables and row metadata (docs/API.md §App tables and row metadata)
 COMMENT ON FUNCTION syncular.register_table(text, regclass, boolean) IS
   'Registers the relation holding an app table (caller must own it, and hold the privileges of an earlier registrant); optionally installs the row-meta trigger.';
+COMMENT ON FUNCTION syncular.list_tables() IS
+  'Every app-table registration: [{table, relation (NULL once gone), registeredBy, maintainRowMeta, registeredAtMs}], by name.';
 COMMENT ON FUNCTION syncular.retire_table(text) IS
   'Removes a retired table''s row scopes, blob refs, registration and trigger (caller must hold the registrant''s privileges); keeps history.';
 COMMENT ON FUNCTION syncular.row_meta_trigger() IS
@@ -147,7 +151,17 @@ COMMENT ON FUNCTION syncular.active_cursor_floor(text, bigint) IS
 COMMENT ON FUNCTION syncular.rows_referencing_blob(text, text) IS '[{table, rowId, scopes}] of live rows referencing a blob.';
 COMMENT ON FUNCTION syncular.referenced_blob_ids(text) IS 'Distinct referenced blob ids, sorted (the orphan sweep keep-set).';
 COMMENT ON FUNCTION syncular.list_commit_metadata(text, bigint, integer, text) IS 'Commit metadata newest first.';
+COMMENT ON FUNCTION syncular.stats(bigint) IS
+  'Health per partition: log (maxCommitSeq, horizonSeq, commits, changes), clients (all, active since the time, max active lag), pending checkpoints, reactions by state.';
 COMMENT ON FUNCTION syncular.scope_activity(text, text, text, integer) IS 'The newest commits per table touching a scope value.';
+
+-- Row codec and push schema (docs/API.md §Row codec and push schema, docs/CODEC.md)
+COMMENT ON FUNCTION syncular.set_push_schema(bigint, jsonb) IS
+  'Stores the host''s compiled schema for a schema version after checking it against the registered relations and the stored layouts; idempotent; returns the number of tables.';
+COMMENT ON FUNCTION syncular.encode_row(text, jsonb, boolean) IS
+  'Encodes a row given as JSON with the table''s push schema (full row, or sparse row with only the given columns); bad input: SY000 with the codec''s message as reason.';
+COMMENT ON FUNCTION syncular.decode_row(text, bytea, boolean) IS
+  'Decodes a full or sparse row payload with the table''s push schema into JSON (absent columns omitted); bad input: SY000 with the codec''s message as reason.';
 
 -- Administration (docs/API.md §Administration)
 COMMENT ON FUNCTION syncular.adopt_legacy_tables(name, name) IS

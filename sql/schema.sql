@@ -202,6 +202,15 @@ CREATE TABLE syncular.sync_repairs (
   reason       text        NOT NULL
 );
 
+-- 17. Push schemas (docs/CODEC.md §Push schema): the host's compiled schema per schema version,
+-- as syncular.set_push_schema validated and normalized it; encode_row/decode_row (and the
+-- one-call push) read their codec layouts from here.
+CREATE TABLE syncular.sync_push_schemas (
+  schema_version bigint PRIMARY KEY,
+  tables         jsonb  NOT NULL,
+  updated_at_ms  bigint NOT NULL
+);
+
 -- pg_dump skips the rows of extension member tables unless they are registered here.
 SELECT pg_catalog.pg_extension_config_dump('syncular.sync_partitions', '');
 SELECT pg_catalog.pg_extension_config_dump('syncular.sync_partition_registry', '');
@@ -219,3 +228,4 @@ SELECT pg_catalog.pg_extension_config_dump('syncular.sync_writer_fence', '');
 SELECT pg_catalog.pg_extension_config_dump('syncular.sync_schema_meta', '');
 SELECT pg_catalog.pg_extension_config_dump('syncular.sync_app_tables', '');
 SELECT pg_catalog.pg_extension_config_dump('syncular.sync_repairs', '');
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_push_schemas', '');

@@ -2,7 +2,8 @@
 --
 -- 0.2.0: the fence trigger reads the fence and the marker with direct primary-key index scans;
 -- jsonb arguments are parsed without panics (deep nesting and out-of-range numbers become
--- sync.storage.invalid_argument); new function set_rows_scopes (batch set_row_scopes).
+-- sync.storage.invalid_argument); new function set_rows_scopes (batch set_row_scopes); the row
+-- codec: table sync_push_schemas, set_push_schema, encode_row, decode_row (docs/CODEC.md).
 -- Security (docs/SECURITY.md): registrations keep the relation's OID and their registrant; the
 -- functions that read app tables run as the caller and read the table as its owner in a
 -- restricted security context; control state left the session-settable settings; the roles
@@ -153,6 +154,60 @@ COMMENT ON FUNCTION syncular.retire_table(text) IS
   'Removes a retired table''s row scopes, blob refs, registration and trigger (caller must hold the registrant''s privileges); keeps history.';
 COMMENT ON FUNCTION syncular.adopt_legacy_tables(name, name) IS
   'Extension owner or superuser only: one-time adoption of a 0.24 database''s tables into the (empty) extension tables, in the caller''s transaction.';
+
+CREATE FUNCTION syncular.schema_state() RETURNS jsonb
+STABLE STRICT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'schema_state_wrapper';
+CREATE FUNCTION syncular.list_tables() RETURNS jsonb
+STABLE STRICT SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'list_tables_wrapper';
+REVOKE ALL ON FUNCTION syncular.schema_state(), syncular.list_tables() FROM PUBLIC;
+COMMENT ON FUNCTION syncular.schema_state() IS
+  'The stored schema state {schemaVersion, layouts, writerFloor}, or NULL before the first migration.';
+COMMENT ON FUNCTION syncular.list_tables() IS
+  'Every app-table registration: [{table, relation (NULL once gone), registeredBy, maintainRowMeta, registeredAtMs}], by name.';
+
+CREATE FUNCTION syncular.stats(active_since_ms bigint DEFAULT 0) RETURNS jsonb
+STABLE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'stats_wrapper';
+REVOKE ALL ON FUNCTION syncular.stats(bigint) FROM PUBLIC;
+COMMENT ON FUNCTION syncular.stats(bigint) IS
+  'Health per partition: log (maxCommitSeq, horizonSeq, commits, changes), clients (all, active since the time, max active lag), pending checkpoints, reactions by state.';
+
+-- The push schema and the row codec (docs/CODEC.md).
+CREATE TABLE syncular.sync_push_schemas (
+  schema_version bigint PRIMARY KEY,
+  tables         jsonb  NOT NULL,
+  updated_at_ms  bigint NOT NULL
+);
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_push_schemas', '');
+REVOKE ALL ON syncular.sync_push_schemas FROM PUBLIC;
+CREATE FUNCTION syncular.set_push_schema(schema_version bigint, tables jsonb) RETURNS integer
+VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'set_push_schema_wrapper';
+CREATE FUNCTION syncular.encode_row(tbl text, "values" jsonb, sparse boolean DEFAULT false) RETURNS bytea
+STABLE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'encode_row_wrapper';
+CREATE FUNCTION syncular.decode_row(tbl text, payload bytea, sparse boolean DEFAULT false) RETURNS jsonb
+STABLE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'decode_row_wrapper';
+REVOKE ALL ON FUNCTION syncular.set_push_schema(bigint, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION syncular.encode_row(text, jsonb, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION syncular.decode_row(text, bytea, boolean) FROM PUBLIC;
+
+-- Row codec and push schema (docs/API.md §Row codec and push schema, docs/CODEC.md)
+COMMENT ON FUNCTION syncular.set_push_schema(bigint, jsonb) IS
+  'Stores the host''s compiled schema for a schema version after checking it against the registered relations and the stored layouts; idempotent; returns the number of tables.';
+COMMENT ON FUNCTION syncular.encode_row(text, jsonb, boolean) IS
+  'Encodes a row given as JSON with the table''s push schema (full row, or sparse row with only the given columns); bad input: SY000 with the codec''s message as reason.';
+COMMENT ON FUNCTION syncular.decode_row(text, bytea, boolean) IS
+  'Decodes a full or sparse row payload with the table''s push schema into JSON (absent columns omitted); bad input: SY000 with the codec''s message as reason.';
 
 -- 0.2.0: the one-call pull (docs/API.md §Pull). SECURITY INVOKER: a bootstrap reads app tables.
 CREATE FUNCTION syncular."pull"(

@@ -208,3 +208,44 @@ fn scope_activity(
         })
     })
 }
+
+/// One health view over every partition (docs/API.md, `stats`): the log (allocated, horizon,
+/// commits and changes still held), clients (all, active since `active_since_ms`, the largest
+/// lag of an active one), pending checkpoints and the reaction backlog by state. Counts walk the
+/// partition's primary-key ranges: a monitoring call, not a request path.
+#[pg_extern(stable, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn stats(active_since_ms: default!(Option<i64>, "0")) -> JsonB {
+    error::run(|| {
+        let since = args::count("active_since_ms", active_since_ms)?;
+        db::with_spi(|client| {
+            let stats = db::read(
+                client,
+                "SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+                   'partition', p.partition,
+                   'maxCommitSeq', p.max_commit_seq,
+                   'horizonSeq', p.horizon_seq,
+                   'commits', (SELECT count(*) FROM syncular.sync_commits c WHERE c.partition = p.partition),
+                   'changes', (SELECT count(*) FROM syncular.sync_changes c WHERE c.partition = p.partition),
+                   'clients', (SELECT count(*) FROM syncular.sync_clients c WHERE c.partition = p.partition),
+                   'activeClients', (SELECT count(*) FROM syncular.sync_clients c
+                                      WHERE c.partition = p.partition AND c.updated_at_ms >= $1),
+                   'maxActiveLag', (SELECT coalesce(max(p.max_commit_seq - c.cursor), 0)
+                                      FROM syncular.sync_clients c
+                                     WHERE c.partition = p.partition AND c.updated_at_ms >= $1),
+                   'pendingCheckpoints', (SELECT count(*) FROM syncular.sync_backfill_checkpoints k
+                                           WHERE k.partition = p.partition AND k.state <> 'activated'),
+                   'reactions', (SELECT pg_catalog.jsonb_build_object(
+                                          'pending', count(*) FILTER (WHERE r.status = 'pending'),
+                                          'leased', count(*) FILTER (WHERE r.status = 'leased'),
+                                          'completed', count(*) FILTER (WHERE r.status = 'completed'),
+                                          'deadLetter', count(*) FILTER (WHERE r.status = 'dead-letter'))
+                                   FROM syncular.sync_reactions r WHERE r.partition = p.partition)
+                 ) ORDER BY p.partition), '[]')
+                 FROM syncular.sync_partitions p",
+                &[since.into()],
+            )?;
+            Ok(db::first::<JsonB>(stats)?.unwrap_or(JsonB(json!([]))))
+        })
+    })
+}

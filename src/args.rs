@@ -111,6 +111,15 @@ pub fn optional_key(name: &str, value: Option<&str>) -> Result<Option<String>> {
     value.map(|v| key(name, Some(v))).transpose()
 }
 
+/// A required `bytea` argument of at most [`limits::PAYLOAD_BYTES`] (`too_large`), borrowed.
+pub fn bytes<'a>(name: &str, value: Option<&'a [u8]>) -> Result<&'a [u8]> {
+    let value = required(name, value)?;
+    if value.len() > limits::PAYLOAD_BYTES {
+        return Err(Error::invalid_argument(name, "too_large"));
+    }
+    Ok(value)
+}
+
 /// A required `lim`-like row count: at most [`limits::RESULT_ROWS`] (`too_large`).
 pub fn row_limit(name: &str, value: Option<i32>) -> Result<i32> {
     let value = required(name, value)?;
@@ -283,6 +292,35 @@ pub fn declarations(value: Option<JsonArg>) -> Result<Vec<Declaration>> {
             })
         })
         .collect()
+}
+
+/// An integer member `key` of a JSON object argument within `min ..= max` (`range`), an
+/// integral number (`type`); absent or null is `default`, or `missing` without one. `at` is the
+/// member's path for the refusal (e.g. `reactions[2].version`).
+pub fn json_int_field(
+    obj: &Map<String, Value>,
+    key: &str,
+    at: &str,
+    (min, max): (i64, i64),
+    default: Option<i64>,
+) -> Result<i64> {
+    match obj.get(key) {
+        None | Some(Value::Null) => default.ok_or_else(|| Error::invalid_argument(at, "missing")),
+        Some(v) => match json_int(v) {
+            Ok(n) if (min..=max).contains(&n) => Ok(n),
+            Ok(_) | Err(IntProblem::Range) => Err(Error::invalid_argument(at, "range")),
+            Err(IntProblem::Type) => Err(Error::invalid_argument(at, "type")),
+        },
+    }
+}
+
+/// A required string member of a JSON object argument (it may be empty).
+pub fn json_string_field(obj: &Map<String, Value>, key: &str, at: &str) -> Result<String> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Err(Error::invalid_argument(at, "missing")),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(_) => Err(Error::invalid_argument(at, "type")),
+    }
 }
 
 /// A required, non-empty string member of a JSON object argument.

@@ -260,6 +260,33 @@ fn migrate_schema(
     })
 }
 
+/// The stored schema state a host's startup compares against: `{schemaVersion, layouts,
+/// writerFloor}`, or NULL before the first migration.
+#[pg_extern(stable, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn schema_state() -> Option<JsonB> {
+    error::run(|| {
+        db::with_spi(|client| {
+            let table = db::read(
+                client,
+                "SELECT schema_version, layouts, required_writer_version
+                   FROM syncular.sync_schema_meta WHERE id = 1",
+                &[],
+            )?;
+            if table.is_empty() {
+                return Ok(None);
+            }
+            let row = table.first();
+            let layouts = row.get::<String>(2)?;
+            Ok(Some(JsonB(json!({
+                "schemaVersion": row.get::<i64>(1)?,
+                "layouts": stored_layouts(layouts.as_deref()),
+                "writerFloor": row.get::<i64>(3)?,
+            }))))
+        })
+    })
+}
+
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn previous_schema() -> Option<JsonB> {

@@ -2,13 +2,13 @@
 //! cursor advances are monotonic and guarded by actor and log epoch; the active cursor floor
 //! feeds the retention policy.
 
-use crate::args::{self, json_int, IntProblem, MAX_SAFE};
+use crate::args::{self, MAX_SAFE};
 use crate::db;
 use crate::error::{self, Error, Result};
 use pgrx::prelude::*;
 use pgrx::spi::{SpiClient, SpiTupleTable};
 use pgrx::JsonB;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 macro_rules! client_columns {
     () => {
@@ -38,24 +38,6 @@ fn cursor_arg(name: &str, value: Option<i64>) -> Result<i64> {
         return Err(Error::invalid_argument(name, "range"));
     }
     Ok(cursor)
-}
-
-fn record_int(
-    obj: &Map<String, Value>,
-    key: &str,
-    min: i64,
-    max: i64,
-    default: Option<i64>,
-) -> Result<i64> {
-    let at = format!("record.{key}");
-    match obj.get(key) {
-        None | Some(Value::Null) => default.ok_or_else(|| Error::invalid_argument(&at, "missing")),
-        Some(v) => match json_int(v) {
-            Ok(n) if (min..=max).contains(&n) => Ok(n),
-            Ok(_) | Err(IntProblem::Range) => Err(Error::invalid_argument(&at, "range")),
-            Err(IntProblem::Type) => Err(Error::invalid_argument(&at, "type")),
-        },
-    }
 }
 
 /// `{"id": string, "table": string, "scopes": {var: [string]}}` (extra keys kept); `name` is
@@ -132,10 +114,23 @@ fn put_client(partition: Option<&str>, record: Option<args::JsonArg>) {
         };
         let client_id = args::json_text_field(&obj, "clientId", "record.clientId")?;
         let actor_id = args::json_text_field(&obj, "actorId", "record.actorId")?;
-        let wire = record_int(&obj, "wireVersion", 1, i32::MAX as i64, Some(1))?;
-        let cursor = record_int(&obj, "cursor", -MAX_SAFE, MAX_SAFE, None)?;
+        let wire = args::json_int_field(
+            &obj,
+            "wireVersion",
+            "record.wireVersion",
+            (1, i32::MAX as i64),
+            Some(1),
+        )?;
+        let cursor =
+            args::json_int_field(&obj, "cursor", "record.cursor", (-MAX_SAFE, MAX_SAFE), None)?;
         let subs = subscriptions(obj.get("subscriptions"), "record.subscriptions")?;
-        let updated = record_int(&obj, "updatedAtMs", 0, MAX_SAFE, None)?;
+        let updated = args::json_int_field(
+            &obj,
+            "updatedAtMs",
+            "record.updatedAtMs",
+            (0, MAX_SAFE),
+            None,
+        )?;
         db::with_spi(|client| {
             db::write(
                 client,

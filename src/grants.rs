@@ -51,6 +51,10 @@ const HOST: &[&str] = &[
     "update_client_cursor(text, text, bigint, bigint)",
     "rows_referencing_blob(text, text)",
     "referenced_blob_ids(text)",
+    "list_tables()",
+    "schema_state()",
+    "encode_row(text, jsonb, boolean)",
+    "decode_row(text, bytea, boolean)",
 ];
 
 /// `HOST` plus migrations, registration, fences, checkpoints, retention, operator retries and
@@ -82,6 +86,8 @@ const ADMIN: &[&str] = &[
     "active_cursor_floor(text, bigint)",
     "list_commit_metadata(text, bigint, integer, text)",
     "scope_activity(text, text, text, integer)",
+    "stats(bigint)",
+    "set_push_schema(bigint, jsonb)",
 ];
 
 /// Roles are cluster-wide: the first database that installs the extension creates them.

@@ -151,6 +151,9 @@ pub unsafe fn bigint_by_key(
     }
 }
 
+/// The widest table inserted directly (`sync_changes` has 9 columns).
+const MAX_COLUMNS: usize = 16;
+
 const ROW_EXCLUSIVE: pg_sys::LOCKMODE = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
 
 /// Rows inserted into one table without a statement: heap insert, then every index (unique ones
@@ -226,10 +229,7 @@ impl DirectInsert {
             (*info).type_ = pg_sys::NodeTag::T_ResultRelInfo;
             pg_sys::InitResultRelInfo(info, relation, 1, std::ptr::null_mut(), 0);
             pg_sys::ExecOpenIndices(info, false);
-            #[cfg(feature = "pg13")]
-            {
-                (*estate).es_result_relation_info = info;
-            }
+            port::set_result_relation(estate, info);
             let slot = pg_sys::MakeSingleTupleTableSlot((*relation).rd_att, &pg_sys::TTSOpsVirtual);
             Ok(Some(DirectInsert {
                 relation,
@@ -246,31 +246,27 @@ impl DirectInsert {
     /// is refused (an internal error); a NULL in a NOT NULL column is refused as the executor
     /// refuses it (23502), though callers never pass one.
     pub fn insert(&mut self, row: &[Option<Value<'_>>]) -> Result<()> {
-        if row.len() != self.columns.len() {
+        if row.len() != self.columns.len() || row.len() > MAX_COLUMNS {
             return Err(Error::Internal(
                 "direct insert: wrong number of columns".into(),
             ));
         }
-        let mut values = Vec::with_capacity(row.len());
-        let mut nulls = Vec::with_capacity(row.len());
-        for (cell, (name, type_oid)) in row.iter().zip(self.columns) {
-            match cell {
-                Some(cell) if cell.type_oid() != *type_oid => {
+        // On the stack: this runs once per change row of every commit.
+        let mut values = [pg_sys::Datum::from(0usize); MAX_COLUMNS];
+        let mut nulls = [true; MAX_COLUMNS];
+        for (i, (cell, (name, type_oid))) in row.iter().zip(self.columns).enumerate() {
+            if let Some(cell) = cell {
+                if cell.type_oid() != *type_oid {
                     return Err(Error::Internal(format!(
                         "direct insert: a value of type {:?} for column {name:?} of type {type_oid:?}",
                         cell.type_oid()
                     )));
                 }
-                Some(cell) => {
-                    values.push(cell.datum().unwrap_or(pg_sys::Datum::from(0usize)));
-                    nulls.push(false);
-                }
-                None => {
-                    values.push(pg_sys::Datum::from(0usize));
-                    nulls.push(true);
-                }
+                values[i] = cell.datum().unwrap_or(pg_sys::Datum::from(0usize));
+                nulls[i] = false;
             }
         }
+        let (values, nulls) = (&values[..row.len()], &nulls[..row.len()]);
         // SAFETY: `open` checked that the relation has exactly `self.columns` (names, types,
         // order) and nothing else; every value was just checked to be of its column's type, so
         // the slot receives a well-formed virtual tuple. The slot, estate and index info were

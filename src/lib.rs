@@ -13,6 +13,8 @@
 //! - [`gate`]: the serve gate (docs/DESIGN.md §Serve gate);
 //! - [`checkpoint`]: backfill checkpoints (docs/DESIGN.md §Checkpoints);
 //! - [`barrier`]: the schema barrier (docs/DESIGN.md §Schema barrier);
+//! - [`notify`]: the opt-in NOTIFY after each appended commit;
+//! - [`push_guard`]: the classic push's own consistency (ids and commit_seq of the push begun);
 //! - [`registry`], [`push`], [`prune`]: partition registry, push path and retention
 //!   (docs/DESIGN.md §Around the native parts);
 //! - [`scope`], [`pull`]: scope filters, the commit window and the bootstrap scan;
@@ -22,6 +24,8 @@
 //! - [`txn_local`]: transaction-local control state no session can set;
 //! - [`admin`]: blob-reference and admin reads; [`adopt`]: adoption of a 0.24 database;
 //! - [`repair`]: the owner-only way back from a marker or fence set too high;
+//! - [`codec`] (pure, no SQL), [`push_schema`], [`codec_sql`]: upstream's row codec, the
+//!   stored push schema and `encode_row`/`decode_row` (docs/CODEC.md);
 //! - [`grants`]: what the roles `syncular_host` and `syncular_admin` may call.
 //!
 //! Privileges, decided per function (docs/SECURITY.md): the API functions are
@@ -42,6 +46,8 @@ mod args;
 mod barrier;
 mod checkpoint;
 mod clients;
+mod codec;
+mod codec_sql;
 mod commit;
 mod db;
 mod error;
@@ -52,11 +58,14 @@ mod heap;
 mod jsonb;
 mod limits;
 mod log;
+mod notify;
 mod port;
 mod prune;
 mod pull;
 mod pull_request;
 mod push;
+mod push_guard;
+mod push_schema;
 mod queue;
 mod registry;
 mod repair;
@@ -68,6 +77,12 @@ mod testing;
 mod txn_local;
 
 ::pgrx::pg_module_magic!(name, version);
+
+/// Runs once per backend when the library loads: defines the extension's settings.
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    notify::init();
+}
 
 // Tables first: the functions' composite return types need them.
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);

@@ -18,3 +18,5 @@ pub const DOCUMENT_VALUES: usize = 1_000_000;
 pub const RESULT_ROWS: i64 = 100_000;
 /// Subscriptions in one `pull` request.
 pub const PULL_SUBSCRIPTIONS: usize = 1_000;
+/// Bytes of one `bytea` argument (a row payload), checked before it is read.
+pub const PAYLOAD_BYTES: usize = 32 << 20;

@@ -11,6 +11,8 @@ use crate::db;
 use crate::error::{self, Error, Result};
 use crate::heap::{DirectInsert, SyncTable, Value};
 use crate::jsonb::JsonbArg;
+use crate::notify;
+use crate::push_guard;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
@@ -254,7 +256,11 @@ fn append_commit(partition: Option<&str>, commit: Option<JsonbArg>) -> i64 {
         let partition = args::text_ref("partition", partition)?;
         // Validate everything before anything is locked or written.
         commit::with_commit(commit, |commit| {
-            db::with_spi(|client| append(client, partition, commit))
+            push_guard::check_append(partition, commit.client_id, commit.client_commit_id)?;
+            let seq = db::with_spi(|client| append(client, partition, commit))?;
+            push_guard::appended(seq);
+            notify::appended(partition, seq);
+            Ok(seq)
         })
     })
 }

@@ -102,6 +102,22 @@ pub unsafe fn exec_insert_index_tuples(
     }
 }
 
+/// Where the executor finds the result relation of an insert outside a plan: PostgreSQL 13 reads
+/// `EState.es_result_relation_info` in `ExecInsertIndexTuples`; 14 passes the `ResultRelInfo`
+/// as an argument instead (see [`exec_insert_index_tuples`]) and dropped the field.
+///
+/// # Safety
+/// `estate` is a live executor state and `info` a result relation info made for it.
+pub unsafe fn set_result_relation(estate: *mut pg_sys::EState, info: *mut pg_sys::ResultRelInfo) {
+    #[cfg(feature = "pg13")]
+    // SAFETY: the caller's contract.
+    unsafe {
+        (*estate).es_result_relation_info = info;
+    }
+    #[cfg(not(feature = "pg13"))]
+    let _ = (estate, info);
+}
+
 /// `RelationGetPrimaryKeyIndex(relation)` (`src/backend/utils/cache/relcache.c`); PostgreSQL 18
 /// added `deferrable_ok` (we want only immediate primary keys, the old behaviour).
 ///

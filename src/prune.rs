@@ -27,7 +27,10 @@ pub fn prune_through(
         &[DatumWithOid::from(partition)],
     )?)?;
     if epoch.as_deref() != Some(log_epoch) {
-        return Err(Error::bare(Code::PruneEpochMismatch));
+        return Err(Error::new(
+            Code::PruneEpochMismatch,
+            json!({"partition": partition}),
+        ));
     }
     let table = db::write(
         client,
@@ -109,7 +112,7 @@ fn prune_commits_through(
     error::run(|| {
         let partition = args::text("partition", partition)?;
         // Upstream validated the cursor as a whole: every defect of it is one code.
-        let cursor = || Error::bare(Code::InvalidPruneCursor);
+        let cursor = || Error::new(Code::InvalidPruneCursor, json!({ "partition": partition }));
         let log_epoch = log_epoch.filter(|e| !e.is_empty()).ok_or_else(cursor)?;
         let through = through_seq
             .filter(|t| (0..=MAX_SAFE).contains(t))
@@ -162,7 +165,9 @@ fn prune_commit_log(
                 "SELECT log_epoch FROM syncular.sync_partition_registry WHERE partition = $1 FOR UPDATE",
                 &[DatumWithOid::from(partition.as_str())],
             )?)?
-            .ok_or_else(|| Error::bare(Code::PartitionUnregistered))?;
+            .ok_or_else(|| {
+                Error::new(Code::PartitionUnregistered, json!({ "partition": partition }))
+            })?;
             let policy = db::write(
                 client,
                 "SELECT (SELECT min(cursor) FROM syncular.sync_clients

@@ -8,6 +8,7 @@ use crate::db;
 use crate::error::{self, Code, Error, Result};
 use crate::gate;
 use crate::log;
+use crate::push_guard;
 use base64::Engine;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
@@ -17,6 +18,14 @@ use serde_json::{json, Map, Value};
 
 fn cache_miss() -> Error {
     Error::bare(Code::IdempotencyCacheMiss)
+}
+
+/// `idempotency_cache_miss` naming the push whose stored result is unreadable.
+fn cache_miss_of([partition, client_id, client_commit_id]: &[&str; 3]) -> Error {
+    Error::new(
+        Code::IdempotencyCacheMiss,
+        json!({"partition": partition, "clientId": client_id, "clientCommitId": client_commit_id}),
+    )
 }
 
 /// Re-encodes stored base64 (padded); `None` when it is not base64.
@@ -194,7 +203,7 @@ fn stored_result(client: &SpiClient<'_>, key: &[&str; 3], fresh: bool) -> Result
         db::read(client, RESULT_SQL, &params)?
     };
     db::first::<JsonB>(table)?
-        .map(|stored| normalize(stored.0))
+        .map(|stored| normalize(stored.0).map_err(|_| cache_miss_of(key)))
         .transpose()
 }
 
@@ -249,7 +258,11 @@ fn push_begin(
             // Under the lock, with a snapshot taken after it was granted.
             gate::read_state(client, Some(&key.partition), running, true)?
                 .assert_ready(running, &declared)?;
-            stored_result(client, &key.parts(), true)
+            let stored = stored_result(client, &key.parts(), true)?;
+            if stored.is_none() {
+                push_guard::begin(&key.partition, &key.client_id, &key.client_commit_id);
+            }
+            Ok(stored)
         })
         .map(|r| r.map(JsonB))
     })
@@ -268,6 +281,10 @@ fn put_push_result(
         let document = args::json("result", result)?;
         validate(&document)?;
         let [p, c, k] = key.parts();
+        let applied_seq = (document["status"] == "applied")
+            .then(|| json_int(&document["commitSeq"]).ok())
+            .flatten();
+        push_guard::check_result(p, c, k, applied_seq)?;
         db::with_spi(|client| {
             // First writer wins; a concurrent insert of the same key is waited for.
             let inserted = db::write(
@@ -282,7 +299,7 @@ fn put_push_result(
                 ],
             )?;
             match db::first::<JsonB>(inserted)? {
-                Some(stored) => normalize(stored.0),
+                Some(stored) => normalize(stored.0).map_err(|_| cache_miss_of(&key.parts())),
                 None => stored_result(client, &key.parts(), true)?
                     .ok_or_else(|| Error::Internal("push result vanished".into())),
             }

@@ -3,7 +3,7 @@
 //! completed / extended / failed only while the caller still owns the lease. Nothing here takes
 //! the partition lock.
 
-use crate::args::{self, json_int, IntProblem, MAX_SAFE};
+use crate::args::{self, MAX_SAFE};
 use crate::db;
 use crate::error::{self, Code, Error, Result};
 use pgrx::datum::DatumWithOid;
@@ -88,32 +88,6 @@ fn bounded(value: &Value, at: &str, max_bytes: usize) -> Result<()> {
     Ok(())
 }
 
-fn int_field(
-    obj: &Map<String, Value>,
-    key: &str,
-    at: &str,
-    min: i64,
-    max: i64,
-    default: Option<i64>,
-) -> Result<i64> {
-    match obj.get(key) {
-        None | Some(Value::Null) => default.ok_or_else(|| Error::invalid_argument(at, "missing")),
-        Some(v) => match json_int(v) {
-            Ok(n) if (min..=max).contains(&n) => Ok(n),
-            Ok(_) | Err(IntProblem::Range) => Err(Error::invalid_argument(at, "range")),
-            Err(IntProblem::Type) => Err(Error::invalid_argument(at, "type")),
-        },
-    }
-}
-
-fn string_field(obj: &Map<String, Value>, key: &str, at: &str) -> Result<String> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Err(Error::invalid_argument(at, "missing")),
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(_) => Err(Error::invalid_argument(at, "type")),
-    }
-}
-
 fn valid_type(name: &str) -> bool {
     let mut chars = name.chars();
     chars.next().is_some_and(|c| c.is_ascii_alphabetic())
@@ -127,36 +101,38 @@ fn reaction(value: &Value, i: usize) -> Result<Value> {
     let Value::Object(obj) = value else {
         return Err(Error::invalid_argument(&format!("reactions[{i}]"), "type"));
     };
-    let key = string_field(obj, "idempotencyKey", &at("idempotencyKey"))?;
+    let key = args::json_string_field(obj, "idempotencyKey", &at("idempotencyKey"))?;
     if key.is_empty() {
         return Err(Error::invalid_argument(&at("idempotencyKey"), "empty"));
     }
-    let kind = string_field(obj, "type", &at("type"))?;
+    let kind = args::json_string_field(obj, "type", &at("type"))?;
     if !valid_type(&kind) {
         return Err(Error::invalid_argument(&at("type"), "shape"));
     }
     if kind.len() > MAX_TYPE_BYTES {
         return Err(Error::invalid_argument(&at("type"), "too_large"));
     }
-    let version = int_field(obj, "version", &at("version"), 1, i32::MAX as i64, None)?;
+    let version = args::json_int_field(obj, "version", &at("version"), (1, i32::MAX as i64), None)?;
     let payload = match obj.get("payload") {
         None | Some(Value::Null) => return Err(Error::invalid_argument(&at("payload"), "missing")),
         Some(p @ (Value::Object(_) | Value::Array(_))) => p.clone(),
         Some(_) => return Err(Error::invalid_argument(&at("payload"), "type")),
     };
     bounded(&payload, &at("payload"), MAX_PAYLOAD_BYTES)?;
-    let source_client = string_field(obj, "sourceClientId", &at("sourceClientId"))?;
-    let source_commit = string_field(obj, "sourceClientCommitId", &at("sourceClientCommitId"))?;
-    let source_seq = int_field(
+    let source_client = args::json_string_field(obj, "sourceClientId", &at("sourceClientId"))?;
+    let source_commit =
+        args::json_string_field(obj, "sourceClientCommitId", &at("sourceClientCommitId"))?;
+    let source_seq = args::json_int_field(
         obj,
         "sourceCommitSeq",
         &at("sourceCommitSeq"),
-        0,
-        MAX_SAFE,
+        (0, MAX_SAFE),
         None,
     )?;
-    let created = int_field(obj, "createdAtMs", &at("createdAtMs"), 0, MAX_SAFE, None)?;
-    let max_attempts = int_field(obj, "maxAttempts", &at("maxAttempts"), 1, 100, Some(10))?;
+    let created =
+        args::json_int_field(obj, "createdAtMs", &at("createdAtMs"), (0, MAX_SAFE), None)?;
+    let max_attempts =
+        args::json_int_field(obj, "maxAttempts", &at("maxAttempts"), (1, 100), Some(10))?;
     Ok(json!({
         "idempotencyKey": key, "type": kind, "version": version, "payload": payload,
         "sourceClientId": source_client, "sourceClientCommitId": source_commit,
@@ -352,11 +328,11 @@ fn decode_failure(value: Value) -> Result<(Value, i64)> {
     let Value::Object(obj) = value else {
         return Err(Error::invalid_argument("failure", "type"));
     };
-    let code = string_field(&obj, "code", "failure.code")?;
+    let code = args::json_string_field(&obj, "code", "failure.code")?;
     if code.is_empty() {
         return Err(Error::invalid_argument("failure.code", "empty"));
     }
-    let at = int_field(&obj, "atMs", "failure.atMs", 0, MAX_SAFE, None)?;
+    let at = args::json_int_field(&obj, "atMs", "failure.atMs", (0, MAX_SAFE), None)?;
     let mut kept = json!({"code": code, "atMs": at});
     match obj.get("details") {
         None | Some(Value::Null) => {}

@@ -130,9 +130,11 @@ macro_rules! scope_matches {
     };
 }
 
-#[cfg(test)]
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
 mod tests {
     use super::*;
+    use pgrx::prelude::*;
     use serde_json::json;
 
     #[test]
@@ -155,17 +157,9 @@ mod tests {
         assert!(filter_value("f", Some(json!({"a": [1]}))).is_err());
         assert!(filter_value("f", None).unwrap().first().is_none());
     }
-}
 
-/// The Rust rule and its SQL twin agree on generated filters and scopes (values that match,
-/// miss, are absent, are not strings; empty filters and empty value lists).
-#[cfg(any(test, feature = "pg_test"))]
-#[pgrx::pg_schema]
-mod sql_twin_tests {
-    use super::*;
-    use pgrx::prelude::*;
-    use serde_json::json;
-
+    /// The Rust rule and its SQL twin agree on generated filters and scopes (values that
+    /// match, miss, are absent, are not strings; empty filters and empty value lists).
     #[pg_test]
     fn rust_and_sql_matching_agree() {
         let sql = concat!("SELECT ", scope_matches!("$1", "$2"));

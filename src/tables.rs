@@ -66,6 +66,47 @@ impl AppRelation {
     }
 }
 
+/// One live column of a registered relation, as the catalog holds it.
+pub struct RelationColumn {
+    pub name: String,
+    pub type_oid: pg_sys::Oid,
+    pub not_null: bool,
+}
+
+impl AppRelation {
+    /// The relation's live columns in attribute order, from the relation cache: catalog only,
+    /// no host row is read and no host code runs (`set_push_schema` compares them with the
+    /// push schema, docs/CODEC.md §Push schema).
+    pub fn columns(&self) -> Vec<RelationColumn> {
+        // SAFETY: `open` locked the relation for the transaction, so it exists; the descriptor
+        // stays valid until `relation_close`, and everything read is copied before it.
+        unsafe {
+            let relation =
+                pg_sys::relation_open(self.oid, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+            let attributes = pgrx::PgTupleDesc::from_pg_unchecked((*relation).rd_att);
+            let columns = attributes
+                .iter()
+                .filter(|a| !a.attisdropped)
+                .map(|a| RelationColumn {
+                    name: CStr::from_ptr(a.attname.data.as_ptr())
+                        .to_string_lossy()
+                        .into_owned(),
+                    type_oid: a.atttypid,
+                    not_null: a.attnotnull,
+                })
+                .collect();
+            drop(attributes);
+            pg_sys::relation_close(relation, pg_sys::NoLock as pg_sys::LOCKMODE);
+            columns
+        }
+    }
+}
+
+/// Whether `tbl` has a registration, usable or not ([`open`] says which).
+pub fn is_registered(client: &SpiClient<'_>, tbl: &str) -> error::Result<bool> {
+    Ok(registration(client, tbl, false)?.is_some())
+}
+
 pub fn unknown_table(tbl: &str) -> Error {
     Error::new(Code::UnknownTable, json!({ "table": tbl }))
 }
@@ -304,6 +345,35 @@ fn get_row_scopes(
                     json!({"serverVersion": row.get::<i64>(1)?, "scopes": scopes}),
                 )))
             })
+        })
+    })
+}
+
+/// Every registration, by logical name: `[{table, relation, registeredBy, maintainRowMeta,
+/// registeredAtMs}]`; `relation` is the relation's current qualified name, or NULL once it is
+/// gone (such a registration is no longer read; retire or register it again).
+#[pg_extern(stable, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn list_tables() -> JsonB {
+    error::run(|| {
+        db::with_spi(|client| {
+            let list = db::read(
+                client,
+                "SELECT coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+                          'table', a.tbl,
+                          'relation', CASE WHEN c.oid IS NULL THEN NULL
+                                           ELSE pg_catalog.quote_ident(n.nspname) || '.'
+                                                || pg_catalog.quote_ident(c.relname) END,
+                          'registeredBy', r.rolname,
+                          'maintainRowMeta', a.maintain_row_meta,
+                          'registeredAtMs', a.registered_at_ms) ORDER BY a.tbl), '[]')
+                   FROM syncular.sync_app_tables a
+                   LEFT JOIN pg_catalog.pg_class c ON c.oid = a.relation
+                   LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                   LEFT JOIN pg_catalog.pg_roles r ON r.oid = a.registered_by",
+                &[],
+            )?;
+            Ok(db::first::<JsonB>(list)?.unwrap_or(JsonB(json!([]))))
         })
     })
 }

@@ -21,6 +21,10 @@ use std::cell::{Cell, RefCell};
 pub enum Key {
     PreviousSchema,
     FenceGuardBusy,
+    /// The push `push_begin` began in this transaction ([`crate::push_guard`]).
+    PushBegun,
+    /// The `commit_seq` that push was appended as.
+    PushAppended,
 }
 
 struct Entry {

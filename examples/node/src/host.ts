@@ -6,6 +6,7 @@
 //   SYNCULAR_EXAMPLE_URL=postgres://postgres@127.0.0.1:5432/app node dist/host.js
 import { randomUUID } from "node:crypto";
 import pg from "pg";
+import { listenForCommits, type CommitNotice } from "./listen.js";
 
 const URL = process.env.SYNCULAR_EXAMPLE_URL ?? "postgres://postgres@127.0.0.1:55439/example_node";
 const PARTITION = "acme";
@@ -166,12 +167,20 @@ async function pull(db: pg.Client, clientId: string, project: string, cursor: nu
 async function main() {
   const db = new pg.Client({ connectionString: URL });
   await db.connect();
+  const notices: CommitNotice[] = [];
+  const listener = await listenForCommits(URL, (notice) => notices.push(notice));
   try {
     await setup(db);
+    await db.query("SET syncular.notify_commits = on");
     const ops: Op[] = [["t1", "p1", "write the spec"], ["t2", "p1", "ship it"], ["t3", "p2", "celebrate"]];
     const [outcome, result] = await push(db, "device-js", "commit-1", ops);
     check(outcome === "applied" && result.commitSeq === 1, `push applied: ${j(result)}`);
     console.log(`push applied as commit ${result.commitSeq}`);
+    for (let waited = 0; notices.length === 0 && waited < 5000; waited += 50) {
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+    check(j(notices) === j([{ partition: PARTITION, commitSeq: 1 }]), `notified: ${j(notices)}`);
+    console.log(`listener notified of commit ${notices[0].commitSeq} in ${notices[0].partition}`);
 
     const [again, replay] = await push(db, "device-js", "commit-1", ops);
     check(again === "replay" && j(replay) === j(result), "replay returns the stored result");
@@ -211,6 +220,7 @@ async function main() {
     check((await pull(db, "device-js-2", "p1", 1)).length === 1, "served again after activation");
     console.log("node example: ok");
   } finally {
+    await listener.end();
     await db.end();
   }
 }

