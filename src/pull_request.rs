@@ -197,16 +197,8 @@ fn parse_request(value: Option<args::JsonArg>) -> Result<Request> {
             None | Some(Value::Null) => None,
             Some(v) => Some(scope::filter_value(&at("effective"), Some(v.clone()))?),
         };
-        let cursor = match sub.get("cursor").map(json_int) {
-            None => return Err(Error::invalid_argument(&at("cursor"), "missing")),
-            Some(Ok(n)) => n,
-            Some(Err(IntProblem::Range)) => {
-                return Err(Error::invalid_argument(&at("cursor"), "range"))
-            }
-            Some(Err(IntProblem::Type)) => {
-                return Err(Error::invalid_argument(&at("cursor"), "type"))
-            }
-        };
+        let cursor =
+            args::json_int_field(sub, "cursor", &at("cursor"), (-MAX_SAFE, MAX_SAFE), None)?;
         let raw_token = match sub.get("bootstrapState") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s.as_str()),
@@ -220,18 +212,13 @@ fn parse_request(value: Option<args::JsonArg>) -> Result<Request> {
             cursor,
         });
     }
-    let wire_version = match obj.get("wireVersion") {
-        None | Some(Value::Null) => 1,
-        Some(v) => match json_int(v) {
-            Ok(n) if (1..=i64::from(i32::MAX)).contains(&n) => n as i32,
-            Ok(_) | Err(IntProblem::Range) => {
-                return Err(Error::invalid_argument("request.wireVersion", "range"))
-            }
-            Err(IntProblem::Type) => {
-                return Err(Error::invalid_argument("request.wireVersion", "type"))
-            }
-        },
-    };
+    let wire_version = args::json_int_field(
+        &obj,
+        "wireVersion",
+        "request.wireVersion",
+        (1, i64::from(i32::MAX)),
+        Some(1),
+    )? as i32;
     Ok(Request {
         subscriptions,
         recorded,
