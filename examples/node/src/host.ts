@@ -179,7 +179,10 @@ async function main() {
     for (let waited = 0; notices.length === 0 && waited < 5000; waited += 50) {
       await new Promise((resolve) => setTimeout(resolve, 50));
     }
-    check(j(notices) === j([{ partition: PARTITION, commitSeq: 1 }]), `notified: ${j(notices)}`);
+    check(
+      notices.length === 1 && notices[0].partition === PARTITION && notices[0].commitSeq === 1,
+      `notified: ${j(notices)}`,
+    );
     console.log(`listener notified of commit ${notices[0].commitSeq} in ${notices[0].partition}`);
 
     const [again, replay] = await push(db, "device-js", "commit-1", ops);
