@@ -1452,7 +1452,7 @@ fn random_values(rng: &mut Rng, table: &str, id: &str) -> Value {
         "é∂",
         "long text with spaces",
     ];
-    let project = *rng.pick(&["p1", "p1", "p1", "p2", "p9", ""]);
+    let project = *rng.pick(&["p1", "p1", "p1", "p1", "p1", "p1", "p2", "p9", ""]);
     if table == "tasks" {
         v.insert("id".into(), json!(id));
         if rng.chance(60) {
@@ -1526,10 +1526,13 @@ fn random_values(rng: &mut Rng, table: &str, id: &str) -> Value {
 /// A random commit: 1–4 operations over a few rows of two tables, repeated rows, every kind
 /// of baseVersion around the stored one, hostile payloads now and then.
 fn random_ops(rng: &mut Rng, c: &mut Client) -> Vec<Op> {
-    let n = 1 + rng.below(4);
+    let n = *rng.pick(&[1, 1, 1, 2, 2, 3, 4]);
     (0..n)
         .map(|_| {
-            let table = *rng.pick(&["tasks", "tasks", "items", "nope"]);
+            let table = *rng.pick(&[
+                "tasks", "tasks", "tasks", "items", "items", "tasks", "items", "tasks", "items",
+                "nope",
+            ]);
             let id = format!("{}", rng.below(6));
             let id = if table == "tasks" {
                 format!("t{id}")
@@ -1547,12 +1550,12 @@ fn random_ops(rng: &mut Rng, c: &mut Client) -> Vec<Op> {
             } else {
                 Some(rng.below(6) as i64 - 1)
             };
-            if rng.chance(5) {
+            if rng.chance(3) {
                 let junk: Vec<u8> = (0..rng.below(12)).map(|_| rng.next() as u8).collect();
                 return raw(table, &id, bv, &junk);
             }
             let mut values = random_values(rng, table, &id);
-            if rng.chance(50) {
+            if rng.chance(60) {
                 // A full row for inserts.
                 let full = random_values(rng, table, &id);
                 let full = if table == "tasks" {
