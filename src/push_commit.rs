@@ -197,7 +197,27 @@ fn operations(
     op_base_versions: Option<Array<i64>>,
     op_payloads: Option<Array<&[u8]>>,
 ) -> Result<Vec<Operation>> {
+    // Every cap before any shape rule, so an oversized array is refused as `too_large`
+    // whatever else is wrong (docs/SECURITY.md, rule 9).
     let tables = args::text_array("op_tables", op_tables)?;
+    let row_ids = args::key_array("op_row_ids", op_row_ids)?;
+    let capped = |name: &str, len: usize| {
+        if len > limits::ARRAY_ELEMENTS {
+            Err(bad(name, "too_large"))
+        } else {
+            Ok(())
+        }
+    };
+    let kinds = args::required("op_kinds", op_kinds)?;
+    capped("op_kinds", kinds.len())?;
+    let base_versions = args::required("op_base_versions", op_base_versions)?;
+    capped("op_base_versions", base_versions.len())?;
+    let payloads = args::required("op_payloads", op_payloads)?;
+    capped("op_payloads", payloads.len())?;
+    let total: usize = payloads.iter().flatten().map(<[u8]>::len).sum();
+    if total > limits::PAYLOAD_BYTES {
+        return Err(bad("op_payloads", "too_large"));
+    }
     if tables.is_empty() {
         return Err(bad("op_tables", "empty"));
     }
@@ -211,18 +231,10 @@ fn operations(
             )))
         }
     };
-    let kinds = args::required("op_kinds", op_kinds)?;
-    same_length("op_kinds", kinds.len())?;
-    let base_versions = args::required("op_base_versions", op_base_versions)?;
-    same_length("op_base_versions", base_versions.len())?;
-    let payloads = args::required("op_payloads", op_payloads)?;
-    same_length("op_payloads", payloads.len())?;
-    let row_ids = args::key_array("op_row_ids", op_row_ids)?;
     same_length("op_row_ids", row_ids.len())?;
-    let total: usize = payloads.iter().flatten().map(<[u8]>::len).sum();
-    if total > limits::PAYLOAD_BYTES {
-        return Err(bad("op_payloads", "too_large"));
-    }
+    same_length("op_kinds", kinds.len())?;
+    same_length("op_base_versions", base_versions.len())?;
+    same_length("op_payloads", payloads.len())?;
     let kinds = kinds
         .iter()
         .map(|k| match k {
@@ -1222,6 +1234,8 @@ fn push_commit(
         let created_at_ms = args::count("created_at_ms", created_at_ms)?;
         let running = args::count("running_schema_version", running_schema_version)?;
         let allowed = allowed_arg(args::optional_json("allowed", allowed)?)?;
+        let declared = args::declarations(declared)?;
+        let options = Options::parse(args::optional_json("options", options)?)?;
         let ops = operations(
             op_tables,
             op_row_ids,
@@ -1229,8 +1243,6 @@ fn push_commit(
             op_base_versions,
             op_payloads,
         )?;
-        let declared = args::declarations(declared)?;
-        let options = Options::parse(args::optional_json("options", options)?)?;
         // SAFETY: reads a backend global of the current transaction; never errors.
         if unsafe { pg_sys::XactIsoLevel } != pg_sys::XACT_READ_COMMITTED as i32 {
             return Err(Error::invalid_transaction_state("isolation"));
