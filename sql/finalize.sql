@@ -162,6 +162,8 @@ COMMENT ON FUNCTION syncular.encode_row(text, jsonb, boolean) IS
   'Encodes a row given as JSON with the table''s push schema (full row, or sparse row with only the given columns); bad input: SY000 with the codec''s message as reason.';
 COMMENT ON FUNCTION syncular.decode_row(text, bytea, boolean) IS
   'Decodes a full or sparse row payload with the table''s push schema into JSON (absent columns omitted); bad input: SY000 with the codec''s message as reason.';
+COMMENT ON FUNCTION syncular.push_commit(text, text, text, text, bigint, bigint, jsonb, text[], text[], smallint[], bigint[], bytea[], jsonb, jsonb) IS
+  'The one-call push: lock, gate, idempotency, the default path''s per-operation decisions, app-row writes as the caller, append and result in one call; returns applied/cached/rejected, or fallback where host code would run.';
 
 -- Administration (docs/API.md §Administration)
 COMMENT ON FUNCTION syncular.adopt_legacy_tables(name, name) IS

@@ -84,8 +84,15 @@ pub fn as_extension_owner<R>(
 /// host attached to its relation runs with the host's own rights and cannot `SET ROLE`, create
 /// temporary objects or otherwise leave that context.
 pub fn as_relation_owner<R>(owner: pg_sys::Oid, body: impl FnOnce() -> Result<R>) -> Result<R> {
+    as_restricted(owner, body)
+}
+
+/// Runs `body` as `role` in a restricted security context: the one-call push reads and writes
+/// app rows as its caller this way (docs/SECURITY.md, rule 10), from inside the extension
+/// owner's rights.
+pub fn as_restricted<R>(role: pg_sys::Oid, body: impl FnOnce() -> Result<R>) -> Result<R> {
     as_role(
-        owner,
+        role,
         pg_sys::SECURITY_LOCAL_USERID_CHANGE | pg_sys::SECURITY_RESTRICTED_OPERATION,
         body,
     )

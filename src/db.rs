@@ -25,7 +25,7 @@ thread_local! {
     static PLANS: RefCell<HashMap<(&'static str, bool), &'static OwnedPreparedStatement>> =
         RefCell::new(HashMap::new());
     /// Kept plans of statements built per app table (quoted identifiers), keyed by their text.
-    static DYNAMIC_PLANS: RefCell<HashMap<String, &'static OwnedPreparedStatement>> =
+    static DYNAMIC_PLANS: RefCell<HashMap<(String, bool), &'static OwnedPreparedStatement>> =
         RefCell::new(HashMap::new());
 }
 
@@ -136,14 +136,38 @@ pub fn read_dynamic<'conn>(
     sql: &str,
     args: &[DatumWithOid<'_>],
 ) -> Result<SpiTupleTable<'conn>> {
-    let cached = DYNAMIC_PLANS.with(|plans| plans.borrow().get(sql).copied());
+    dynamic(client, sql, args, false)
+}
+
+/// Like [`write`], for a statement text built at run time around an app table's quoted name
+/// (the one-call push's app-row statements: each sees the earlier ones of the same call).
+pub fn write_dynamic<'conn>(
+    client: &SpiClient<'conn>,
+    sql: &str,
+    args: &[DatumWithOid<'_>],
+) -> Result<SpiTupleTable<'conn>> {
+    dynamic(client, sql, args, true)
+}
+
+fn dynamic<'conn>(
+    client: &SpiClient<'conn>,
+    sql: &str,
+    args: &[DatumWithOid<'_>],
+    mutating: bool,
+) -> Result<SpiTupleTable<'conn>> {
+    let key = (sql.to_string(), mutating);
+    let cached = DYNAMIC_PLANS.with(|plans| plans.borrow().get(&key).copied());
     let stmt = match cached {
         Some(kept) => kept,
         None => {
             let types: Vec<PgOid> = args.iter().map(|a| PgOid::from(a.oid())).collect();
-            let kept: &'static OwnedPreparedStatement =
-                Box::leak(Box::new(client.prepare(sql, &types)?.keep()));
-            DYNAMIC_PLANS.with(|plans| plans.borrow_mut().insert(sql.to_string(), kept));
+            let prepared = if mutating {
+                client.prepare_mut(sql, &types)?
+            } else {
+                client.prepare(sql, &types)?
+            };
+            let kept: &'static OwnedPreparedStatement = Box::leak(Box::new(prepared.keep()));
+            DYNAMIC_PLANS.with(|plans| plans.borrow_mut().insert(key, kept));
             kept
         }
     };

@@ -55,6 +55,7 @@ const HOST: &[&str] = &[
     "schema_state()",
     "encode_row(text, jsonb, boolean)",
     "decode_row(text, bytea, boolean)",
+    "push_commit(text, text, text, text, bigint, bigint, jsonb, text[], text[], smallint[], bigint[], bytea[], jsonb, jsonb)",
 ];
 
 /// `HOST` plus migrations, registration, fences, checkpoints, retention, operator retries and

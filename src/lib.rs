@@ -15,6 +15,7 @@
 //! - [`barrier`]: the schema barrier (docs/DESIGN.md §Schema barrier);
 //! - [`notify`]: the opt-in NOTIFY after each appended commit;
 //! - [`push_guard`]: the classic push's own consistency (ids and commit_seq of the push begun);
+//! - [`push_commit`]: the one-call push (a whole commit of the default path in one call);
 //! - [`registry`], [`push`], [`prune`]: partition registry, push path and retention
 //!   (docs/DESIGN.md §Around the native parts);
 //! - [`scope`], [`pull`]: scope filters, the commit window and the bootstrap scan;
@@ -64,6 +65,7 @@ mod prune;
 mod pull;
 mod pull_request;
 mod push;
+mod push_commit;
 mod push_guard;
 mod push_schema;
 mod queue;

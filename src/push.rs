@@ -195,7 +195,11 @@ const RESULT_SQL: &str = "SELECT result FROM syncular.sync_push_results
   WHERE partition = $1 AND client_id = $2 AND client_commit_id = $3";
 
 /// The stored result, normalized. `fresh`: after a lock wait, with a new snapshot.
-fn stored_result(client: &SpiClient<'_>, key: &[&str; 3], fresh: bool) -> Result<Option<Value>> {
+pub fn stored_result(
+    client: &SpiClient<'_>,
+    key: &[&str; 3],
+    fresh: bool,
+) -> Result<Option<Value>> {
     let params = key.map(DatumWithOid::from);
     let table = if fresh {
         db::write(client, RESULT_SQL, &params)?
@@ -285,25 +289,28 @@ fn put_push_result(
             .then(|| json_int(&document["commitSeq"]).ok())
             .flatten();
         push_guard::check_result(p, c, k, applied_seq)?;
-        db::with_spi(|client| {
-            // First writer wins; a concurrent insert of the same key is waited for.
-            let inserted = db::write(
-                client,
-                "INSERT INTO syncular.sync_push_results (partition, client_id, client_commit_id, result)
-                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING result",
-                &[
-                    DatumWithOid::from(p),
-                    DatumWithOid::from(c),
-                    DatumWithOid::from(k),
-                    DatumWithOid::from(JsonB(document)),
-                ],
-            )?;
-            match db::first::<JsonB>(inserted)? {
-                Some(stored) => normalize(stored.0).map_err(|_| cache_miss_of(&key.parts())),
-                None => stored_result(client, &key.parts(), true)?
-                    .ok_or_else(|| Error::Internal("push result vanished".into())),
-            }
-        })
-        .map(JsonB)
+        db::with_spi(|client| store_result(client, &key.parts(), document)).map(JsonB)
     })
+}
+
+/// Stores a validated push result, first writer wins (a concurrent insert of the same key is
+/// waited for); returns the stored (winning) document, normalized.
+pub fn store_result(client: &SpiClient<'_>, key: &[&str; 3], document: Value) -> Result<Value> {
+    let [p, c, k] = *key;
+    let inserted = db::write(
+        client,
+        "INSERT INTO syncular.sync_push_results (partition, client_id, client_commit_id, result)
+         VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING result",
+        &[
+            DatumWithOid::from(p),
+            DatumWithOid::from(c),
+            DatumWithOid::from(k),
+            DatumWithOid::from(JsonB(document)),
+        ],
+    )?;
+    match db::first::<JsonB>(inserted)? {
+        Some(stored) => normalize(stored.0).map_err(|_| cache_miss_of(key)),
+        None => stored_result(client, key, true)?
+            .ok_or_else(|| Error::Internal("push result vanished".into())),
+    }
 }

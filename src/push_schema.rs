@@ -14,11 +14,11 @@ use pgrx::spi::SpiClient;
 use serde_json::{json, Map, Value};
 
 /// One table of a push schema, validated.
+#[derive(Clone)]
 pub struct TableSchema {
     pub layout: Layout,
     /// `(variable, column index)` per scope pattern, in declared order (read by the one-call
     /// push; the codec functions need only the layout).
-    #[allow(dead_code)]
     pub scopes: Vec<(String, usize)>,
     pub materialize: bool,
     /// The normalized descriptor, as stored.
@@ -240,11 +240,12 @@ fn check_relation(client: &SpiClient<'_>, tbl: &str, schema: &TableSchema) -> Re
 }
 
 /// When the stored marker is at `version`, the push schema must have exactly its layouts'
-/// tables, columns, types, nullability and order.
+/// tables (`whole`: and no table fewer), columns, types, nullability and order.
 fn check_layouts(
     client: &SpiClient<'_>,
     version: i64,
     schemas: &[(String, TableSchema)],
+    whole: bool,
 ) -> Result<()> {
     let stored = db::read(
         client,
@@ -310,7 +311,7 @@ fn check_layouts(
     }
     if let Some(extra) = layouts
         .keys()
-        .find(|t| !schemas.iter().any(|(s, _)| s == *t))
+        .find(|t| whole && !schemas.iter().any(|(s, _)| s == *t))
     {
         return Err(differs(
             "tables",
@@ -348,7 +349,7 @@ fn set_push_schema(schema_version: Option<i64>, tables: Option<JsonArg>) -> i32 
             for (tbl, schema) in &schemas {
                 check_relation(client, tbl, schema)?;
             }
-            check_layouts(client, version, &schemas)?;
+            check_layouts(client, version, &schemas, true)?;
             db::write(
                 client,
                 "INSERT INTO syncular.sync_push_schemas AS s (schema_version, tables, updated_at_ms)
@@ -365,6 +366,50 @@ fn set_push_schema(schema_version: Option<i64>, tables: Option<JsonArg>) -> i32 
             Ok(schemas.len() as i32)
         })
     })
+}
+
+/// The one-call push's view of the push schema at exactly `version`: `None` when none is stored
+/// at that version, else the descriptor of `tbl` if the schema has that table.
+pub fn table_at(
+    client: &SpiClient<'_>,
+    version: i64,
+    tbl: &str,
+) -> Result<Option<Option<TableSchema>>> {
+    let found = db::read(
+        client,
+        "SELECT (p.tables -> $2)::text FROM syncular.sync_push_schemas p WHERE p.schema_version = $1",
+        &[DatumWithOid::from(version), DatumWithOid::from(tbl)],
+    )?;
+    if found.is_empty() {
+        return Ok(None);
+    }
+    let Some(text) = found.first().get::<String>(1)? else {
+        return Ok(Some(None));
+    };
+    let unreadable = || {
+        Error::Internal(format!(
+            "syncular: the stored push schema of {tbl} at version {version} no longer validates"
+        ))
+    };
+    let descriptor: Value = serde_json::from_str(&text).map_err(|_| unreadable())?;
+    Ok(Some(Some(
+        table_schema(tbl, &descriptor).map_err(|_| unreadable())?,
+    )))
+}
+
+/// Whether `schema` still agrees with the layouts `migrate_schema` stored, when the marker is at
+/// `version` (a migration after `set_push_schema` may have changed them).
+pub fn agrees_with_layouts(
+    client: &SpiClient<'_>,
+    version: i64,
+    tbl: &str,
+    schema: &TableSchema,
+) -> Result<bool> {
+    match check_layouts(client, version, &[(tbl.to_string(), schema.clone())], false) {
+        Ok(()) => Ok(true),
+        Err(Error::Sync { .. }) => Ok(false),
+        Err(other) => Err(other),
+    }
 }
 
 /// The stored push schema of `tbl`: the one at the stored schema version (the marker) if

@@ -275,31 +275,43 @@ fn set_blob_refs(
 ) -> i32 {
     error::run(|| {
         let (partition, tbl, row_id) = row_key(partition, tbl, row_id)?;
-        let mut blob_ids = args::text_array("blob_ids", blob_ids)?;
-        blob_ids.sort();
-        blob_ids.dedup();
-        db::with_spi(|client| {
-            db::write(
-                client,
-                "WITH wanted AS (SELECT b.blob_id FROM unnest($4::text[]) AS b(blob_id)),
-                 stale AS (
-                   DELETE FROM syncular.sync_blob_refs r
-                    WHERE r.partition = $1 AND r.tbl = $2 AND r.row_id = $3
-                      AND NOT EXISTS (SELECT 1 FROM wanted w WHERE w.blob_id COLLATE \"C\" = r.blob_id)
-                 )
-                 INSERT INTO syncular.sync_blob_refs (partition, tbl, row_id, blob_id)
-                 SELECT $1, $2, $3, w.blob_id FROM wanted w
-                 ON CONFLICT DO NOTHING",
-                &[
-                    DatumWithOid::from(partition.as_str()),
-                    DatumWithOid::from(tbl.as_str()),
-                    DatumWithOid::from(row_id.as_str()),
-                    DatumWithOid::from(blob_ids.clone()),
-                ],
-            )?;
-            Ok(blob_ids.len() as i32)
-        })
+        let blob_ids = args::text_array("blob_ids", blob_ids)?;
+        db::with_spi(|client| set_blobs(client, &partition, &tbl, &row_id, blob_ids))
+            .map(|held| held as i32)
     })
+}
+
+/// Makes a row's `sync_blob_refs` exactly the distinct `blob_ids` (none clears them); returns
+/// how many it now holds.
+pub fn set_blobs(
+    client: &SpiClient<'_>,
+    partition: &str,
+    tbl: &str,
+    row_id: &str,
+    mut blob_ids: Vec<String>,
+) -> Result<usize> {
+    blob_ids.sort();
+    blob_ids.dedup();
+    let held = blob_ids.len();
+    db::write(
+        client,
+        "WITH wanted AS (SELECT b.blob_id FROM unnest($4::text[]) AS b(blob_id)),
+         stale AS (
+           DELETE FROM syncular.sync_blob_refs r
+            WHERE r.partition = $1 AND r.tbl = $2 AND r.row_id = $3
+              AND NOT EXISTS (SELECT 1 FROM wanted w WHERE w.blob_id COLLATE \"C\" = r.blob_id)
+         )
+         INSERT INTO syncular.sync_blob_refs (partition, tbl, row_id, blob_id)
+         SELECT $1, $2, $3, w.blob_id FROM wanted w
+         ON CONFLICT DO NOTHING",
+        &[
+            DatumWithOid::from(partition),
+            DatumWithOid::from(tbl),
+            DatumWithOid::from(row_id),
+            DatumWithOid::from(blob_ids),
+        ],
+    )?;
+    Ok(held)
 }
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
@@ -311,18 +323,30 @@ fn get_tombstone_seq(
 ) -> Option<i64> {
     error::run(|| {
         let (partition, tbl, row_id) = row_key(partition, tbl, row_id)?;
-        db::with_spi(|client| {
-            db::first::<i64>(db::read(
-                client,
-                "SELECT commit_seq FROM syncular.sync_tombstones
-                  WHERE partition = $1 AND tbl = $2 AND row_id = $3",
-                &[
-                    DatumWithOid::from(partition.as_str()),
-                    DatumWithOid::from(tbl.as_str()),
-                    DatumWithOid::from(row_id.as_str()),
-                ],
-            )?)
-        })
+        db::with_spi(|client| tombstone_seq(client, &partition, &tbl, &row_id, false))
+    })
+}
+
+/// A row's tombstone, if it has one; `fresh`: with a snapshot that sees this transaction's (and
+/// this call's) latest writes.
+pub fn tombstone_seq(
+    client: &SpiClient<'_>,
+    partition: &str,
+    tbl: &str,
+    row_id: &str,
+    fresh: bool,
+) -> Result<Option<i64>> {
+    const SQL: &str = "SELECT commit_seq FROM syncular.sync_tombstones
+                        WHERE partition = $1 AND tbl = $2 AND row_id = $3";
+    let args = [
+        DatumWithOid::from(partition),
+        DatumWithOid::from(tbl),
+        DatumWithOid::from(row_id),
+    ];
+    db::first::<i64>(if fresh {
+        db::write(client, SQL, &args)?
+    } else {
+        db::read(client, SQL, &args)?
     })
 }
 
@@ -358,18 +382,26 @@ fn tombstone_seqs(
 fn clear_tombstone(partition: Option<&str>, tbl: Option<&str>, row_id: Option<&str>) -> bool {
     error::run(|| {
         let (partition, tbl, row_id) = row_key(partition, tbl, row_id)?;
-        db::with_spi(|client| {
-            let deleted = db::write(
-                client,
-                "DELETE FROM syncular.sync_tombstones
-                  WHERE partition = $1 AND tbl = $2 AND row_id = $3 RETURNING 1",
-                &[
-                    DatumWithOid::from(partition.as_str()),
-                    DatumWithOid::from(tbl.as_str()),
-                    DatumWithOid::from(row_id.as_str()),
-                ],
-            )?;
-            Ok(!deleted.is_empty())
-        })
+        db::with_spi(|client| delete_tombstone(client, &partition, &tbl, &row_id))
     })
+}
+
+/// Removes a row's tombstone (an explicit re-create); whether there was one.
+pub fn delete_tombstone(
+    client: &SpiClient<'_>,
+    partition: &str,
+    tbl: &str,
+    row_id: &str,
+) -> Result<bool> {
+    let deleted = db::write(
+        client,
+        "DELETE FROM syncular.sync_tombstones
+          WHERE partition = $1 AND tbl = $2 AND row_id = $3 RETURNING 1",
+        &[
+            DatumWithOid::from(partition),
+            DatumWithOid::from(tbl),
+            DatumWithOid::from(row_id),
+        ],
+    )?;
+    Ok(!deleted.is_empty())
 }

@@ -66,6 +66,136 @@ impl AppRelation {
     }
 }
 
+/// A stored app row's meta columns, as the one-call push reads them (step A3 of docs/DESIGN.md
+/// §Push path).
+pub struct StoredRow {
+    pub server_version: i64,
+    /// `_sync_scopes`, a legacy string-wrapped value unwrapped (docs/DESIGN.md, D15).
+    pub scopes: serde_json::Value,
+    pub payload: Vec<u8>,
+    pub column_versions: Option<Vec<u8>>,
+}
+
+/// The one-call push's statements over a registered relation. They run **as the calling role**
+/// in a restricted security context (docs/SECURITY.md, rules 1 and 10): the caller's privileges,
+/// row-level security and the host's triggers apply as if the host had written the row itself,
+/// and no host code runs with the extension owner's rights. Only identifiers quoted from the
+/// relation cache of the locked relation are spliced in.
+impl AppRelation {
+    /// A column name quoted for SQL.
+    fn column(name: &str) -> String {
+        quote_identifier(name)
+    }
+
+    /// The row `(partition, row_id)` as of this call's latest writes (a fresh snapshot, so an
+    /// earlier operation of the same commit is seen).
+    pub fn fetch_row_as(
+        &self,
+        client: &SpiClient<'_>,
+        caller: pg_sys::Oid,
+        partition: &str,
+        row_id: &str,
+    ) -> error::Result<Option<StoredRow>> {
+        let sql = format!(
+            "SELECT a.\"_sync_server_version\", a.\"_sync_scopes\", a.\"_sync_payload\",
+                    a.\"_sync_column_versions\"
+               FROM {} a WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = $2",
+            self.qualified
+        );
+        access::as_restricted(caller, || {
+            let table = db::write_dynamic(
+                client,
+                &sql,
+                &[DatumWithOid::from(partition), DatumWithOid::from(row_id)],
+            )?;
+            if table.is_empty() {
+                return Ok(None);
+            }
+            let row = table.first();
+            Ok(Some(StoredRow {
+                server_version: row.get::<i64>(1)?.unwrap_or(0),
+                scopes: row
+                    .get::<JsonB>(2)?
+                    .map(|j| args::unwrap_json_text(j.0))
+                    .unwrap_or(json!({})),
+                payload: row.get::<Vec<u8>>(3)?.unwrap_or_default(),
+                column_versions: row.get::<Vec<u8>>(4)?,
+            }))
+        })
+    }
+
+    /// Deletes the row `(partition, row_id)` as the caller.
+    pub fn delete_row_as(
+        &self,
+        client: &SpiClient<'_>,
+        caller: pg_sys::Oid,
+        partition: &str,
+        row_id: &str,
+    ) -> error::Result<()> {
+        let sql = format!(
+            "DELETE FROM {} a WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = $2",
+            self.qualified
+        );
+        access::as_restricted(caller, || {
+            db::write_dynamic(
+                client,
+                &sql,
+                &[DatumWithOid::from(partition), DatumWithOid::from(row_id)],
+            )
+            .map(drop)
+        })
+    }
+
+    /// The upsert of one app row (upstream's `upsertSql`, one statement per operation):
+    /// parameters `$1`…`$6` are the meta columns in docs/DESIGN.md §App tables order, then one
+    /// per app column of `columns` (`(name, cast)`: `cast` is `jsonb` for json columns, bound as
+    /// text); every non-key column is overwritten on conflict, so host triggers fire as under
+    /// upstream.
+    pub fn upsert_sql(&self, columns: &[(&str, Option<&str>)]) -> String {
+        let mut names: Vec<String> = [
+            "_sync_partition",
+            "_sync_row_id",
+            "_sync_server_version",
+            "_sync_scopes",
+            "_sync_payload",
+            "_sync_column_versions",
+        ]
+        .iter()
+        .map(|c| Self::column(c))
+        .collect();
+        names.extend(columns.iter().map(|(c, _)| Self::column(c)));
+        let values: Vec<String> = (1..=names.len())
+            .map(|i| match columns.get(i.wrapping_sub(7)).and_then(|c| c.1) {
+                Some(cast) if i > 6 => format!("${i}::pg_catalog.{cast}"),
+                _ => format!("${i}"),
+            })
+            .collect();
+        let updates: Vec<String> = names[2..]
+            .iter()
+            .map(|c| format!("{c} = EXCLUDED.{c}"))
+            .collect();
+        format!(
+            "INSERT INTO {} ({}) VALUES ({})
+             ON CONFLICT (\"_sync_partition\", \"_sync_row_id\") DO UPDATE SET {}",
+            self.qualified,
+            names.join(", "),
+            values.join(", "),
+            updates.join(", ")
+        )
+    }
+
+    /// Runs an [`AppRelation::upsert_sql`] statement as the caller.
+    pub fn upsert_row_as(
+        &self,
+        client: &SpiClient<'_>,
+        caller: pg_sys::Oid,
+        sql: &str,
+        args: &[DatumWithOid<'_>],
+    ) -> error::Result<()> {
+        access::as_restricted(caller, || db::write_dynamic(client, sql, args).map(drop))
+    }
+}
+
 /// One live column of a registered relation, as the catalog holds it.
 pub struct RelationColumn {
     pub name: String,

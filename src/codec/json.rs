@@ -333,6 +333,12 @@ fn blob_error(message: &str) -> CodecError {
 /// upstream's `parseBlobRef` checks, in its order, with JavaScript object semantics: duplicate
 /// keys keep the last value at the first position; `Object.keys` lists array-index keys first.
 pub fn check_blob_ref(raw: &str) -> Result<()> {
+    blob_ref_id(raw).map(drop)
+}
+
+/// [`check_blob_ref`], returning the checked `blobId` (the push's blob references, step U11 of
+/// docs/CODEC.md's push rules).
+pub fn blob_ref_id(raw: &str) -> Result<String> {
     let not_json = || blob_error("blob_ref value does not parse as a JSON document");
     if !parses(raw) {
         return Err(not_json());
@@ -447,7 +453,11 @@ pub fn check_blob_ref(raw: &str) -> Result<()> {
     if firsts.windows(2).any(|w| w[0] > w[1]) {
         return Err(blob_error("blob_ref keys are not in canonical order"));
     }
-    Ok(())
+    match blob_id {
+        // Checked above: `sha256:` and 64 lowercase hex digits, so ASCII.
+        Some((_, Member::Text(units))) => Ok(String::from_utf16_lossy(units)),
+        _ => Err(blob_error("blob_ref.blobId must be \"sha256:<64 hex>\"")),
+    }
 }
 
 #[cfg(test)]

@@ -36,6 +36,9 @@ fn small(typ: &str) -> &'static str {
         "name" => "'x'::name",
         "regclass" => "'public.tasks'::regclass",
         "bytea" => "'\\x01'::bytea",
+        "smallint[]" => "'{}'::smallint[]",
+        "bigint[]" => "'{}'::bigint[]",
+        "bytea[]" => "'{}'::bytea[]",
         other => panic!("no small value for {other}"),
     }
 }
@@ -57,6 +60,13 @@ fn oversized(typ: &str) -> &'static [&'static str] {
         ],
         // 40 MB: over the 32 MiB payload cap.
         "bytea" => &["convert_to(repeat('x', 40000000), 'UTF8')"],
+        // push_commit's operation arrays: 2 million elements; 40 MB of payloads.
+        "smallint[]" => &["array_fill(1::smallint, ARRAY[2000000])"],
+        "bigint[]" => &["array_fill(1::bigint, ARRAY[2000000])"],
+        "bytea[]" => &[
+            "array_fill('\\x01'::bytea, ARRAY[2000000])",
+            "ARRAY[convert_to(repeat('x', 40000000), 'UTF8')]",
+        ],
         _ => &[],
     }
 }

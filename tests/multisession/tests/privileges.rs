@@ -14,6 +14,7 @@ const INVOKER: &[&str] = &[
     "_native_fence_triggers",
     "adopt_legacy_tables",
     "get_row_scopes",
+    "push_commit",
     "register_table",
     "repair_schema_marker",
     "repair_writer_fence",
