@@ -247,20 +247,21 @@ fn rows_read(plans: &str, index: &str) -> i64 {
         .filter_map(|l| {
             let at = l.find("actual time=")?;
             let tail = &l[at..];
-            let rows: i64 = tail
+            // Rows per loop: an integer up to PostgreSQL 17, with two decimals from 18 on.
+            let rows: f64 = tail
                 .split("rows=")
                 .nth(1)?
                 .split(' ')
                 .next()?
                 .parse()
                 .ok()?;
-            let loops: i64 = tail
+            let loops: f64 = tail
                 .split("loops=")
                 .nth(1)?
                 .trim_end_matches(')')
                 .parse()
                 .ok()?;
-            Some(rows * loops)
+            Some((rows * loops).round() as i64)
         })
         .sum()
 }
