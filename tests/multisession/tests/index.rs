@@ -315,8 +315,15 @@ fn idx_08_to_10_the_window_reads_what_it_returns() {
             .split("\n----\n")
             .find(|p| p.contains("sync_change_scopes"))
             .unwrap_or_else(|| panic!("{plans}"));
+        // From PostgreSQL 16 on, auto_explain also logs the call's parameter values on a line
+        // of their own: only the plan's lines matter.
+        let plan: String = window
+            .lines()
+            .filter(|l| !l.starts_with("Query Parameters:"))
+            .collect::<Vec<_>>()
+            .join("\n");
         assert!(
-            window.contains("(partition = $1)") && !window.contains("'part-1'"),
+            plan.contains("(partition = $1)") && !plan.contains("'part-1'"),
             "{window}"
         );
     }
