@@ -162,6 +162,86 @@ def ext_push_batched(n, shared):
     ])
 
 
+# Codec payloads of the push_commit rows (hex, one per row id), encoded by the extension at setup:
+# sparse (what a client sends) and full (what the floor stores).
+PC_PAYLOADS = {}
+PC_FULL = {}
+PC_TABLE_DDL = """CREATE TABLE IF NOT EXISTS tasks_pc(
+  "_sync_partition" TEXT NOT NULL, "_sync_row_id" TEXT NOT NULL,
+  id TEXT, project_id TEXT, title TEXT,
+  "_sync_server_version" BIGINT NOT NULL, "_sync_scopes" JSONB NOT NULL,
+  "_sync_payload" BYTEA NOT NULL, "_sync_column_versions" BYTEA,
+  PRIMARY KEY ("_sync_partition", "_sync_row_id"))"""
+PC_TABLE = {"columns": [{"name": "id", "type": "string", "nullable": False},
+                        {"name": "project_id", "type": "string", "nullable": False},
+                        {"name": "title", "type": "string", "nullable": True}],
+            "primaryKey": "id", "scopes": [{"variable": "project_id", "column": "project_id"}]}
+# The whole compiled schema (set_push_schema takes every stored table): the classic sides'
+# `tasks` has the same shape; only `tasks_pc` is pushed through push_commit.
+PC_SCHEMA = {"tasks": PC_TABLE, "tasks_pc": PC_TABLE}
+
+
+def setup_push_commit():
+    """The push_commit side's own table (its stored rows carry real codec payloads, which the
+    classic sides' constant bytes are not), its push schema, and the payloads of rows r0…r99."""
+    psql("ext", PC_TABLE_DDL)
+    psql("ext", "SELECT syncular.register_table('tasks_pc', 'public.tasks_pc')")
+    psql("ext", f"SELECT syncular.set_push_schema(1, '{json.dumps(PC_SCHEMA)}')")
+    for i in range(100):
+        row = json.dumps({"id": f"r{i}", "project_id": "proj", "title": f"task {i}"})
+        PC_PAYLOADS[i] = psql("ext", f"SELECT encode(syncular.encode_row('tasks_pc', '{row}', true), 'hex')")
+        PC_FULL[i] = psql("ext", f"SELECT encode(syncular.encode_row('tasks_pc', '{row}', false), 'hex')")
+    # The rows must take the native path: a fallback would be measured as a fast no-op.
+    out = psql("ext", push_commit_call(2, "'p-check'", "'1'"))
+    if '"outcome": "applied"' not in out:
+        sys.exit(f"push_commit did not apply in the benchmark's setup: {out}")
+
+
+def push_commit_call(n, p, cc):
+    """One `push_commit` of N last-writer-wins updates of rows r0…r(N-1) (no baseVersion: the
+    same row decisions as upstream's replay), scope project_id = proj."""
+    ids = ",".join(f"'r{i}'" for i in range(n))
+    payloads = ",".join(f"'\\x{PC_PAYLOADS[i]}'" for i in range(n))
+    return (f"SELECT syncular.push_commit(({p}), 'c', {cc}, 'actor', 1750000000000, 1, '{{\"project_id\":[\"proj\"]}}', "
+            f"ARRAY[{','.join(['$$tasks_pc$$'] * n)}]::text[], ARRAY[{ids}]::text[], ARRAY[{','.join(['1'] * n)}]::smallint[], "
+            f"ARRAY[{','.join(['NULL'] * n)}]::bigint[], ARRAY[{payloads}]::bytea[]);")
+
+
+def ext_push_commit(n, shared):
+    """The one-call push: one round trip per commit."""
+    p = "'p-shared'" if shared else "'p-' || :client_id"
+    return "\n".join([r"\set cc random(1, 2000000000)", push_commit_call(n, p, ":cc::text")])
+
+
+def floor_push(n, p="'pf-' || :client_id"):
+    """The push floor: the writes of an applied one-call push of N row updates as ONE hand-written
+    statement — app-row upserts (constant payloads, no decode, merge or conflict check), their
+    scope index, the allocation, commit, changes, change scopes and the push result — with no lock,
+    gate, idempotency read or validation. Its own partitions: its rows hold no column versions."""
+    values = ",".join(f"(({p}),'r{i}','r{i}','proj','task {i}',1,'{{\"project_id\":\"proj\"}}','\\x{PC_FULL[i]}',NULL)" for i in range(n))
+    ids = ",".join(f"({i}, 'r{i}', '\\x{PC_FULL[i]}'::bytea)" for i in range(n))
+    results = ",".join('{"opIndex":%d,"status":"applied"}' % i for i in range(n))
+    return "\n".join([
+        r"\set cc random(1, 2000000000)",
+        f"WITH r AS (INSERT INTO tasks_pc(\"_sync_partition\",\"_sync_row_id\",id,project_id,title,\"_sync_server_version\",\"_sync_scopes\",\"_sync_payload\",\"_sync_column_versions\") "
+        f"VALUES {values} ON CONFLICT (\"_sync_partition\",\"_sync_row_id\") DO UPDATE SET id=excluded.id, project_id=excluded.project_id, "
+        f"title=excluded.title, \"_sync_server_version\"=tasks_pc.\"_sync_server_version\"+1, \"_sync_scopes\"=excluded.\"_sync_scopes\", "
+        f"\"_sync_payload\"=excluded.\"_sync_payload\", \"_sync_column_versions\"=excluded.\"_sync_column_versions\" RETURNING \"_sync_row_id\", \"_sync_server_version\"), "
+        f"rs AS (INSERT INTO syncular.sync_row_scopes (partition, tbl, var, value, row_id) SELECT ({p}), 'tasks_pc', 'project_id', 'proj', r.\"_sync_row_id\" FROM r ON CONFLICT DO NOTHING), "
+        f"{floor_alloc(p)}, "
+        f"c AS (INSERT INTO syncular.sync_commits (partition, commit_seq, client_id, client_commit_id, actor_id, created_at_ms, writer_version) "
+        f"SELECT ({p}), seq, 'c', :cc::text, 'actor', 1750000000000, 1 FROM alloc RETURNING commit_seq), "
+        f"ch AS (INSERT INTO syncular.sync_changes (partition, commit_seq, idx, tbl, row_id, op, row_version, scopes, payload) "
+        f"SELECT ({p}), c.commit_seq, v.idx, 'tasks_pc', v.row_id, 1, r.\"_sync_server_version\", '{{\"project_id\":\"proj\"}}'::jsonb, v.payload "
+        f"FROM c, (VALUES {ids}) AS v(idx, row_id, payload) JOIN r ON r.\"_sync_row_id\" = v.row_id), "
+        f"sc AS (INSERT INTO syncular.sync_change_scopes (partition, tbl, var, value, commit_seq) SELECT ({p}), 'tasks_pc', 'project_id', 'proj', c.commit_seq FROM c), "
+        f"pr AS (INSERT INTO syncular.sync_push_results (partition, client_id, client_commit_id, result) "
+        f"SELECT ({p}), 'c', :cc::text, jsonb_build_object('status', 'applied', 'commitSeq', c.commit_seq, 'results', '[{results}]'::jsonb, "
+        f"'recordedAtMs', 1750000000000, 'cacheIdentity', 'x') FROM c) "
+        f"SELECT commit_seq FROM c;",
+    ])
+
+
 def upstream_append(n, p="'a-' || :client_id"):
     """Upstream's append: allocation feeding the commit insert, then one statement per change."""
     w = [r"\set cc random(1, 2000000000)", "BEGIN;"]
@@ -258,14 +338,15 @@ def setup_ext():
     psql("ext", "SELECT syncular.register_table('tasks', 'public.tasks')")
     psql("ext", "CREATE TABLE tasks_meta (LIKE tasks INCLUDING ALL)")
     psql("ext", "SELECT syncular.register_table('tasks_meta', 'public.tasks_meta', true)")
-    layouts = json.dumps({"tasks": [{"name": "id", "type": "string", "nullable": False}]})
+    layouts = json.dumps({name: table["columns"] for name, table in PC_SCHEMA.items()})
     psql("ext", f"BEGIN; SELECT syncular.migrate_schema(1, '{layouts}'); COMMIT;")
+    setup_push_commit()
     setup_window()
     psql("ext", "INSERT INTO syncular.sync_writer_fence VALUES ('fenced', 1)")
     # Steady state: every partition row exists before the clock starts. (Upstream's
     # `SELECT … FOR UPDATE` on a missing partition row locks nothing, so concurrent first pushes
     # to one new partition race and fail; the extension's lock_partition creates the row.)
-    partitions = ["p-shared", "fenced", "unfenced"] + [f"{k}-{c}" for k in ("p", "a", "f", "d", "zzz-tail", "fenced-off") for c in range(8)]
+    partitions = ["p-shared", "fenced", "unfenced"] + [f"{k}-{c}" for k in ("p", "pf", "a", "f", "d", "zzz-tail", "fenced-off") for c in range(8)]
     values = ",".join(f"('{p}', 0, 0)" for p in partitions)
     for db in ("ext", "upstream"):
         psql(db, f"INSERT INTO {'syncular.' if db == 'ext' else ''}sync_partitions VALUES {values} ON CONFLICT DO NOTHING")
@@ -398,13 +479,22 @@ def main():
         up = f"push-{n}-upstream"
         ways = [("", ext_push(n, False)),
                 (", batched rows + row-meta trigger", ext_push_batched(n, False)),
-                (", batched rows + set_rows_scopes", ext_push_batched_call(n, False))]
+                (", batched rows + set_rows_scopes", ext_push_batched_call(n, False)),
+                (", push_commit", ext_push_commit(n, False))]
+        one_call, classic, floor = f"push-{n}-syncular-3", f"push-{n}-syncular-2", f"push-{n}-floor"
         rotate(1, [(up, "upstream", upstream_push(n, False))]
-               + [(f"push-{n}-syncular-{i}", "ext", script) for i, (_, script) in enumerate(ways)],
-               [(f"push N={n}, own partitions{how}", up, f"push-{n}-syncular-{i}") for i, (how, _) in enumerate(ways)],
+               + [(f"push-{n}-syncular-{i}", "ext", script) for i, (_, script) in enumerate(ways)]
+               + [(floor, "ext", floor_push(n))],
+               [(f"push N={n}, own partitions{how}", up, f"push-{n}-syncular-{i}") for i, (how, _) in enumerate(ways)]
+               + [(f"push N={n}, push_commit vs classic batched", classic, one_call),
+                  (f"push N={n}, push_commit vs one-statement floor", floor, one_call)],
                TARGET_ROUNDS)
-        pair(f"push N={n}, own partitions", 4, upstream_push(n, False), ext_push(n, False))
-        pair(f"push N={n}, one shared partition", 4, upstream_push(n, True), ext_push(n, True))
+        for shared, where in ((False, "own partitions"), (True, "one shared partition")):
+            rotate(4, [(f"push-{n}-{shared}-4-up", "upstream", upstream_push(n, shared)),
+                       (f"push-{n}-{shared}-4-classic", "ext", ext_push(n, shared)),
+                       (f"push-{n}-{shared}-4-one-call", "ext", ext_push_commit(n, shared))],
+                   [(f"push N={n}, {where}", f"push-{n}-{shared}-4-up", f"push-{n}-{shared}-4-classic"),
+                    (f"push N={n}, {where}, push_commit", f"push-{n}-{shared}-4-up", f"push-{n}-{shared}-4-one-call")])
     def append_rotation(n, key, where="", partition=None, floors=()):
         """Upstream's append statements, the constant CTE floor, `append_commit` and any further
         `floors` ((label, side key, script)) for N changes, in one rotation: every ratio is taken
@@ -524,11 +614,34 @@ def target_lines(results):
     lines = ["", "Targets of issue 4, judged on this run:", "",
              "| target | this run | |", "|---|---|---|"]
     lines += [f"| {name} | {value} | {'met' if met else 'missed'} |" for name, value, met in rows]
+    lines += push_commit_target_lines(by_label)
     if ("append N=10", 1) in by_label and ("append N=10 vs one-statement CTE floor", 1) in by_label:
         upstream = by_label[("append N=10", 1)][0][0]
         floor = by_label[("append N=10 vs one-statement CTE floor", 1)][0][0]
         lines += ["", f"In this run the one-statement CTE floor itself ran at {floor / upstream:.2f}× upstream's append "
                       f"statements, so 4× upstream asks `append_commit` for {400 * upstream / floor:.0f} % of the floor."]
+    return lines
+
+
+def push_commit_target_lines(by_label):
+    """Issue 13's targets for the one-call push (one client, own partitions)."""
+    wanted = [("push N=1, own partitions, push_commit", "`push_commit` N=1 ≥ 3× upstream", 3),
+              ("push N=10, own partitions, push_commit", "`push_commit` N=10 ≥ 8× upstream (goal 10×)", 8),
+              ("push N=100, own partitions, push_commit", "`push_commit` N=100 ≥ 20× upstream", 20),
+              ("push N=10, push_commit vs classic batched", "`push_commit` N=10 ≥ 2× the classic batched push", 2)]
+    rows = []
+    for label, name, target in wanted:
+        if (label, 1) in by_label:
+            up, ex = by_label[(label, 1)]
+            rows.append(f"| {name} | {ex[0] / up[0]:.2f}× | {'met' if ex[0] / up[0] >= target else 'missed'} |")
+    floors = [f"N={n}: {by_label[(f'push N={n}, push_commit vs one-statement floor', 1)][1][0] / by_label[(f'push N={n}, push_commit vs one-statement floor', 1)][0][0]:.2f}×"
+              for n in (1, 10, 100) if (f"push N={n}, push_commit vs one-statement floor", 1) in by_label]
+    if not rows:
+        return []
+    lines = ["", "Targets of issue 13 (one client, own partitions), judged on this run:", "",
+             "| target | this run | |", "|---|---|---|"] + rows
+    if floors:
+        lines += ["", "`push_commit` against the one-statement push floor (the same writes, no checks): " + ", ".join(floors) + "."]
     return lines
 
 

@@ -164,6 +164,8 @@ COMMENT ON FUNCTION syncular.decode_row(text, bytea, boolean) IS
   'Decodes a full or sparse row payload with the table''s push schema into JSON (absent columns omitted); bad input: SY000 with the codec''s message as reason.';
 COMMENT ON FUNCTION syncular.push_commit(text, text, text, text, bigint, bigint, jsonb, text[], text[], smallint[], bigint[], bytea[], jsonb, jsonb) IS
   'The one-call push: lock, gate, idempotency, the default path''s per-operation decisions, app-row writes as the caller, append and result in one call; returns applied/cached/rejected, or fallback where host code would run.';
+COMMENT ON FUNCTION syncular.push_finish(text, text, text, jsonb) IS
+  'Finishes a push staged by push_commit (onCommitHooks "stage") in this transaction: appends the commit, enqueues the planner''s reactions with the commit as their source, stores the applied result; returns push_commit''s applied document.';
 
 -- Administration (docs/API.md §Administration)
 COMMENT ON FUNCTION syncular.adopt_legacy_tables(name, name) IS

@@ -254,5 +254,16 @@ REVOKE ALL ON FUNCTION syncular.push_commit(text, text, text, text, bigint, bigi
 COMMENT ON FUNCTION syncular.push_commit(text, text, text, text, bigint, bigint, jsonb, text[], text[], smallint[], bigint[], bytea[], jsonb, jsonb) IS
   'The one-call push: lock, gate, idempotency, the default path''s per-operation decisions, app-row writes as the caller, append and result in one call; returns applied/cached/rejected, or fallback where host code would run.';
 
+-- Stage/finish of the one-call push (docs/API.md §push_finish).
+CREATE FUNCTION syncular.push_finish(
+  partition text, client_id text, client_commit_id text, reactions jsonb DEFAULT '[]')
+RETURNS jsonb
+VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'push_finish_wrapper';
+REVOKE ALL ON FUNCTION syncular.push_finish(text, text, text, jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION syncular.push_finish(text, text, text, jsonb) IS
+  'Finishes a push staged by push_commit (onCommitHooks "stage") in this transaction: appends the commit, enqueues the planner''s reactions with the commit as their source, stores the applied result; returns push_commit''s applied document.';
+
 -- Last, as in every update script: the roles get exactly the grants of this version.
 SELECT syncular._grant_api_roles();

@@ -61,7 +61,7 @@ fn from_json<'a>(column: &Column, value: &'a Json) -> std::result::Result<Value<
     })
 }
 
-fn to_json(value: &Value<'_>) -> Json {
+pub(crate) fn to_json(value: &Value<'_>) -> Json {
     match value {
         Value::Null => Json::Null,
         Value::Text(t) => Json::String(t.to_string()),

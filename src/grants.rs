@@ -56,6 +56,7 @@ const HOST: &[&str] = &[
     "encode_row(text, jsonb, boolean)",
     "decode_row(text, bytea, boolean)",
     "push_commit(text, text, text, text, bigint, bigint, jsonb, text[], text[], smallint[], bigint[], bytea[], jsonb, jsonb)",
+    "push_finish(text, text, text, jsonb)",
 ];
 
 /// `HOST` plus migrations, registration, fences, checkpoints, retention, operator retries and

@@ -19,17 +19,16 @@
 use crate::access;
 use crate::args::{self, JsonArg};
 use crate::codec::{json as codec_json, number, row, versions, ColumnType, Value as Val};
-use crate::commit::{Change, Commit, Op, BASE64};
+use crate::commit::BASE64;
 use crate::db;
 use crate::error::{self, Error, Result};
 use crate::gate;
-use crate::jsonb::{JsonbArg, Node};
 use crate::limits;
 use crate::log;
-use crate::notify;
 use crate::push;
-use crate::push_guard;
+use crate::push_append::{self, ChangeOut, Header};
 use crate::push_schema::{self, TableSchema};
+use crate::push_stage::{self, Evidence};
 use crate::rows;
 use crate::tables::{self, AppRelation, StoredRow};
 use base64::Engine;
@@ -39,7 +38,7 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::JsonB;
 use serde_json::{json, Map, Value};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
@@ -63,6 +62,8 @@ struct Options {
     verified_blob_ids: HashSet<String>,
     commit_validator: bool,
     reaction_planner: bool,
+    /// `onCommitHooks: "stage"`: at a commit validator or planner, stage instead of falling back.
+    stage: bool,
     return_changes: bool,
 }
 
@@ -132,17 +133,13 @@ impl Options {
             Some(Value::String(_)) => return Err(bad("options.blobStore", "range")),
             Some(_) => return Err(bad("options.blobStore", "type")),
         };
-        match obj.get("onCommitHooks") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(s)) if s == "fallback" => {}
-            Some(Value::String(s)) if s == "stage" => {
-                return Err(bad("options.onCommitHooks", "range").with_hint(
-                    "stage/finish (push_finish) is not available in this version: use \"fallback\"",
-                ))
-            }
+        let stage = match obj.get("onCommitHooks") {
+            None | Some(Value::Null) => false,
+            Some(Value::String(s)) if s == "fallback" => false,
+            Some(Value::String(s)) if s == "stage" => true,
             Some(Value::String(_)) => return Err(bad("options.onCommitHooks", "range")),
             Some(_) => return Err(bad("options.onCommitHooks", "type")),
-        }
+        };
         Ok(Options {
             cache_identity,
             client_schema_version,
@@ -153,6 +150,7 @@ impl Options {
             verified_blob_ids: string_set(&obj, "verifiedBlobIds")?,
             commit_validator: bool_option(&obj, "commitValidator", false)?,
             reaction_planner: bool_option(&obj, "reactionPlanner", false)?,
+            stage,
             return_changes: bool_option(&obj, "returnChanges", false)?,
         })
     }
@@ -277,6 +275,9 @@ enum Stop {
     Rejected(Value),
     /// Host code would run here (docs/DESIGN.md §Push path, fallback).
     Fallback(Value),
+    /// Every operation applied and a commit validator or planner is next: the candidate rows
+    /// stay for the host's hooks and `push_finish` (src/push_stage.rs).
+    Staged,
 }
 
 fn fallback_doc(reason: &str, at: Option<(usize, &str)>) -> Value {
@@ -318,16 +319,6 @@ fn corrupt(table: &str, row_id: &str, what: &str, message: &str) -> Error {
     ))
 }
 
-/// A change of the commit, owned until the append.
-struct ChangeOut {
-    table: String,
-    row_id: String,
-    delete: bool,
-    row_version: Option<i64>,
-    scopes: Map<String, Value>,
-    payload: Option<Vec<u8>>,
-}
-
 /// The meta columns an upsert writes: `_sync_server_version`, `_sync_scopes`, `_sync_payload`,
 /// `_sync_column_versions`.
 struct RowMeta<'a> {
@@ -358,6 +349,9 @@ struct Context<'a, 'conn> {
     /// The operation whose app-row upsert is running: a class-23 error it raises becomes that
     /// operation's `sync.constraint_violation` (upstream's storage-errors mapping).
     upserting: Cell<Option<usize>>,
+    /// The operations as a commit validator sees them, collected only when the push may be
+    /// staged (src/push_stage.rs).
+    evidence: Option<RefCell<Vec<Value>>>,
 }
 
 /// Stored scopes authorize when every declared variable has a non-empty value that `allowed`
@@ -400,6 +394,13 @@ fn scopes_map(row: &StoredRow) -> Map<String, Value> {
 }
 
 impl Context<'_, '_> {
+    /// Records an applied operation's evidence when the push may be staged.
+    fn witness<'e>(&self, make: impl FnOnce() -> Evidence<'e>) {
+        if let Some(evidence) = &self.evidence {
+            evidence.borrow_mut().push(make().to_json());
+        }
+    }
+
     fn validated(&self, table: &str) -> bool {
         self.options.row_validator_tables.contains(table)
     }
@@ -607,13 +608,25 @@ impl Context<'_, '_> {
         stored: Option<StoredRow>,
         changes: &mut Vec<ChangeOut>,
     ) -> Result<Option<Stop>> {
+        let evidence = |stored: Option<Value>, version: Option<i64>| Evidence {
+            op_index: k,
+            delete: true,
+            table: &op.table,
+            row_id: &op.row_id,
+            row: None,
+            stored,
+            stored_server_version: version,
+            next_server_version: None,
+        };
         let Some(stored) = stored else {
+            // An absent row: a no-op that still reaches the commit validator.
+            self.witness(|| evidence(None, None));
             return Ok(None);
         };
         if !authorized(allowed, &t.schema, stored_scope(&stored)) {
             return rejected(k, FORBIDDEN, "delete denied by scope authorization (§3.4)");
         }
-        row::decode_full(&t.schema.layout, &stored.payload)
+        let stored_values = row::decode_full(&t.schema.layout, &stored.payload)
             .map_err(|e| corrupt(&op.table, &op.row_id, "payload", e.message()))?;
         if self.validated(&op.table) {
             return Ok(Some(fallback("row_validator", Some((k, &op.table)))));
@@ -629,6 +642,11 @@ impl Context<'_, '_> {
             row_version: None,
             scopes: scopes_map(&stored),
             payload: None,
+        });
+        self.witness(|| {
+            let columns = &t.schema.layout.columns;
+            let stored_row = push_stage::row_map(columns, &stored_values);
+            evidence(Some(stored_row), Some(stored.server_version))
         });
         Ok(None)
     }
@@ -691,6 +709,10 @@ impl Context<'_, '_> {
         if let Some(stop) = self.crdt_stop(k, op, t, &patch) {
             return Ok(Some(stop));
         }
+        let before = self
+            .evidence
+            .as_ref()
+            .map(|_| push_stage::row_map(&layout.columns, &values));
         row::merge(&mut values, patch);
         let (next, column_versions) = versions::after_update(
             layout.columns.len(),
@@ -728,6 +750,16 @@ impl Context<'_, '_> {
             row_version: Some(next),
             scopes,
             payload: Some(full),
+        });
+        self.witness(|| Evidence {
+            op_index: k,
+            delete: false,
+            table: &op.table,
+            row_id: &op.row_id,
+            row: Some(push_stage::row_map(&layout.columns, &values)),
+            stored: before,
+            stored_server_version: Some(stored.server_version),
+            next_server_version: Some(next),
         });
         Ok(None)
     }
@@ -837,6 +869,16 @@ impl Context<'_, '_> {
             scopes,
             payload: Some(full),
         });
+        self.witness(|| Evidence {
+            op_index: k,
+            delete: false,
+            table: &op.table,
+            row_id: &op.row_id,
+            row: Some(push_stage::row_map(&layout.columns, &values)),
+            stored: None,
+            stored_server_version: None,
+            next_server_version: Some(1),
+        });
         Ok(None)
     }
 
@@ -854,6 +896,10 @@ impl Context<'_, '_> {
             .find(|(_, op)| self.tables.get(&op.table).is_some_and(|t| t.has_references))
         {
             return Ok(Some(fallback("references", Some((k, &op.table)))));
+        }
+        let hooks = self.options.commit_validator || self.options.reaction_planner;
+        if hooks && self.options.stage {
+            return Ok(Some(Stop::Staged));
         }
         if self.options.commit_validator {
             return Ok(Some(fallback("commit_validator", None)));
@@ -917,22 +963,6 @@ fn replay(stored: Value, at: &str) -> Value {
         out["commitSeq"] = stored["commitSeq"].clone();
     }
     out["result"] = stored;
-    out
-}
-
-/// The answer for a result this call stored (or found stored by a concurrent writer).
-fn finished(canonical: Value, identity: &str, changes: Option<Value>) -> Value {
-    let replayed = canonical["cacheIdentity"] != json!(identity);
-    let applied = canonical["status"] == "applied";
-    let mut out = json!({"outcome": if applied { "applied" } else { "rejected" },
-                         "replayed": replayed});
-    if applied {
-        out["commitSeq"] = canonical["commitSeq"].clone();
-        if let Some(changes) = changes {
-            out["changes"] = changes;
-        }
-    }
-    out["result"] = canonical;
     out
 }
 
@@ -1043,89 +1073,6 @@ fn open_tables(
     Ok(Ok(tables))
 }
 
-/// A change's stored scopes as a jsonb value for the append (the same bytes `append_commit`
-/// stores for the same object).
-fn scopes_jsonb(scopes: &Map<String, Value>) -> Result<JsonbArg> {
-    JsonbArg::parse(&Value::Object(scopes.clone()).to_string())
-        .ok_or_else(|| Error::Internal("syncular: scopes do not convert to jsonb".into()))
-}
-
-/// Steps C9/C10 after the operations: the append and the applied result, or the stored
-/// rejection.
-fn append_and_store(
-    client: &SpiClient<'_>,
-    request: &Request<'_>,
-    identity: &str,
-    results: usize,
-    changes: Vec<ChangeOut>,
-) -> Result<Value> {
-    let [partition, client_id, client_commit_id] = request.key;
-    let documents = changes
-        .iter()
-        .map(|c| scopes_jsonb(&c.scopes))
-        .collect::<Result<Vec<_>>>()?;
-    let returned = request.options.return_changes.then(|| {
-        Value::Array(
-            changes
-                .iter()
-                .map(|c| {
-                    let mut change = json!({"table": c.table, "rowId": c.row_id,
-                        "op": if c.delete { "delete" } else { "upsert" }, "scopes": c.scopes});
-                    if let Some(v) = c.row_version {
-                        change["rowVersion"] = json!(v);
-                    }
-                    if let Some(p) = &c.payload {
-                        change["payload"] = json!(BASE64.encode(p));
-                    }
-                    change
-                })
-                .collect(),
-        )
-    });
-    let mut log_changes = Vec::with_capacity(changes.len());
-    for (c, document) in changes.into_iter().zip(&documents) {
-        let raw = match document.container().and_then(|c| c.root()) {
-            Ok(Node::Object(object)) => object.to_jsonb(),
-            _ => return Err(Error::Internal("syncular: scopes are not an object".into())),
-        };
-        log_changes.push((c, raw));
-    }
-    let commit = Commit {
-        client_id,
-        client_commit_id,
-        actor_id: request.actor_id,
-        created_at_ms: request.created_at_ms,
-        writer_version: Some(request.running),
-        changes: log_changes
-            .iter()
-            .map(|(c, raw)| Change {
-                table: &c.table,
-                row_id: &c.row_id,
-                op: if c.delete { Op::Delete } else { Op::Upsert },
-                row_version: c.row_version,
-                scopes: c
-                    .scopes
-                    .iter()
-                    .filter_map(|(var, value)| value.as_str().map(|v| (var.as_str(), v)))
-                    .collect(),
-                scopes_jsonb: *raw,
-                payload: c.payload.clone(),
-            })
-            .collect(),
-    };
-    push_guard::check_append(partition, client_id, client_commit_id)?;
-    let seq = log::append(client, partition, &commit)?;
-    push_guard::appended(seq);
-    notify::appended(partition, seq);
-    let document = json!({
-        "status": "applied", "commitSeq": seq,
-        "results": (0..results).map(|k| json!({"opIndex": k, "status": "applied"})).collect::<Vec<_>>(),
-        "recordedAtMs": request.created_at_ms, "cacheIdentity": identity,
-    });
-    let canonical = push::store_result(client, &request.key, document)?;
-    Ok(finished(canonical, identity, returned))
-}
-
 /// The whole push after the arguments were read; runs as the extension owner.
 fn push(client: &SpiClient<'_>, caller: pg_sys::Oid, request: &Request<'_>) -> Result<Value> {
     let [partition, ..] = request.key;
@@ -1136,7 +1083,7 @@ fn push(client: &SpiClient<'_>, caller: pg_sys::Oid, request: &Request<'_>) -> R
     let tables = match open_tables(client, request)? {
         Ok(tables) => tables,
         Err(Stop::Fallback(doc)) => return Ok(doc),
-        Err(Stop::Rejected(_)) => unreachable!("static checks only fall back"),
+        Err(Stop::Rejected(_) | Stop::Staged) => unreachable!("static checks only fall back"),
     };
     // C2…C4: lock, the gate under the lock, the locked re-check.
     log::lock(client, partition)?;
@@ -1153,11 +1100,15 @@ fn push(client: &SpiClient<'_>, caller: pg_sys::Oid, request: &Request<'_>) -> R
         options: &request.options,
         tables: &tables,
         upserting: Cell::new(None),
+        evidence: (request.options.stage
+            && (request.options.commit_validator || request.options.reaction_planner))
+            .then(|| RefCell::new(Vec::with_capacity(request.ops.len()))),
     };
     let mut changes = Vec::new();
     let outcome = in_subtransaction(
         || context.run(&request.ops, &mut changes),
-        |r| matches!(r, Ok(None)),
+        // Staged: the candidate rows stay in the host's transaction for its hooks.
+        |r| matches!(r, Ok(None | Some(Stop::Staged))),
     );
     let stop = match outcome {
         Ok(Ok(None)) => None,
@@ -1181,15 +1132,31 @@ fn push(client: &SpiClient<'_>, caller: pg_sys::Oid, request: &Request<'_>) -> R
         )?)?
         .unwrap_or_default(),
     };
+    let header = Header {
+        key: request.key,
+        actor_id: request.actor_id,
+        created_at_ms: request.created_at_ms,
+        running: request.running,
+        identity: &identity,
+        return_changes: request.options.return_changes,
+    };
     match stop {
-        None => append_and_store(client, request, &identity, request.ops.len(), changes),
+        None => {
+            let appended = push_append::append(client, &header, changes)?;
+            push_append::store_applied(client, &header, request.ops.len(), appended)
+        }
+        Some(Stop::Staged) => {
+            push_stage::save(&header, request.ops.len(), &changes);
+            let operations = context.evidence.map(RefCell::into_inner);
+            Ok(json!({"outcome": "staged", "operations": operations.unwrap_or_default()}))
+        }
         Some(Stop::Fallback(doc)) => Ok(doc),
         Some(Stop::Rejected(record)) => {
             // C9: only the rejection is stored; no commit_seq is consumed.
             let document = json!({"status": "rejected", "results": [record],
                                   "recordedAtMs": request.created_at_ms, "cacheIdentity": identity});
             let canonical = push::store_result(client, &request.key, document)?;
-            Ok(finished(canonical, &identity, None))
+            Ok(push_append::finished(canonical, &identity, None))
         }
     }
 }
@@ -1246,6 +1213,12 @@ fn push_commit(
         // SAFETY: reads a backend global of the current transaction; never errors.
         if unsafe { pg_sys::XactIsoLevel } != pg_sys::XACT_READ_COMMITTED as i32 {
             return Err(Error::invalid_transaction_state("isolation"));
+        }
+        // A staged push leaves candidate rows for push_finish: in autocommit they would be
+        // committed with no commit appended.
+        // SAFETY: reads backend state of the current transaction; never errors.
+        if options.stage && !unsafe { pg_sys::IsTransactionBlock() } {
+            return Err(Error::invalid_transaction_state("no_transaction_block"));
         }
         let request = Request {
             key: [partition, client_id, client_commit_id],

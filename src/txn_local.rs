@@ -25,6 +25,8 @@ pub enum Key {
     PushBegun,
     /// The `commit_seq` that push was appended as.
     PushAppended,
+    /// A push staged for `push_finish` ([`crate::push_stage`]).
+    PushStaged,
 }
 
 struct Entry {

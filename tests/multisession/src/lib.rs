@@ -5,6 +5,8 @@
 //! gate and the barrier look at every partition. The cluster is started by `scripts/test.sh`;
 //! `SYNCULAR_TEST_PG` holds its connection parameters (without a database name).
 
+pub mod native_push;
+
 use postgres::types::ToSql;
 use postgres::{Client, NoTls};
 use serde_json::{json, Value};

@@ -15,6 +15,7 @@ const INVOKER: &[&str] = &[
     "adopt_legacy_tables",
     "get_row_scopes",
     "push_commit",
+    "push_finish",
     "register_table",
     "repair_schema_marker",
     "repair_writer_fence",
