@@ -1,0 +1,158 @@
+// How statements reach the database: a `pg.Pool` (or anything with `query` and `connect`) or
+// upstream's `PgExecutor` (`query` and `transaction(fn)`). A session is one pinned connection
+// inside one transaction, ended by `end(commit)`.
+import type { ErrorMapper } from './errors.js';
+import type { PgExecutor, PgQueryable, PgRow } from './types.js';
+
+export interface QueryResultLike<Row> {
+  rows: Row[];
+  rowCount: number | null;
+}
+
+/** The part of `pg.PoolClient` this package uses. */
+export interface PoolClientLike {
+  query(text: string, params?: unknown[]): Promise<QueryResultLike<PgRow>>;
+  release(error?: Error | boolean): void;
+}
+
+/** The part of `pg.Pool` this package uses. */
+export interface PoolLike {
+  query(text: string, params?: unknown[]): Promise<QueryResultLike<PgRow>>;
+  connect(): Promise<PoolClientLike>;
+}
+
+export type StorageSource = PoolLike | PgExecutor;
+
+export type Isolation = 'read committed' | 'repeatable read read only';
+
+/** A statement runner that maps the extension's refusals and reports each statement sent. */
+export interface Runner {
+  query<Row = PgRow>(text: string, params?: readonly unknown[]): Promise<QueryResultLike<Row>>;
+}
+
+export interface Session extends Runner {
+  end(commit: boolean): Promise<void>;
+}
+
+function isExecutor(source: StorageSource): source is PgExecutor {
+  return typeof (source as PgExecutor).transaction === 'function';
+}
+
+class RollbackSignal extends Error {}
+
+export class Connection implements Runner {
+  constructor(
+    readonly source: StorageSource,
+    readonly errors: ErrorMapper,
+    readonly observe: ((text: string) => void) | undefined,
+  ) {}
+
+  /** One statement on the pool (autocommit). */
+  query<Row = PgRow>(text: string, params: readonly unknown[] = []): Promise<QueryResultLike<Row>> {
+    return this.#run<Row>(this.source, text, params);
+  }
+
+  async #run<Row>(
+    on: PgQueryable | PoolLike | PoolClientLike,
+    text: string,
+    params: readonly unknown[],
+  ): Promise<QueryResultLike<Row>> {
+    this.observe?.(text);
+    try {
+      return (await (on as PgQueryable).query<Row>(text, params as unknown[])) as QueryResultLike<Row>;
+    } catch (error) {
+      throw this.errors.map(error);
+    }
+  }
+
+  /** BEGIN on one pinned connection; every statement of the session is sent one at a time. */
+  async session(isolation: Isolation = 'read committed'): Promise<Session> {
+    const source = this.source;
+    let tail: Promise<unknown> = Promise.resolve();
+    const serial = <Row>(on: PgQueryable | PoolClientLike, text: string, params: readonly unknown[]) => {
+      const run = tail.then(() => this.#run<Row>(on, text, params));
+      tail = run.catch(() => undefined);
+      return run;
+    };
+    if (!isExecutor(source)) {
+      const client = await source.connect();
+      try {
+        await this.#run(
+          client,
+          isolation === 'read committed' ? 'BEGIN' : 'BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY',
+          [],
+        );
+      } catch (error) {
+        client.release(error instanceof Error ? error : true);
+        throw error;
+      }
+      let ended = false;
+      return {
+        query: <Row = PgRow>(text: string, params: readonly unknown[] = []) => serial<Row>(client, text, params),
+        end: async (commit: boolean) => {
+          if (ended) return;
+          ended = true;
+          try {
+            await serial(client, commit ? 'COMMIT' : 'ROLLBACK', []);
+            client.release();
+          } catch (error) {
+            client.release(true);
+            throw error;
+          }
+        },
+      };
+    }
+    // Upstream's executor owns BEGIN/COMMIT: hold its callback open until `end`.
+    let finish!: (commit: boolean) => void;
+    const decided = new Promise<boolean>((resolve) => {
+      finish = resolve;
+    });
+    let pinned!: (client: PgQueryable) => void;
+    const ready = new Promise<PgQueryable>((resolve) => {
+      pinned = resolve;
+    });
+    const done = source
+      .transaction(async (client) => {
+        pinned(client);
+        if (!(await decided)) throw new RollbackSignal();
+      })
+      .catch((error: unknown) => {
+        if (error instanceof RollbackSignal) return;
+        throw this.errors.map(error);
+      });
+    const client = await Promise.race([
+      ready,
+      done.then(() => {
+        throw new Error('transaction ended before it began');
+      }),
+    ]);
+    if (isolation !== 'read committed') {
+      await serial(client, 'SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY', []);
+    }
+    let ended = false;
+    return {
+      query: <Row = PgRow>(text: string, params: readonly unknown[] = []) => serial<Row>(client, text, params),
+      end: async (commit: boolean) => {
+        if (ended) return;
+        ended = true;
+        await tail;
+        finish(commit);
+        await done;
+      },
+    };
+  }
+
+  /** Run `fn` in one transaction: COMMIT when it resolves, ROLLBACK when it throws. */
+  async transaction<T>(fn: (session: Session) => Promise<T>, isolation?: Isolation): Promise<T> {
+    const session = await this.session(isolation);
+    let result: T;
+    try {
+      result = await fn(session);
+    } catch (error) {
+      await session.end(false).catch(() => undefined);
+      throw error;
+    }
+    await session.end(true);
+    return result;
+  }
+}
