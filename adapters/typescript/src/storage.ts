@@ -72,7 +72,8 @@ function num(value: unknown): number {
 }
 
 function bytes(value: unknown): Uint8Array {
-  if (value instanceof Uint8Array) return value;
+  // A plain Uint8Array view (no copy) of node-postgres' Buffer.
+  if (value instanceof Uint8Array) return new Uint8Array(value.buffer, value.byteOffset, value.byteLength);
   if (typeof value === 'string') return fromBase64(value);
   throw new Error(`expected bytes, got ${typeof value}`);
 }
@@ -348,6 +349,13 @@ function rewriteAuthoritative(
     }
     previousEnd = relation.end;
     if (!declared.has(relation.table)) throw new Error('registered query table metadata does not match its SQL');
+    const spelling = sql.slice(relation.start, relation.end);
+    const quote = spelling[0];
+    const name =
+      quote === '"' || quote === '`' ? spelling.slice(1, -1).split(quote + quote).join(quote) : quote === '[' ? spelling.slice(1, -1) : spelling;
+    if (name.toLowerCase() !== relation.table.toLowerCase()) {
+      throw new Error('registered query relation name does not match its SQL; regenerate queries');
+    }
     found.add(relation.table);
   }
   if (found.size !== declared.size) throw new Error('registered query table metadata does not match its SQL');
