@@ -19,8 +19,8 @@ function urlFor(database: string, user = 'postgres'): string {
 export interface Fixture {
   readonly database: string;
   readonly admin: pg.Pool; // superuser, for setup and inspection only
-  readonly migrator: pg.Pool; // app_migrator: syncular_admin, owns the app tables
-  readonly server: pg.Pool; // app_server: syncular_host only
+  readonly migrator: pg.Pool; // ts_adapter_migrator: syncular_admin, owns the app tables
+  readonly server: pg.Pool; // ts_adapter_server: syncular_host only
   close(): Promise<void>;
 }
 
@@ -31,7 +31,7 @@ export async function freshDatabase(name: string): Promise<Fixture> {
   try {
     await root.query(`DROP DATABASE IF EXISTS ${database} WITH (FORCE)`);
     await root.query(`CREATE DATABASE ${database}`);
-    for (const role of ['app_migrator', 'app_server']) {
+    for (const role of ['ts_adapter_migrator', 'ts_adapter_server']) {
       const exists = await root.query('SELECT 1 FROM pg_roles WHERE rolname = $1', [role]);
       if (exists.rows.length === 0) await root.query(`CREATE ROLE ${role} LOGIN`);
     }
@@ -40,14 +40,14 @@ export async function freshDatabase(name: string): Promise<Fixture> {
   }
   const admin = new pg.Pool({ connectionString: urlFor(database), max: 2 });
   await admin.query('CREATE EXTENSION syncular');
-  await admin.query('GRANT syncular_admin TO app_migrator');
-  await admin.query('GRANT syncular_host TO app_server');
-  await admin.query('GRANT CREATE, USAGE ON SCHEMA public TO app_migrator');
+  await admin.query('GRANT syncular_admin TO ts_adapter_migrator');
+  await admin.query('GRANT syncular_host TO ts_adapter_server');
+  await admin.query('GRANT CREATE, USAGE ON SCHEMA public TO ts_adapter_migrator');
   await admin.query(
-    'ALTER DEFAULT PRIVILEGES FOR ROLE app_migrator IN SCHEMA public GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO app_server',
+    'ALTER DEFAULT PRIVILEGES FOR ROLE ts_adapter_migrator IN SCHEMA public GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO ts_adapter_server',
   );
-  const migrator = new pg.Pool({ connectionString: urlFor(database, 'app_migrator'), max: 4 });
-  const server = new pg.Pool({ connectionString: urlFor(database, 'app_server'), max: 8 });
+  const migrator = new pg.Pool({ connectionString: urlFor(database, 'ts_adapter_migrator'), max: 4 });
+  const server = new pg.Pool({ connectionString: urlFor(database, 'ts_adapter_server'), max: 8 });
   return {
     database,
     admin,
