@@ -40,12 +40,40 @@ function isExecutor(source: StorageSource): source is PgExecutor {
 
 class RollbackSignal extends Error {}
 
+/** node-postgres' query-config form (`{ name, text, values }`). */
+interface NamedQueryable {
+  query(config: { name: string; text: string; values: unknown[] }): Promise<QueryResultLike<PgRow>>;
+}
+
+const names = new Map<string, string>();
+
+/** A stable statement name per text: `sy_` + FNV-1a 64 of the text. */
+function statementName(text: string): string {
+  let name = names.get(text);
+  if (name === undefined) {
+    let hash = 0xcbf29ce484222325n;
+    for (const byte of new TextEncoder().encode(text)) {
+      hash ^= BigInt(byte);
+      hash = (hash * 0x100000001b3n) & 0xffffffffffffffffn;
+    }
+    name = `sy_${hash.toString(16)}`;
+    names.set(text, name);
+  }
+  return name;
+}
+
 export class Connection implements Runner {
+  readonly #named: boolean;
+
   constructor(
     readonly source: StorageSource,
     readonly errors: ErrorMapper,
     readonly observe: ((text: string) => void) | undefined,
-  ) {}
+    preparedStatements = true,
+  ) {
+    // Named statements only through node-postgres' own pool; an executor takes (text, params).
+    this.#named = preparedStatements && !isExecutor(source);
+  }
 
   /** One statement on the pool (autocommit). */
   query<Row = PgRow>(text: string, params: readonly unknown[] = []): Promise<QueryResultLike<Row>> {
@@ -59,6 +87,11 @@ export class Connection implements Runner {
   ): Promise<QueryResultLike<Row>> {
     this.observe?.(text);
     try {
+      if (this.#named && params.length > 0) {
+        // node-postgres prepares a named statement once per connection and then only binds it.
+        const named = { name: statementName(text), text, values: params as unknown[] };
+        return (await (on as unknown as NamedQueryable).query(named)) as QueryResultLike<Row>;
+      }
       return (await (on as PgQueryable).query<Row>(text, params as unknown[])) as QueryResultLike<Row>;
     } catch (error) {
       throw this.errors.map(error);

@@ -59,6 +59,11 @@ export interface SyncularServerStorageOptions {
   readonly errors?: ErrorClasses;
   /** Called with the text of every statement sent (tests and the benchmark count them). */
   readonly onStatement?: (text: string) => void;
+  /**
+   * With a `pg.Pool`: send parameterized statements as named prepared statements (parsed once per
+   * connection). Default true; the statement texts are fixed per table, never built from values.
+   */
+  readonly preparedStatements?: boolean;
 }
 
 // ---- conversions -----------------------------------------------------------------------------
@@ -677,7 +682,7 @@ export class SyncularServerStorage implements ServerStorage {
   /** `source`: a `pg.Pool` (recommended) or upstream's `PgExecutor`. */
   constructor(source: StorageSource, options: SyncularServerStorageOptions = {}) {
     this.errors = new ErrorMapper(options.errors);
-    this.#db = new Connection(source, this.errors, options.onStatement);
+    this.#db = new Connection(source, this.errors, options.onStatement, options.preparedStatements ?? true);
     this.#appSchema = options.appSchema ?? 'public';
   }
 
