@@ -94,6 +94,7 @@ export class Connection implements Runner {
       }
       return (await (on as PgQueryable).query<Row>(text, params as unknown[])) as QueryResultLike<Row>;
     } catch (error) {
+      await this.errors.ready;
       throw this.errors.map(error);
     }
   }

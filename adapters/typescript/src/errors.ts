@@ -79,14 +79,33 @@ export function syncularRefusal(
 
 /** Resolved classes plus the mapping used on every statement the adapter sends. */
 export class ErrorMapper {
-  readonly storageQuery: StorageQueryErrorClass;
-  readonly sync: SyncErrorClass;
-  readonly constraint: StorageConstraintErrorClass;
+  storageQuery: StorageQueryErrorClass;
+  sync: SyncErrorClass;
+  constraint: StorageConstraintErrorClass;
+  /** Settles once upstream's classes were looked up (when none were injected). */
+  readonly ready: Promise<void>;
 
   constructor(classes: ErrorClasses | undefined) {
     this.storageQuery = classes?.StorageQueryError ?? (StorageQueryError as StorageQueryErrorClass);
     this.sync = classes?.SyncError ?? SyncError;
     this.constraint = classes?.StorageConstraintError ?? StorageConstraintError;
+    // Nothing injected: use the classes @syncular/server exports, when it is installed (the
+    // optional peer), so its `instanceof` checks hold without configuration.
+    this.ready = classes === undefined ? this.#fromUpstream() : Promise.resolve();
+  }
+
+  async #fromUpstream(): Promise<void> {
+    const name = '@syncular/server';
+    try {
+      const upstream = (await import(name)) as Record<string, unknown>;
+      const pick = <T>(key: string): T | undefined =>
+        typeof upstream[key] === 'function' ? (upstream[key] as T) : undefined;
+      this.storageQuery = pick<StorageQueryErrorClass>('StorageQueryError') ?? this.storageQuery;
+      this.sync = pick<SyncErrorClass>('SyncError') ?? this.sync;
+      this.constraint = pick<StorageConstraintErrorClass>('StorageConstraintError') ?? this.constraint;
+    } catch {
+      // Not installed: the local classes stay.
+    }
   }
 
   /** `new StorageQueryError(code)` with the extension's DETAIL attached as `details`. */

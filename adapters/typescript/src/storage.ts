@@ -576,6 +576,7 @@ class SyncularTransaction implements StorageTransaction {
         table,
       ]);
     } catch (error) {
+      await this.#storage.errors.ready;
       if (isConstraintViolation(error)) throw new this.#storage.errors.constraint(error, context?.opIndex);
       throw error;
     }
@@ -717,6 +718,7 @@ export class SyncularServerStorage implements ServerStorage {
 
   async ensureSchema(schema: CompiledSchema, checkpoints?: readonly CheckpointDeclaration[]): Promise<void> {
     if (this.#schemaVersion === schema.version && this.#tables !== undefined) return;
+    await this.errors.ready;
     const tables = new Map<string, AppTable>();
     for (const compiled of schema.tables.values()) tables.set(compiled.name, new AppTable(this.#appSchema, compiled));
     const layouts = j(layoutsOf(schema));
