@@ -868,6 +868,15 @@ export class SyncularServerStorage implements ServerStorage {
     }
   }
 
+  /**
+   * Store the compiled schema as the extension's push schema (`set_push_schema`, syncular_admin).
+   * `ensureSchema` does it in every migration; call it once after adopting a 0.24 database
+   * (`adopt_legacy_tables`), whose marker is already current (docs/TYPESCRIPT.md).
+   */
+  async setPushSchema(schema: CompiledSchema): Promise<void> {
+    await this.#db.query('SELECT syncular.set_push_schema($1, $2::text::jsonb)', [schema.version, j(pushSchemaOf(schema))]);
+  }
+
   async touchPartition(partition: string, authenticatedAtMs: number, initialLogEpoch: string): Promise<PartitionRegistryEntry> {
     return toEntry(
       first(await this.#db.query('SELECT syncular.touch_partition($1, $2, $3)', [partition, authenticatedAtMs, initialLogEpoch])),
