@@ -410,7 +410,12 @@ describe('concurrency, fence and gate', () => {
       await tx.lockPartitionForPush!();
       await assert.rejects(
         tx.appendCommit({ clientId: 'old', clientCommitId: 'k', actorId: 'a', createdAtMs: NOW, changes: [] }),
-        (e: unknown) => e instanceof StorageQueryError && e.code === 'sync.storage.writer_fence_rejected',
+        (e: unknown) => {
+          assert.ok(e instanceof StorageQueryError);
+          assert.equal(e.code, 'sync.storage.writer_fence_rejected');
+          assert.deepEqual((e as unknown as { details: unknown }).details, { partition, writerVersion: 1, requiredWriterVersion: 2 });
+          return true;
+        },
       );
       await tx.rollback();
     }
