@@ -191,8 +191,9 @@ function serializePushResult(result: StoredPushResult): unknown {
           code: r.code,
           message: r.message,
           serverVersion: r.serverVersion,
-          serverRow: toBase64(r.serverRow),
-          conflictColumns: toBase64(r.conflictColumns),
+          // Absent bytes stay absent; the stored document then reads them as empty bytes.
+          ...(r.serverRow !== undefined ? { serverRow: toBase64(r.serverRow) } : {}),
+          ...(r.conflictColumns !== undefined ? { conflictColumns: toBase64(r.conflictColumns) } : {}),
         };
       }
       if (r.status === 'error') {
