@@ -33,7 +33,12 @@ export async function freshDatabase(name: string): Promise<Fixture> {
     await root.query(`CREATE DATABASE ${database}`);
     for (const role of ['ts_adapter_migrator', 'ts_adapter_server']) {
       const exists = await root.query('SELECT 1 FROM pg_roles WHERE rolname = $1', [role]);
-      if (exists.rows.length === 0) await root.query(`CREATE ROLE ${role} LOGIN`);
+      // Test files may run in parallel: a role another file created meanwhile is fine.
+      if (exists.rows.length === 0) {
+        await root.query(`CREATE ROLE ${role} LOGIN`).catch((error: { code?: string }) => {
+          if (error.code !== '42710' && error.code !== '23505') throw error;
+        });
+      }
     }
   } finally {
     await root.end();
