@@ -734,7 +734,17 @@ export class SyncularServerStorage implements ServerStorage {
       ]),
     );
     if (state === 'migrate') {
-      await this.#db.transaction((session) => this.#migrateOn(session, schema, tables, layouts, declared));
+      try {
+        await this.#db.transaction((session) => this.#migrateOn(session, schema, tables, layouts, declared));
+      } catch (error) {
+        if ((error as { code?: unknown }).code === '42501') {
+          throw new Error(
+            `ensureSchema: the database is not at schema version ${schema.version} and migrating it needs a role in syncular_admin that may create the app tables (docs/TYPESCRIPT.md, Roles): ${(error as Error).message}`,
+            { cause: error },
+          );
+        }
+        throw error;
+      }
     } else {
       await this.#assertPhysicalLayout(this.#db, tables);
     }

@@ -120,6 +120,12 @@ describe('schema', () => {
     }
   });
 
+  test('a serving role that would have to migrate is told which role it needs', async () => {
+    await assert.rejects(new SyncularServerStorage(fx.server).ensureSchema(schemaV(7)), /needs a role in syncular_admin/);
+    const state = await fx.admin.query('SELECT syncular.schema_state() AS s');
+    assert.equal(state.rows[0].s.schemaVersion, 1, 'nothing migrated');
+  });
+
   test('row operations before ensureSchema throw', async () => {
     const fresh = new SyncularServerStorage(fx.server);
     await assert.rejects(fresh.getRow(P, 'tasks', 'x'), /ensureSchema/);
