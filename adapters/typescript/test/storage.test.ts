@@ -174,6 +174,32 @@ describe('push transaction', () => {
     assert.deepEqual(scopeRows.rows[0].s, { serverVersion: 1, scopes: { project_id: 'p1' } });
   });
 
+  test('typed projection of every column type, including NaN, NULLs and large integers', async () => {
+    const tx = await begin(server, P);
+    const rows: [string, Record<string, unknown>, Record<string, unknown>][] = [
+      ['ty1', { n: 9007199254740991, score: 'NaN', done: false, meta: '[1, {"a": null}]', data: '' }, { n: '9007199254740991', score: NaN, done: false, meta: [1, { a: null }], data: Buffer.alloc(0) }],
+      ['ty2', { n: -1, score: '-Infinity', done: null, meta: null, data: null }, { n: '-1', score: -Infinity, done: null, meta: null, data: null }],
+      ['ty3', { title: null, score: 0.1 }, { title: null, score: 0.1 }],
+    ];
+    for (const [id, values] of rows) {
+      const payload = await encode(fx.server, 'tasks', task(id, 'p3', 'typed', values));
+      await tx.upsertRow('tasks', { rowId: id, serverVersion: 1, scopes: scopes('p3'), payload });
+    }
+    // The rows are not committed: read the projection inside the transaction.
+    const sql = "SELECT id, n, score, done, meta, data, title FROM tasks WHERE project_id = 'p3' ORDER BY id";
+    const check = await tx.queryAuthoritative!({
+      plan: { sql, relations: [relation(sql, 'tasks')] },
+      params: [],
+      tables: ['tasks'],
+    });
+    for (const [i, [id, , expected]] of rows.entries()) {
+      const row = check.rows[i]!;
+      assert.equal(row.id, id);
+      for (const [column, value] of Object.entries(expected)) assert.deepEqual(row[column], value, `${id}.${column}`);
+    }
+    await tx.rollback();
+  });
+
   test('getRow / getTombstoneSeq / clearTombstone / deleteRow / prefetchRows', async () => {
     const tx = await begin(server, P);
     try {
