@@ -248,7 +248,7 @@ function render(rows: Row[]): string {
   }
   lines.push(
     '',
-    'This VM has 2 cores and was shared with other builds during the run (load average 2–3); rounds of one side varied by up to 3×, so read the ratios as rough. Compare the adapter with *upstream (node)*: both pay node-postgres\' per-statement cost (about 0.1 ms per round trip on this machine, several times pgbench\'s), which is what an upstream TypeScript host pays too; the pgbench column is the floor of the replayed statements without any client cost. The adapter sends named prepared statements (parsed once per connection). Per row the adapter sends one row read and one statement that decodes the payload with the extension\'s codec, writes the typed row and its scope index; upstream sends a read, the upsert and two scope-index statements.',
+    'This VM has 2 cores and was shared with other builds during the run (load average 2–3.5); rounds of one side varied by up to 3×, so read the ratios as rough. Compare the adapter with *upstream (node)*: both pay node-postgres\' per-statement cost (about 0.1 ms per round trip on this machine, several times pgbench\'s), which is what an upstream TypeScript host pays too; the pgbench column is the floor of the replayed statements without any client cost. The adapter sends named prepared statements (parsed once per connection). Per row the adapter sends one row read and one statement that decodes the payload with the extension\'s codec, writes the typed row and its scope index; upstream sends a read, the upsert and two scope-index statements.',
     '',
     '',
   );
