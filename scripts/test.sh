@@ -9,7 +9,8 @@
 #     for the argument caps), and runs tests/multisession against them;
 #  3. the walk-through scripts/demo.sql as a pg_regress test (tests/regress/expected/demo.out);
 #  4. the scenario suite again on installs updated from 0.1.0;
-# and once, on 15: 5. the client examples.
+# and once, on 15: 5. the client examples; 6. the TypeScript storage adapter's tests
+# (adapters/typescript: npm ci, tsc --strict, node --test; scripts/adapter-ts.sh).
 # SYNCULAR_TEST_MAJORS="15" (or "18") limits the run to some majors.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -92,7 +93,9 @@ done
 if [[ " $MAJORS " == *" 15 "* ]]; then
   echo "== client examples (Rust, Python, TypeScript), PostgreSQL 15"
   scripts/examples.sh "$BASE_PORT" "$WORK" 2>&1 | tee -a "$LOG"
+  echo "== TypeScript storage adapter (adapters/typescript), PostgreSQL 15"
+  scripts/adapter-ts.sh "$BASE_PORT" 2>&1 | tee -a "$LOG"
 fi
 
 # One closing line over every runner (pipefail already failed the script on any red run).
-awk '/^test result:/ { p += $4; f += $6 } /^(examples|regress):/ { p += $2; f += $4 } END { printf "syncular: %d passed, %d failed\n", p, f; exit (f > 0 || p == 0) }' "$LOG"
+awk '/^test result:/ { p += $4; f += $6 } /^(examples|regress|adapter-ts):/ { p += $2; f += $4 } END { printf "syncular: %d passed, %d failed\n", p, f; exit (f > 0 || p == 0) }' "$LOG"
