@@ -689,6 +689,8 @@ def report(results, elapsed):
                  "is `append_commit` with the trigger disabled (`session_replication_role = replica`).")
     if PULL_SECTION:
         lines += [""] + PULL_SECTION
+    # Sections other benchmarks generate into the same file stay as their last run left them.
+    lines += kept_sections(os.path.join(ROOT, "docs", "BENCHMARKS.md"), "## Pull" if PULL_SECTION else None)
     # PostgreSQL 15 writes docs/BENCHMARKS.md (with the latest 18 run's ratios next to its own);
     # any other major writes docs/BENCHMARKS-pg<major>.md.
     name = "BENCHMARKS.md" if MAJOR == "15" else f"BENCHMARKS-pg{MAJOR}.md"
@@ -706,6 +708,29 @@ def report(results, elapsed):
 
 
 PULL_SECTION = []
+
+# Sections of docs/BENCHMARKS.md written by their own runs (bench/pull.py with BENCH_PULL_ONLY=1,
+# bench/adapter-ts.sh, the reactions run): a full run keeps them, unless it regenerated them.
+KEPT = ("## Pull", "## TypeScript adapter", "## Reactions")
+
+
+def kept_sections(path, regenerated):
+    """The KEPT sections of the current file (each up to the next `## ` heading), minus the one
+    this run regenerated."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        text = f.read()
+    out = []
+    for heading in KEPT:
+        if heading == regenerated:
+            continue
+        start = text.find(heading + "\n")
+        if start < 0:
+            continue
+        end = text.find("\n## ", start + 1)
+        out += [""] + text[start:end if end >= 0 else len(text)].rstrip("\n").split("\n")
+    return out
 
 
 def splice_pull_section(section):

@@ -12,6 +12,7 @@
 
 use crate::db;
 use crate::error::{Error, Result};
+use crate::txn_local::{self, Key};
 use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
 
@@ -23,12 +24,19 @@ pub fn current_role() -> pg_sys::Oid {
 
 /// The role that owns the extension (the superuser that created it, or whom it was given to).
 pub fn extension_owner(client: &SpiClient<'_>) -> Result<pg_sys::Oid> {
-    db::first::<pg_sys::Oid>(db::read(
+    // Read once per transaction (a push asks twice): the owner changes only by ALTER EXTENSION
+    // … OWNER TO, which a running push does not do.
+    if let Some(oid) = txn_local::get(Key::ExtensionOwner).and_then(|s| s.parse::<u32>().ok()) {
+        return Ok(pg_sys::Oid::from(oid));
+    }
+    let owner = db::first::<pg_sys::Oid>(db::read(
         client,
         "SELECT e.extowner FROM pg_catalog.pg_extension e WHERE e.extname = 'syncular'",
         &[],
     )?)?
-    .ok_or_else(|| Error::Internal("syncular is not installed".into()))
+    .ok_or_else(|| Error::Internal("syncular is not installed".into()))?;
+    txn_local::set(Key::ExtensionOwner, &owner.to_u32().to_string());
+    Ok(owner)
 }
 
 /// Whether `member` holds the privileges of `role` (itself, an inheriting member, or a

@@ -66,6 +66,7 @@ mod pull;
 mod pull_request;
 mod push;
 mod push_append;
+mod push_batch;
 mod push_commit;
 mod push_guard;
 mod push_schema;

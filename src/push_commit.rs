@@ -27,6 +27,7 @@ use crate::limits;
 use crate::log;
 use crate::push;
 use crate::push_append::{self, ChangeOut, Header};
+use crate::push_batch::{self, Batch};
 use crate::push_schema::{self, TableSchema};
 use crate::push_stage::{self, Evidence};
 use crate::rows;
@@ -39,7 +40,7 @@ use pgrx::spi::SpiClient;
 use pgrx::JsonB;
 use serde_json::{json, Map, Value};
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
 /// One operation of the commit, from the parallel arrays.
@@ -333,6 +334,10 @@ struct Table {
     schema: TableSchema,
     relation: AppRelation,
     upsert_sql: String,
+    /// The batched upsert ([`AppRelation::upsert_rows_sql`]), for a triggerless relation.
+    batch_sql: Option<String>,
+    /// The app columns' types a batch binds (none when the table is not materialized).
+    column_types: Vec<ColumnType>,
     has_blob_refs: bool,
     has_references: bool,
     is_crdt: Vec<bool>,
@@ -352,6 +357,20 @@ struct Context<'a, 'conn> {
     /// The operations as a commit validator sees them, collected only when the push may be
     /// staged (src/push_stage.rs).
     evidence: Option<RefCell<Vec<Value>>>,
+    /// Batches allowed in this run (src/push_batch.rs): rows read up front and upserts
+    /// written per table; off when the run is repeated after an error.
+    batching: bool,
+    /// `(table, row_id)` of rows the commit touches more than once: always one statement each.
+    repeated: &'a HashSet<(String, String)>,
+    /// Tables with at least two batchable rows in the commit (one row gains nothing from a
+    /// batch: its single statement is cheaper).
+    batch_tables: RefCell<HashSet<String>>,
+    /// Rows read up front (`None`: absent), taken by the operation that needs them.
+    prefetched: RefCell<HashMap<(String, String), Option<StoredRow>>>,
+    /// Upserts waiting for their table's batch, by table.
+    pending: RefCell<BTreeMap<String, Batch>>,
+    /// Something of this run was read or written in a batch.
+    batched: Cell<bool>,
 }
 
 /// Stored scopes authorize when every declared variable has a non-empty value that `allowed`
@@ -399,6 +418,66 @@ impl Context<'_, '_> {
         if let Some(evidence) = &self.evidence {
             evidence.borrow_mut().push(make().to_json());
         }
+    }
+
+    /// Whether an operation's row is read and written in batches.
+    fn batchable(&self, op: &Operation, t: &Table) -> bool {
+        self.batching
+            && t.batch_sql.is_some()
+            && self.batch_tables.borrow().contains(&op.table)
+            && !self
+                .repeated
+                .contains(&(op.table.clone(), op.row_id.clone()))
+    }
+
+    /// Reads every batchable row of the commit, one statement per table.
+    fn prefetch(&self, ops: &[Operation]) -> Result<()> {
+        if !self.batching || self.allowed.is_none() {
+            return Ok(());
+        }
+        let mut wanted: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for op in ops {
+            let key = (op.table.clone(), op.row_id.clone());
+            if let Some(t) = self.tables.get(&op.table) {
+                if t.batch_sql.is_some() && !self.repeated.contains(&key) {
+                    wanted.entry(&op.table).or_default().push(&op.row_id);
+                }
+            }
+        }
+        wanted.retain(|_, ids| ids.len() > 1);
+        self.batch_tables
+            .borrow_mut()
+            .extend(wanted.keys().map(|t| t.to_string()));
+        for (table, ids) in wanted {
+            self.batched.set(true);
+            let t = &self.tables[table];
+            let mut found =
+                t.relation
+                    .fetch_rows_as(self.client, self.caller, self.partition, ids.clone())?;
+            let mut prefetched = self.prefetched.borrow_mut();
+            for id in ids {
+                prefetched.insert((table.to_string(), id.to_string()), found.remove(id));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the pending batches (before any statement whose order against them matters, and
+    /// at the end of the run).
+    fn flush(&self) -> Result<()> {
+        let pending = std::mem::take(&mut *self.pending.borrow_mut());
+        for (table, batch) in pending {
+            let t = &self.tables[&table];
+            if let Some(sql) = &t.batch_sql {
+                t.relation.upsert_row_as(
+                    self.client,
+                    self.caller,
+                    sql,
+                    &batch.args(self.partition),
+                )?;
+            }
+        }
+        Ok(())
     }
 
     fn validated(&self, table: &str) -> bool {
@@ -498,6 +577,25 @@ impl Context<'_, '_> {
             DatumWithOid::from(payload),
             DatumWithOid::from(column_versions),
         ];
+        if self.batchable(op, t) && Batch::accepts(values) {
+            self.batched.set(true);
+            let values = if t.schema.materialize { values } else { &[] };
+            self.pending
+                .borrow_mut()
+                .entry(op.table.clone())
+                .or_insert_with(|| Batch::new(&t.column_types))
+                .push(
+                    &op.row_id,
+                    version,
+                    scopes,
+                    payload,
+                    column_versions,
+                    values,
+                );
+            return Ok(());
+        }
+        // A single statement keeps its place after every pending one.
+        self.flush()?;
         if t.schema.materialize {
             for (column, value) in t.schema.layout.columns.iter().zip(values) {
                 args.push(self.projection(column.ty, value)?);
@@ -560,9 +658,17 @@ impl Context<'_, '_> {
         let Some(allowed) = self.allowed else {
             return rejected(k, FORBIDDEN, "scope resolution failed (§3.4 step 4)");
         };
-        let stored =
-            t.relation
-                .fetch_row_as(self.client, self.caller, self.partition, &op.row_id)?;
+        let prefetched = self
+            .prefetched
+            .borrow_mut()
+            .remove(&(op.table.clone(), op.row_id.clone()));
+        let stored = match prefetched {
+            Some(stored) => stored,
+            None => {
+                t.relation
+                    .fetch_row_as(self.client, self.caller, self.partition, &op.row_id)?
+            }
+        };
         if op.delete {
             return self.delete(k, op, t, allowed, stored, changes);
         }
@@ -632,6 +738,7 @@ impl Context<'_, '_> {
             return Ok(Some(fallback("row_validator", Some((k, &op.table)))));
         }
         // A class-23 error here (a host foreign key) is a request error, not a rejection.
+        self.flush()?;
         t.relation
             .delete_row_as(self.client, self.caller, self.partition, &op.row_id)?;
         rows::delete_meta(self.client, self.partition, &op.table, &op.row_id)?;
@@ -885,6 +992,15 @@ impl Context<'_, '_> {
     /// Step C5 and the commit-level hooks C6…C8: every operation in order, then what host code
     /// would run once nothing terminated.
     fn run(&self, ops: &[Operation], changes: &mut Vec<ChangeOut>) -> Result<Option<Stop>> {
+        self.prefetch(ops)?;
+        let stop = self.operations(ops, changes)?;
+        // Pending writes go first even before a stop: an error they raise comes before it in
+        // upstream's order (then the run is repeated without batches, `push`).
+        self.flush()?;
+        Ok(stop)
+    }
+
+    fn operations(&self, ops: &[Operation], changes: &mut Vec<ChangeOut>) -> Result<Option<Stop>> {
         for (k, op) in ops.iter().enumerate() {
             if let Some(stop) = self.apply(k, op, changes)? {
                 return Ok(Some(stop));
@@ -1044,6 +1160,22 @@ fn open_tables(
             Vec::new()
         };
         let upsert_sql = relation.upsert_sql(&columns);
+        let column_types: Vec<ColumnType> = if schema.materialize {
+            schema.layout.columns.iter().map(|c| c.ty).collect()
+        } else {
+            Vec::new()
+        };
+        let batch_sql = relation.triggerless.then(|| {
+            let names = schema.layout.columns.iter().map(|c| c.name.as_str());
+            let batched: Vec<(&str, &str, Option<&str>)> = names
+                .zip(&column_types)
+                .map(|(name, ty)| {
+                    let (element, cast) = push_batch::sql_type(*ty);
+                    (name, element, cast)
+                })
+                .collect();
+            relation.upsert_rows_sql(&batched)
+        });
         let has_references = ["references", "referencedBy"].iter().any(|key| {
             schema.stored[*key]
                 .as_array()
@@ -1065,12 +1197,62 @@ fn open_tables(
                     .collect(),
                 has_references,
                 upsert_sql,
+                batch_sql,
+                column_types,
                 relation,
                 schema,
             },
         );
     }
     Ok(Ok(tables))
+}
+
+/// What ended a failed run, for the DEBUG1 line of a repeated push.
+fn failure<R>(outcome: &std::thread::Result<Result<R>>) -> String {
+    match outcome {
+        Ok(Err(e)) => format!("{e:?}"),
+        Err(panic) => match panic.downcast_ref::<CaughtError>() {
+            Some(CaughtError::PostgresError(report)) => report.message().to_string(),
+            _ => "a panic".into(),
+        },
+        Ok(Ok(_)) => String::new(),
+    }
+}
+
+/// `(table, row_id)` of the rows more than one operation touches.
+fn repeated_rows(ops: &[Operation]) -> HashSet<(String, String)> {
+    let mut seen = HashSet::new();
+    let mut repeated = HashSet::new();
+    for op in ops {
+        let key = (op.table.as_str(), op.row_id.as_str());
+        if !seen.insert(key) {
+            repeated.insert((op.table.clone(), op.row_id.clone()));
+        }
+    }
+    repeated
+}
+
+/// A version-4 UUID from PostgreSQL's strong random source, as `gen_random_uuid()` makes it
+/// (the default `cacheIdentity`), without a statement.
+fn random_uuid() -> Result<String> {
+    let mut bytes = [0u8; 16];
+    // SAFETY: fills exactly the 16 bytes of the buffer; returns false when no source works.
+    if !unsafe { pg_sys::pg_strong_random(bytes.as_mut_ptr().cast(), bytes.len()) } {
+        return Err(Error::Internal(
+            "syncular: could not generate random values".into(),
+        ));
+    }
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    ))
 }
 
 /// The whole push after the arguments were read; runs as the extension owner.
@@ -1092,45 +1274,63 @@ fn push(client: &SpiClient<'_>, caller: pg_sys::Oid, request: &Request<'_>) -> R
     if let Some(stored) = push::stored_result(client, &request.key, true)? {
         return Ok(replay(stored, "locked"));
     }
-    let context = Context {
-        client,
-        caller,
-        partition,
-        allowed: &request.allowed,
-        options: &request.options,
-        tables: &tables,
-        upserting: Cell::new(None),
-        evidence: (request.options.stage
-            && (request.options.commit_validator || request.options.reaction_planner))
-            .then(|| RefCell::new(Vec::with_capacity(request.ops.len()))),
-    };
-    let mut changes = Vec::new();
-    let outcome = in_subtransaction(
-        || context.run(&request.ops, &mut changes),
-        // Staged: the candidate rows stay in the host's transaction for its hooks.
-        |r| matches!(r, Ok(None | Some(Stop::Staged))),
-    );
-    let stop = match outcome {
-        Ok(Ok(None)) => None,
-        Ok(Ok(Some(stop))) => Some(stop),
-        Ok(Err(e)) => return Err(e),
-        Err(panic) => match context.upserting.get() {
-            Some(k) if integrity_violation(panic.as_ref()) => Some(Stop::Rejected(error_record(
-                k,
-                "sync.constraint_violation",
-                "write violates a relational constraint",
-            ))),
-            _ => resume_unwind(panic),
-        },
+    let repeated = repeated_rows(&request.ops);
+    // A batched run that fails is run again statement by statement (src/push_batch.rs), so
+    // which error, rejection or fallback comes first is always upstream's.
+    let mut batching = true;
+    let (stop, changes, evidence) = loop {
+        let context = Context {
+            client,
+            caller,
+            partition,
+            allowed: &request.allowed,
+            options: &request.options,
+            tables: &tables,
+            upserting: Cell::new(None),
+            evidence: (request.options.stage
+                && (request.options.commit_validator || request.options.reaction_planner))
+                .then(|| RefCell::new(Vec::with_capacity(request.ops.len()))),
+            batching,
+            repeated: &repeated,
+            batch_tables: RefCell::new(HashSet::new()),
+            prefetched: RefCell::new(HashMap::new()),
+            pending: RefCell::new(BTreeMap::new()),
+            batched: Cell::new(false),
+        };
+        let mut changes = Vec::new();
+        let outcome = in_subtransaction(
+            || context.run(&request.ops, &mut changes),
+            // Staged: the candidate rows stay in the host's transaction for its hooks.
+            |r| matches!(r, Ok(None | Some(Stop::Staged))),
+        );
+        if context.batched.get() && !matches!(outcome, Ok(Ok(_))) {
+            pgrx::debug1!(
+                "syncular: push_commit runs its operations again without batches after: {}",
+                failure(&outcome)
+            );
+            batching = false;
+            continue;
+        }
+        let stop = match outcome {
+            Ok(Ok(None)) => None,
+            Ok(Ok(Some(stop))) => Some(stop),
+            Ok(Err(e)) => return Err(e),
+            Err(panic) => match context.upserting.get() {
+                Some(k) if integrity_violation(panic.as_ref()) => {
+                    Some(Stop::Rejected(error_record(
+                        k,
+                        "sync.constraint_violation",
+                        "write violates a relational constraint",
+                    )))
+                }
+                _ => resume_unwind(panic),
+            },
+        };
+        break (stop, changes, context.evidence.map(RefCell::into_inner));
     };
     let identity = match &request.options.cache_identity {
         Some(identity) => identity.clone(),
-        None => db::first::<String>(db::read(
-            client,
-            "SELECT pg_catalog.gen_random_uuid()::text",
-            &[],
-        )?)?
-        .unwrap_or_default(),
+        None => random_uuid()?,
     };
     let header = Header {
         key: request.key,
@@ -1147,8 +1347,7 @@ fn push(client: &SpiClient<'_>, caller: pg_sys::Oid, request: &Request<'_>) -> R
         }
         Some(Stop::Staged) => {
             push_stage::save(&header, request.ops.len(), &changes);
-            let operations = context.evidence.map(RefCell::into_inner);
-            Ok(json!({"outcome": "staged", "operations": operations.unwrap_or_default()}))
+            Ok(json!({"outcome": "staged", "operations": evidence.unwrap_or_default()}))
         }
         Some(Stop::Fallback(doc)) => Ok(doc),
         Some(Stop::Rejected(record)) => {

@@ -36,6 +36,10 @@ pub struct AppRelation {
     qualified: String,
     /// Row-level security is enabled (`relrowsecurity`).
     row_security: bool,
+    /// A plain table on which no trigger can fire (not partitioned, `relhastriggers` false: no
+    /// host trigger, no foreign key either way). Only such a table's rows are read and written
+    /// in batches by the one-call push (docs/DESIGN.md §Push path, "Batches").
+    pub triggerless: bool,
 }
 
 impl AppRelation {
@@ -184,6 +188,96 @@ impl AppRelation {
         )
     }
 
+    /// The rows of `row_ids` in one statement, as the caller (as [`AppRelation::fetch_row_as`]
+    /// reads one); rows that do not exist are absent from the map.
+    pub fn fetch_rows_as(
+        &self,
+        client: &SpiClient<'_>,
+        caller: pg_sys::Oid,
+        partition: &str,
+        row_ids: Vec<&str>,
+    ) -> error::Result<std::collections::HashMap<String, StoredRow>> {
+        let sql = format!(
+            "SELECT a.\"_sync_row_id\", a.\"_sync_server_version\", a.\"_sync_scopes\",
+                    a.\"_sync_payload\", a.\"_sync_column_versions\"
+               FROM {} a WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = ANY ($2)",
+            self.qualified
+        );
+        access::as_restricted(caller, || {
+            let table = db::write_dynamic(
+                client,
+                &sql,
+                &[DatumWithOid::from(partition), DatumWithOid::from(row_ids)],
+            )?;
+            let mut rows = std::collections::HashMap::new();
+            for row in table {
+                let id = row.get::<String>(1)?.unwrap_or_default();
+                rows.insert(
+                    id,
+                    StoredRow {
+                        server_version: row.get::<i64>(2)?.unwrap_or(0),
+                        scopes: row
+                            .get::<JsonB>(3)?
+                            .map(|j| args::unwrap_json_text(j.0))
+                            .unwrap_or(json!({})),
+                        payload: row.get::<Vec<u8>>(4)?.unwrap_or_default(),
+                        column_versions: row.get::<Vec<u8>>(5)?,
+                    },
+                );
+            }
+            Ok(rows)
+        })
+    }
+
+    /// The upsert of many app rows in one statement: [`AppRelation::upsert_sql`]'s columns,
+    /// each bound as one array (`(name, element type, cast)`; the partition as `$1`), unnested
+    /// side by side in order (`ROWS FROM`: the multi-argument `unnest` cannot be
+    /// schema-qualified). Same writes as one upsert per row, for a triggerless table and distinct rows.
+    pub fn upsert_rows_sql(&self, columns: &[(&str, &str, Option<&str>)]) -> String {
+        let meta = [
+            ("_sync_row_id", "text", None),
+            ("_sync_server_version", "int8", None),
+            ("_sync_scopes", "text", Some("jsonb")),
+            ("_sync_payload", "bytea", None),
+            ("_sync_column_versions", "bytea", None),
+        ];
+        let all: Vec<(&str, &str, Option<&str>)> = meta
+            .iter()
+            .copied()
+            .chain(columns.iter().copied())
+            .collect();
+        let mut names = vec![Self::column("_sync_partition")];
+        names.extend(all.iter().map(|(c, _, _)| Self::column(c)));
+        let arrays: Vec<String> = all
+            .iter()
+            .enumerate()
+            .map(|(i, (_, ty, _))| format!("pg_catalog.unnest(${}::pg_catalog.{ty}[])", i + 2))
+            .collect();
+        let selected: Vec<String> = all
+            .iter()
+            .enumerate()
+            .map(|(i, (_, _, cast))| match cast {
+                Some(cast) => format!("u.c{i}::pg_catalog.{cast}"),
+                None => format!("u.c{i}"),
+            })
+            .collect();
+        let aliases: Vec<String> = (0..all.len()).map(|i| format!("c{i}")).collect();
+        let updates: Vec<String> = names[2..]
+            .iter()
+            .map(|c| format!("{c} = EXCLUDED.{c}"))
+            .collect();
+        format!(
+            "INSERT INTO {} ({}) SELECT $1, {} FROM ROWS FROM ({}) AS u({})
+             ON CONFLICT (\"_sync_partition\", \"_sync_row_id\") DO UPDATE SET {}",
+            self.qualified,
+            names.join(", "),
+            selected.join(", "),
+            arrays.join(", "),
+            aliases.join(", "),
+            updates.join(", ")
+        )
+    }
+
     /// Runs an [`AppRelation::upsert_sql`] statement as the caller.
     pub fn upsert_row_as(
         &self,
@@ -255,6 +349,7 @@ const META_COLUMNS: [(&CStr, pg_sys::Oid, bool); 6] = [
 struct Inspected {
     owner: pg_sys::Oid,
     row_security: bool,
+    triggerless: bool,
     schema: String,
     name: String,
     /// Why it cannot serve as an app table, if it cannot.
@@ -303,6 +398,7 @@ fn inspect(oid: pg_sys::Oid) -> Option<Inspected> {
         let inspected = Inspected {
             owner: form.relowner,
             row_security: form.relrowsecurity,
+            triggerless: kind == pg_sys::RELKIND_RELATION && !form.relhastriggers,
             schema,
             name: CStr::from_ptr(form.relname.data.as_ptr())
                 .to_string_lossy()
@@ -413,6 +509,7 @@ pub fn open(client: &SpiClient<'_>, tbl: &str) -> error::Result<Result<AppRelati
         owner: relation.owner,
         qualified: relation.qualified(),
         row_security: relation.row_security,
+        triggerless: relation.triggerless,
     }))
 }
 

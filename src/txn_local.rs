@@ -27,6 +27,8 @@ pub enum Key {
     PushAppended,
     /// A push staged for `push_finish` ([`crate::push_stage`]).
     PushStaged,
+    /// The extension owner's OID, read once per transaction ([`crate::access::extension_owner`]).
+    ExtensionOwner,
 }
 
 struct Entry {

@@ -11,7 +11,7 @@ use postgres::types::ToSql;
 use postgres::{Client, NoTls};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 pub const P: &str = "part-1";
@@ -112,6 +112,20 @@ impl TestDb {
 
     pub fn connect(&self) -> Client {
         connect_to(&self.name)
+    }
+
+    /// A connection whose notices (NOTICE, and DEBUG under `client_min_messages`) are kept in
+    /// the returned list, oldest first.
+    pub fn connect_with_notices(&self) -> (Client, Arc<Mutex<Vec<String>>>) {
+        let notices = Arc::new(Mutex::new(Vec::new()));
+        let sink = notices.clone();
+        let mut config: postgres::Config =
+            format!("{} dbname={}", base(), self.name).parse().unwrap();
+        config.notice_callback(move |n| sink.lock().unwrap().push(n.message().to_string()));
+        let client = config
+            .connect(NoTls)
+            .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", self.name));
+        (client, notices)
     }
 }
 
