@@ -258,12 +258,12 @@ COMMENT ON FUNCTION syncular.push_commit(text, text, text, text, bigint, bigint,
 -- The claim reads one partial expression index in claim order; the terminal states' indexes
 -- become partial. An extension script runs in one transaction, where CREATE INDEX CONCURRENTLY
 -- is impossible: building an index here holds a SHARE lock on sync_reactions (reads go on;
--- enqueue, claim and acknowledgements wait) for about a second per million rows. To avoid that
+-- enqueue, claim and acknowledgements wait) for a time proportional to the table. To avoid that
 -- wait on a large outbox, build the three indexes beforehand with CREATE INDEX CONCURRENTLY and
--- exactly these definitions (docs/API.md, "Upgrading"); the script then keeps them, after checking
+-- exactly these definitions (docs/API.md §11, upgrading); the script keeps them after checking
 -- they are what it would have built, and only drops the old ones (brief ACCESS EXCLUSIVE locks).
-DROP INDEX syncular.sync_reactions_due;
-DROP INDEX syncular.sync_reactions_lease;
+DROP INDEX IF EXISTS syncular.sync_reactions_due;
+DROP INDEX IF EXISTS syncular.sync_reactions_lease;
 DO $reaction_indexes$
 DECLARE
   old_completed text := 'CREATE INDEX sync_reactions_completed ON syncular.sync_reactions USING btree (partition, status, completed_at_ms, idempotency_key)';
