@@ -258,30 +258,34 @@ fn claim_reactions(
             return Ok(JsonB(json!([])));
         }
         db::with_spi(|client| {
-            let claimed = reactions(db::write(
+            // Always the kept generic plan (db::write_generic): a custom plan would be planned
+            // again on every call (the generic one's cost is estimated for an unknown `lim`),
+            // and the plan is the same index range either way.
+            let claimed = reactions(db::write_generic(
                 client,
                 concat!(
                     // The due condition and the order are exactly sync_reactions_claim's
                     // predicate and key (sql/schema.sql): a range read in claim order that
-                    // stops after `lim` rows; the type filter is checked on the rows read
-                    // (docs/DESIGN.md §8, the claim order).
-                    "WITH due AS (
-                       SELECT r.idempotency_key FROM syncular.sync_reactions r
-                        WHERE r.partition = $1 AND r.status IN ('pending', 'leased')
-                          AND CASE WHEN r.status = 'leased' THEN r.lease_expires_at_ms
-                                   ELSE r.available_at_ms END <= $4
-                          AND r.type = ANY($3)
-                        ORDER BY CASE WHEN r.status = 'leased' THEN r.lease_expires_at_ms
-                                      ELSE r.available_at_ms END,
-                                 r.created_at_ms, r.idempotency_key
-                        LIMIT $6
-                        FOR UPDATE SKIP LOCKED
-                     ), claimed AS (
+                    // stops after `lim` locked rows; the type filter is checked on the rows
+                    // read (docs/DESIGN.md §8, the claim index). The chosen keys feed the
+                    // UPDATE as an array, so it probes the primary key whatever the planner
+                    // guesses for `lim`.
+                    "WITH claimed AS (
                        UPDATE syncular.sync_reactions r
                           SET status = 'leased', attempts = r.attempts + 1, lease_owner = $2,
                               lease_expires_at_ms = LEAST(9007199254740991, $4 + $5),
                               completed_at_ms = NULL
-                         FROM due WHERE r.partition = $1 AND r.idempotency_key = due.idempotency_key
+                        WHERE r.partition = $1 AND r.idempotency_key = ANY (ARRAY(
+                          SELECT d.idempotency_key FROM syncular.sync_reactions d
+                           WHERE d.partition = $1 AND d.status IN ('pending', 'leased')
+                             AND CASE WHEN d.status = 'leased' THEN d.lease_expires_at_ms
+                                      ELSE d.available_at_ms END <= $4
+                             AND d.type = ANY($3)
+                           ORDER BY CASE WHEN d.status = 'leased' THEN d.lease_expires_at_ms
+                                         ELSE d.available_at_ms END,
+                                    d.created_at_ms, d.idempotency_key
+                           LIMIT $6
+                           FOR UPDATE SKIP LOCKED))
                        RETURNING r.*
                      )
                      SELECT ",

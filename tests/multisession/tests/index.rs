@@ -354,8 +354,9 @@ fn idx_08_to_10_the_window_reads_what_it_returns() {
 
 /// IDX-11: the reaction claim reads an index range in claim order, whatever the backlog. With
 /// the statistics of a 100k-row outbox (pending rows, lapsed and live leases, finished rows), the
-/// claim's plan — type filter and lease expiry included, custom or generic — is a scan of
-/// sync_reactions_claim under the LIMIT with no sort, reading about as many rows as it claims;
+/// claim's plan (always its generic plan: parameters, whatever the call) — type filter and lease
+/// expiry included — is a scan of sync_reactions_claim under the LIMIT with no sort, reading about
+/// as many rows as it claims;
 /// the acknowledgements (single and batch) are primary-key probes.
 #[test]
 fn idx_11_the_reaction_claim_reads_an_index_range_in_claim_order() {
@@ -391,7 +392,6 @@ fn idx_11_the_reaction_claim_reads_an_index_range_in_claim_order() {
             .unwrap_or_else(|| panic!("{plans}"))
             .to_string()
     };
-    // Nine calls: the first five run custom plans, the later ones the generic plan.
     for (i, types) in [
         "ARRAY['email.send']",
         "ARRAY['email.send','push.notify']",
@@ -409,18 +409,25 @@ fn idx_11_the_reaction_claim_reads_an_index_range_in_claim_order() {
                 "SELECT syncular.claim_reactions('part-1', 'w{i}', {types}, {now}, 30000, 10)"
             ),
         );
-        // The choice of the rows (the CTE `due`): the index range under the LIMIT, no sort. Only
-        // the ≤ `lim` claimed rows are sorted afterwards, into the result's order.
-        let due = plan
-            .split("CTE due")
+        // The choice of the rows (the init plan feeding the UPDATE's keys): the index range
+        // under LockRows and the LIMIT, no sort; the UPDATE probes the primary key. The only
+        // sort is the top node's, of the ≤ `lim` claimed rows into the result's order.
+        let nodes: Vec<&str> = plan.lines().filter(|l| l.contains("(cost=")).collect();
+        let chosen = plan
+            .split("InitPlan")
             .nth(1)
-            .and_then(|rest| rest.split("CTE claimed").next())
             .unwrap_or_else(|| panic!("call {i}:\n{plan}"));
         assert!(
-            due.contains("Limit") && due.contains("Index Scan using sync_reactions_claim"),
+            chosen.contains("Limit")
+                && chosen.contains("LockRows")
+                && chosen.contains("Index Scan using sync_reactions_claim"),
             "call {i}:\n{plan}"
         );
-        assert!(!due.contains("Sort"), "call {i}: a sort:\n{plan}");
+        assert!(
+            nodes.iter().skip(1).all(|l| !l.contains("Sort")),
+            "call {i}: a sort:\n{plan}"
+        );
+        assert!(plan.contains("sync_reactions_pkey"), "call {i}:\n{plan}");
         assert!(
             !plan.contains("Seq Scan on sync_reactions"),
             "call {i}:\n{plan}"
