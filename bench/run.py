@@ -16,6 +16,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pull  # noqa: E402  (bench/pull.py)
+import reactions  # noqa: E402  (bench/reactions.py)
 
 # The PostgreSQL major under test (bench/run.sh sets both from scripts/pg.sh).
 BIN = os.environ.get("BENCH_PG_BIN", "/usr/lib/postgresql/15/bin")
@@ -351,6 +352,10 @@ def main():
     psql_file("upstream", UPSTREAM_DDL)
     psql("upstream", "CREATE TABLE floor_rows (client_id int, k bigint)")
     pull_only = os.environ.get("BENCH_PULL_ONLY") == "1"
+    if os.environ.get("BENCH_REACTIONS_ONLY") == "1":
+        # Only the reactions next to pgmq (bench/reactions.py): its section alone is replaced.
+        splice_section("Reactions", reactions.section(reactions.run(psql, psql_file, pgbench, write_script, ROUNDS, WORK)))
+        return
     if not pull_only:
         print("setting up (bulk-loading 10^4 and 10^6 commits for the window workload into window_db)...", flush=True)
         setup_ext()
@@ -434,6 +439,10 @@ def main():
     # f) the pull, four ways (bench/pull.py); BENCH_SKIP_PULL=1 leaves it out (about 7 minutes).
     if os.environ.get("BENCH_SKIP_PULL") != "1" and not only:
         PULL_SECTION.extend(pull.section(pull.run(rotate, psql, psql_file, UPSTREAM_DDL)))
+    # g) the reaction outbox next to pgmq (bench/reactions.py); BENCH_SKIP_REACTIONS=1 leaves it
+    #    out (about 5 minutes).
+    if os.environ.get("BENCH_SKIP_REACTIONS") != "1" and not only:
+        REACTIONS_SECTION.extend(reactions.section(reactions.run(psql, psql_file, pgbench, write_script, ROUNDS, WORK)))
     # e) fence overhead: interleaved rounds, best of three per variant (the effect is smaller
     #    than the noise of a shared 2-core machine; the best round is the least disturbed).
     variants = {
@@ -576,6 +585,8 @@ def report(results, elapsed):
                  "is `append_commit` with the trigger disabled (`session_replication_role = replica`).")
     if PULL_SECTION:
         lines += [""] + PULL_SECTION
+    if REACTIONS_SECTION:
+        lines += [""] + REACTIONS_SECTION
     # PostgreSQL 15 writes docs/BENCHMARKS.md (with the latest 18 run's ratios next to its own);
     # any other major writes docs/BENCHMARKS-pg<major>.md.
     name = "BENCHMARKS.md" if MAJOR == "15" else f"BENCHMARKS-pg{MAJOR}.md"
@@ -593,15 +604,21 @@ def report(results, elapsed):
 
 
 PULL_SECTION = []
+REACTIONS_SECTION = []
 
 
 def splice_pull_section(section):
     """Replaces the "## Pull" section of docs/BENCHMARKS.md (or inserts it before the notes)."""
+    splice_section("Pull", section)
+
+
+def splice_section(heading, section):
+    """Replaces the "## <heading>" section of docs/BENCHMARKS.md (or inserts it before the notes)."""
     path = os.path.join(ROOT, "docs", "BENCHMARKS.md")
     with open(path) as f:
         text = f.read()
     block = "\n".join(section) + "\n\n"
-    start = text.find("## Pull\n")
+    start = text.find(f"## {heading}\n")
     if start >= 0:
         end = text.find("\n## ", start + 1)
         text = text[:start] + block + (text[end + 1:] if end >= 0 else "")
@@ -610,7 +627,7 @@ def splice_pull_section(section):
         text = text[:at] + block + text[at:] if at >= 0 else text + "\n" + block
     with open(path, "w") as f:
         f.write(text)
-    print(f"\nwrote the Pull section of {path}")
+    print(f"\nwrote the {heading} section of {path}")
 
 
 def other_major_lines(results, major):
