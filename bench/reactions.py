@@ -22,6 +22,8 @@ LATENCY_BACKLOGS = (("10^3", 1_000), ("10^5", 100_000), ("10^6", 1_000_000))
 PGMQ_CRATE = "0.33.7"
 PAYLOAD = '{"messageId":"m-0000000001","to":"someone@example.com","template":"welcome","locale":"en-US"}'
 DB = "reactions_db"
+# Enqueued reactions are created now: the claim index grows at its due end, as in use.
+CLOCK_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
 
 def pgmq_sql(work):
@@ -82,7 +84,7 @@ def enqueue_scripts(n):
     reactions = " || ',' || ".join(
         "'{\"idempotencyKey\":' || " + key.format(i=i) + " || ',\"type\":\"email.send\",\"version\":1,"
         f"\"payload\":{PAYLOAD},\"sourceClientId\":\"c1\",\"sourceClientCommitId\":\"commit-1\","
-        f"\"sourceCommitSeq\":1,\"createdAtMs\":{NOW}}}'" for i in range(n))
+        "\"sourceCommitSeq\":1,\"createdAtMs\":' || " + CLOCK_MS + " || '}'" for i in range(n))
     ours = ("\\set k random(1, 4000000000000000000)\n"
             f"SELECT syncular.enqueue_reactions('enq', ('[' || {reactions} || ']')::jsonb);")
     # pgmq's messages are built per call too (a key in each), as a producer passes them: with
