@@ -241,19 +241,6 @@ REVOKE ALL ON FUNCTION syncular.pull(text, text, text, bigint, text, bigint, jso
 COMMENT ON FUNCTION syncular.pull(text, text, text, bigint, text, bigint, jsonb, jsonb) IS
   'A whole pull request in one call and one snapshot: gate, client record, every subscription''s window or bootstrap page (the classic path''s decisions), registry touch and the record''s new cursor; a document row first, then the rows.';
 
--- The one-call push (docs/API.md §push_commit).
-CREATE FUNCTION syncular.push_commit(
-  partition text, client_id text, client_commit_id text, actor_id text, created_at_ms bigint,
-  running_schema_version bigint, allowed jsonb,
-  op_tables text[], op_row_ids text[], op_kinds smallint[], op_base_versions bigint[],
-  op_payloads bytea[], declared jsonb DEFAULT '[]', options jsonb DEFAULT '{}') RETURNS jsonb
-VOLATILE PARALLEL UNSAFE SECURITY INVOKER
-SET search_path TO pg_catalog, pg_temp
-LANGUAGE c AS 'MODULE_PATHNAME', 'push_commit_wrapper';
-REVOKE ALL ON FUNCTION syncular.push_commit(text, text, text, text, bigint, bigint, jsonb, text[], text[], smallint[], bigint[], bytea[], jsonb, jsonb) FROM PUBLIC;
-COMMENT ON FUNCTION syncular.push_commit(text, text, text, text, bigint, bigint, jsonb, text[], text[], smallint[], bigint[], bytea[], jsonb, jsonb) IS
-  'The one-call push: lock, gate, idempotency, the default path''s per-operation decisions, app-row writes as the caller, append and result in one call; returns applied/cached/rejected, or fallback where host code would run.';
-
 -- 0.2.0: reactions at queue speed (docs/DESIGN.md §8 sync_reactions, "The claim index").
 -- The claim reads one partial expression index in claim order; the terminal states' indexes
 -- become partial. An extension script runs in one transaction, where CREATE INDEX CONCURRENTLY
@@ -330,6 +317,19 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'fail_reactions_wrapper';
 REVOKE ALL ON FUNCTION syncular.fail_reactions(text, text, jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION syncular.fail_reactions(text, text, jsonb) IS
   'Batch fail_reaction with the retry cap: retry at a time unless attempts reached maxAttempts, else dead-letter; returns {pending, deadLetter} keys.';
+
+-- The one-call push (docs/API.md §push_commit).
+CREATE FUNCTION syncular.push_commit(
+  partition text, client_id text, client_commit_id text, actor_id text, created_at_ms bigint,
+  running_schema_version bigint, allowed jsonb,
+  op_tables text[], op_row_ids text[], op_kinds smallint[], op_base_versions bigint[],
+  op_payloads bytea[], declared jsonb DEFAULT '[]', options jsonb DEFAULT '{}') RETURNS jsonb
+VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'push_commit_wrapper';
+REVOKE ALL ON FUNCTION syncular.push_commit(text, text, text, text, bigint, bigint, jsonb, text[], text[], smallint[], bigint[], bytea[], jsonb, jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION syncular.push_commit(text, text, text, text, bigint, bigint, jsonb, text[], text[], smallint[], bigint[], bytea[], jsonb, jsonb) IS
+  'The one-call push: lock, gate, idempotency, the default path''s per-operation decisions, app-row writes as the caller, append and result in one call; returns applied/cached/rejected, or fallback where host code would run.';
 
 -- Last, as in every update script: the roles get exactly the grants of this version.
 SELECT syncular._grant_api_roles();
