@@ -16,6 +16,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pull  # noqa: E402  (bench/pull.py)
+import reactions  # noqa: E402  (bench/reactions.py)
 
 # The PostgreSQL major under test (bench/run.sh sets both from scripts/pg.sh).
 BIN = os.environ.get("BENCH_PG_BIN", "/usr/lib/postgresql/15/bin")
@@ -432,6 +433,10 @@ def main():
     psql_file("upstream", UPSTREAM_DDL)
     psql("upstream", "CREATE TABLE floor_rows (client_id int, k bigint)")
     pull_only = os.environ.get("BENCH_PULL_ONLY") == "1"
+    if os.environ.get("BENCH_REACTIONS_ONLY") == "1":
+        # Only the reactions next to pgmq (bench/reactions.py): its section alone is replaced.
+        splice_section("Reactions", reactions.section(reactions.run(psql, psql_file, pgbench, write_script, ROUNDS, WORK)))
+        return
     if not pull_only:
         print("setting up (bulk-loading 10^4 and 10^6 commits for the window workload into window_db)...", flush=True)
         setup_ext()
@@ -524,6 +529,10 @@ def main():
     # f) the pull, four ways (bench/pull.py); BENCH_SKIP_PULL=1 leaves it out (about 7 minutes).
     if os.environ.get("BENCH_SKIP_PULL") != "1" and not only:
         PULL_SECTION.extend(pull.section(pull.run(rotate, psql, psql_file, UPSTREAM_DDL)))
+    # g) the reaction outbox next to pgmq (bench/reactions.py); BENCH_SKIP_REACTIONS=1 leaves it
+    #    out (about 5 minutes).
+    if os.environ.get("BENCH_SKIP_REACTIONS") != "1" and not only:
+        REACTIONS_SECTION.extend(reactions.section(reactions.run(psql, psql_file, pgbench, write_script, ROUNDS, WORK)))
     # e) fence overhead: interleaved rounds, best of three per variant (the effect is smaller
     #    than the noise of a shared 2-core machine; the best round is the least disturbed).
     variants = {
@@ -689,8 +698,11 @@ def report(results, elapsed):
                  "is `append_commit` with the trigger disabled (`session_replication_role = replica`).")
     if PULL_SECTION:
         lines += [""] + PULL_SECTION
+    if REACTIONS_SECTION:
+        lines += [""] + REACTIONS_SECTION
     # Sections other benchmarks generate into the same file stay as their last run left them.
-    lines += kept_sections(os.path.join(ROOT, "docs", "BENCHMARKS.md"), "## Pull" if PULL_SECTION else None)
+    regenerated = [h for h, section in (("## Pull", PULL_SECTION), ("## Reactions", REACTIONS_SECTION)) if section]
+    lines += kept_sections(os.path.join(ROOT, "docs", "BENCHMARKS.md"), regenerated)
     # PostgreSQL 15 writes docs/BENCHMARKS.md (with the latest 18 run's ratios next to its own);
     # any other major writes docs/BENCHMARKS-pg<major>.md.
     name = "BENCHMARKS.md" if MAJOR == "15" else f"BENCHMARKS-pg{MAJOR}.md"
@@ -708,6 +720,7 @@ def report(results, elapsed):
 
 
 PULL_SECTION = []
+REACTIONS_SECTION = []
 
 # Sections of docs/BENCHMARKS.md written by their own runs (bench/pull.py with BENCH_PULL_ONLY=1,
 # bench/adapter-ts.sh, the reactions run): a full run keeps them, unless it regenerated them.
@@ -715,7 +728,7 @@ KEPT = ("## Pull", "## TypeScript adapter", "## Reactions")
 
 
 def kept_sections(path, regenerated):
-    """The KEPT sections of the current file (each up to the next `## ` heading), minus the one
+    """The KEPT sections of the current file (each up to the next `## ` heading), minus those
     this run regenerated."""
     if not os.path.exists(path):
         return []
@@ -723,7 +736,7 @@ def kept_sections(path, regenerated):
         text = f.read()
     out = []
     for heading in KEPT:
-        if heading == regenerated:
+        if heading in regenerated:
             continue
         start = text.find(heading + "\n")
         if start < 0:
@@ -735,11 +748,16 @@ def kept_sections(path, regenerated):
 
 def splice_pull_section(section):
     """Replaces the "## Pull" section of docs/BENCHMARKS.md (or inserts it before the notes)."""
+    splice_section("Pull", section)
+
+
+def splice_section(heading, section):
+    """Replaces the "## <heading>" section of docs/BENCHMARKS.md (or inserts it before the notes)."""
     path = os.path.join(ROOT, "docs", "BENCHMARKS.md")
     with open(path) as f:
         text = f.read()
     block = "\n".join(section) + "\n\n"
-    start = text.find("## Pull\n")
+    start = text.find(f"## {heading}\n")
     if start >= 0:
         end = text.find("\n## ", start + 1)
         text = text[:start] + block + (text[end + 1:] if end >= 0 else "")
@@ -748,7 +766,7 @@ def splice_pull_section(section):
         text = text[:at] + block + text[at:] if at >= 0 else text + "\n" + block
     with open(path, "w") as f:
         f.write(text)
-    print(f"\nwrote the Pull section of {path}")
+    print(f"\nwrote the {heading} section of {path}")
 
 
 def other_major_lines(results, major):

@@ -2,7 +2,9 @@
 # Benchmarks: upstream 0.24's statement replay vs the extension, side by side in one run, on a
 # throwaway cluster. Writes docs/BENCHMARKS.md. About 9–10 minutes (BENCH_SECONDS per round).
 # BENCH_PG_MAJOR=18 runs it on PostgreSQL 18 instead (writes docs/BENCHMARKS-pg18.md; the next
-# run on 15 shows those ratios next to its own).
+# run on 15 shows those ratios next to its own). BENCH_REACTIONS_ONLY=1 runs only the reactions
+# next to pgmq (bench/reactions.py; fetches pgmq's install script with cargo) and replaces only
+# that section of docs/BENCHMARKS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh

@@ -130,6 +130,10 @@ COMMENT ON FUNCTION syncular.complete_reaction(text, text, text, bigint) IS 'Com
 COMMENT ON FUNCTION syncular.extend_reaction_lease(text, text, text, bigint) IS 'Extends a lease still held by the owner.';
 COMMENT ON FUNCTION syncular.fail_reaction(text, text, text, jsonb, bigint) IS
   'Records a failure of a reaction still leased by the owner: retry at a time, or dead-letter.';
+COMMENT ON FUNCTION syncular.complete_reactions(text, text[], text, bigint) IS
+  'Batch complete_reaction: completes the listed reactions still leased by the owner; returns the keys completed.';
+COMMENT ON FUNCTION syncular.fail_reactions(text, text, jsonb) IS
+  'Batch fail_reaction with the retry cap: retry at a time unless attempts reached maxAttempts, else dead-letter; returns {pending, deadLetter} keys.';
 COMMENT ON FUNCTION syncular.retry_reaction(text, text, bigint) IS 'Operator retry of a dead letter.';
 COMMENT ON FUNCTION syncular.get_reaction(text, text) IS 'The reaction object, or NULL.';
 COMMENT ON FUNCTION syncular.list_reactions(text, integer, text[], text[]) IS 'Reactions newest first, optionally filtered.';

@@ -241,6 +241,83 @@ REVOKE ALL ON FUNCTION syncular.pull(text, text, text, bigint, text, bigint, jso
 COMMENT ON FUNCTION syncular.pull(text, text, text, bigint, text, bigint, jsonb, jsonb) IS
   'A whole pull request in one call and one snapshot: gate, client record, every subscription''s window or bootstrap page (the classic path''s decisions), registry touch and the record''s new cursor; a document row first, then the rows.';
 
+-- 0.2.0: reactions at queue speed (docs/DESIGN.md §8 sync_reactions, "The claim index").
+-- The claim reads one partial expression index in claim order; the terminal states' indexes
+-- become partial. An extension script runs in one transaction, where CREATE INDEX CONCURRENTLY
+-- is impossible: building an index here holds a SHARE lock on sync_reactions (reads go on;
+-- enqueue, claim and acknowledgements wait) for a time proportional to the table. To avoid that
+-- wait on a large outbox, build the three indexes beforehand with CREATE INDEX CONCURRENTLY and
+-- exactly these definitions (docs/API.md §11, upgrading); the script keeps them after checking
+-- they are what it would have built, and only drops the old ones (brief ACCESS EXCLUSIVE locks).
+DROP INDEX IF EXISTS syncular.sync_reactions_due;
+DROP INDEX IF EXISTS syncular.sync_reactions_lease;
+DO $reaction_indexes$
+DECLARE
+  old_completed text := 'CREATE INDEX sync_reactions_completed ON syncular.sync_reactions USING btree (partition, status, completed_at_ms, idempotency_key)';
+  old_dead text := 'CREATE INDEX sync_reactions_dead_letter ON syncular.sync_reactions USING btree (partition, status, available_at_ms, idempotency_key)';
+BEGIN
+  -- The 0.1.0 definitions of the two names that stay: replaced (not pre-built).
+  IF pg_catalog.pg_get_indexdef('syncular.sync_reactions_completed'::regclass) = old_completed THEN
+    DROP INDEX syncular.sync_reactions_completed;
+  END IF;
+  IF pg_catalog.pg_get_indexdef('syncular.sync_reactions_dead_letter'::regclass) = old_dead THEN
+    DROP INDEX syncular.sync_reactions_dead_letter;
+  END IF;
+END
+$reaction_indexes$;
+CREATE INDEX IF NOT EXISTS sync_reactions_claim ON syncular.sync_reactions
+  (partition, (CASE WHEN status = 'leased' THEN lease_expires_at_ms ELSE available_at_ms END),
+   created_at_ms, idempotency_key)
+  WHERE status IN ('pending', 'leased');
+CREATE INDEX IF NOT EXISTS sync_reactions_completed ON syncular.sync_reactions
+  (partition, completed_at_ms, idempotency_key) WHERE status = 'completed';
+CREATE INDEX IF NOT EXISTS sync_reactions_dead_letter ON syncular.sync_reactions
+  (partition, available_at_ms, idempotency_key) WHERE status = 'dead-letter';
+DO $reaction_indexes_check$
+BEGIN
+  -- A pre-built index is kept only if it is the index this script builds (its definition as
+  -- PostgreSQL prints it, spaces folded), and valid.
+  IF EXISTS (
+    SELECT 1 FROM pg_catalog.pg_index i
+     WHERE i.indexrelid IN ('syncular.sync_reactions_claim'::regclass,
+                            'syncular.sync_reactions_completed'::regclass,
+                            'syncular.sync_reactions_dead_letter'::regclass)
+       AND (NOT i.indisvalid OR i.indrelid <> 'syncular.sync_reactions'::regclass
+            OR pg_catalog.regexp_replace(pg_catalog.pg_get_indexdef(i.indexrelid), '\s+', ' ', 'g') NOT IN (
+              'CREATE INDEX sync_reactions_claim ON syncular.sync_reactions USING btree (partition, ( CASE WHEN (status = ''leased''::text) THEN lease_expires_at_ms ELSE available_at_ms END), created_at_ms, idempotency_key) WHERE (status = ANY (ARRAY[''pending''::text, ''leased''::text]))',
+              'CREATE INDEX sync_reactions_completed ON syncular.sync_reactions USING btree (partition, completed_at_ms, idempotency_key) WHERE (status = ''completed''::text)',
+              'CREATE INDEX sync_reactions_dead_letter ON syncular.sync_reactions USING btree (partition, available_at_ms, idempotency_key) WHERE (status = ''dead-letter''::text)'))
+  ) THEN
+    RAISE EXCEPTION 'syncular: a pre-built reaction index differs from the one this update builds'
+      USING HINT = 'Drop it (or let the update build it): docs/API.md, "Upgrading".';
+  END IF;
+END
+$reaction_indexes_check$;
+
+CREATE FUNCTION syncular."complete_reactions"(
+	"partition" TEXT,
+	"idempotency_keys" TEXT[],
+	"lease_owner" TEXT,
+	"at_ms" bigint
+) RETURNS TEXT[]
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'complete_reactions_wrapper';
+REVOKE ALL ON FUNCTION syncular.complete_reactions(text, text[], text, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION syncular.complete_reactions(text, text[], text, bigint) IS
+  'Batch complete_reaction: completes the listed reactions still leased by the owner; returns the keys completed.';
+CREATE FUNCTION syncular."fail_reactions"(
+	"partition" TEXT,
+	"lease_owner" TEXT,
+	"failures" jsonb
+) RETURNS jsonb
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'fail_reactions_wrapper';
+REVOKE ALL ON FUNCTION syncular.fail_reactions(text, text, jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION syncular.fail_reactions(text, text, jsonb) IS
+  'Batch fail_reaction with the retry cap: retry at a time unless attempts reached maxAttempts, else dead-letter; returns {pending, deadLetter} keys.';
+
 -- The one-call push (docs/API.md §push_commit).
 CREATE FUNCTION syncular.push_commit(
   partition text, client_id text, client_commit_id text, actor_id text, created_at_ms bigint,

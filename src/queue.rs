@@ -6,6 +6,7 @@
 use crate::args::{self, MAX_SAFE};
 use crate::db;
 use crate::error::{self, Code, Error, Result};
+use crate::limits;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::SpiTupleTable;
@@ -73,19 +74,17 @@ fn too_deep(value: &Value, depth: usize) -> bool {
     }
 }
 
-/// Size and depth bounds of a stored JSON document (payloads, failure details).
-fn bounded(value: &Value, at: &str, max_bytes: usize) -> Result<()> {
-    if serde_json::to_string(value)
-        .map(|s| s.len())
-        .unwrap_or(usize::MAX)
-        > max_bytes
-    {
+/// Size and depth bounds of a stored JSON document (payloads, failure details); returns its
+/// compact text, which is what gets stored (parsed once by `jsonb_in`, never re-encoded).
+fn bounded(value: &Value, at: &str, max_bytes: usize) -> Result<String> {
+    let text = serde_json::to_string(value).map_err(|_| Error::invalid_argument(at, "type"))?;
+    if text.len() > max_bytes {
         return Err(Error::invalid_argument(at, "too_large"));
     }
     if too_deep(value, 0) {
         return Err(Error::invalid_argument(at, "too_deep"));
     }
-    Ok(())
+    Ok(text)
 }
 
 fn valid_type(name: &str) -> bool {
@@ -94,9 +93,22 @@ fn valid_type(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || "._:-".contains(c))
 }
 
-/// Validates one reaction (keys in the order of docs/API.md, `enqueue_reactions`) and returns
-/// it normalized for insertion.
-fn reaction(value: &Value, i: usize) -> Result<Value> {
+/// One validated reaction, as its columns.
+struct NewReaction {
+    key: String,
+    kind: String,
+    version: i32,
+    /// The payload's compact JSON text.
+    payload: String,
+    source_client: String,
+    source_commit: String,
+    source_seq: i64,
+    created: i64,
+    max_attempts: i32,
+}
+
+/// Validates one reaction (keys in the order of docs/API.md, `enqueue_reactions`).
+fn reaction(value: &Value, i: usize) -> Result<NewReaction> {
     let at = |key: &str| format!("reactions[{i}].{key}");
     let Value::Object(obj) = value else {
         return Err(Error::invalid_argument(&format!("reactions[{i}]"), "type"));
@@ -115,10 +127,10 @@ fn reaction(value: &Value, i: usize) -> Result<Value> {
     let version = args::json_int_field(obj, "version", &at("version"), (1, i32::MAX as i64), None)?;
     let payload = match obj.get("payload") {
         None | Some(Value::Null) => return Err(Error::invalid_argument(&at("payload"), "missing")),
-        Some(p @ (Value::Object(_) | Value::Array(_))) => p.clone(),
+        Some(p @ (Value::Object(_) | Value::Array(_))) => p,
         Some(_) => return Err(Error::invalid_argument(&at("payload"), "type")),
     };
-    bounded(&payload, &at("payload"), MAX_PAYLOAD_BYTES)?;
+    let payload = bounded(payload, &at("payload"), MAX_PAYLOAD_BYTES)?;
     let source_client = args::json_string_field(obj, "sourceClientId", &at("sourceClientId"))?;
     let source_commit =
         args::json_string_field(obj, "sourceClientCommitId", &at("sourceClientCommitId"))?;
@@ -133,11 +145,17 @@ fn reaction(value: &Value, i: usize) -> Result<Value> {
         args::json_int_field(obj, "createdAtMs", &at("createdAtMs"), (0, MAX_SAFE), None)?;
     let max_attempts =
         args::json_int_field(obj, "maxAttempts", &at("maxAttempts"), (1, 100), Some(10))?;
-    Ok(json!({
-        "idempotencyKey": key, "type": kind, "version": version, "payload": payload,
-        "sourceClientId": source_client, "sourceClientCommitId": source_commit,
-        "sourceCommitSeq": source_seq, "createdAtMs": created, "maxAttempts": max_attempts,
-    }))
+    Ok(NewReaction {
+        key,
+        kind,
+        version: version as i32,
+        payload,
+        source_client,
+        source_commit,
+        source_seq,
+        created,
+        max_attempts: max_attempts as i32,
+    })
 }
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
@@ -148,21 +166,35 @@ fn enqueue_reactions(partition: Option<&str>, reactions: Option<args::JsonArg>) 
         let Value::Array(items) = args::json("reactions", reactions)? else {
             return Err(Error::invalid_argument("reactions", "type"));
         };
-        let normalized = items
+        let rows = items
             .iter()
             .enumerate()
             .map(|(i, r)| reaction(r, i))
             .collect::<Result<Vec<_>>>()?;
-        let key_of = |r: &Value| r["idempotencyKey"].as_str().unwrap_or_default().to_string();
+        drop(items);
         let duplicate =
-            |key: String| Error::new(Code::ReactionDuplicate, json!({ "idempotencyKey": key }));
+            |key: &str| Error::new(Code::ReactionDuplicate, json!({ "idempotencyKey": key }));
         let mut seen = HashSet::new();
-        for r in &normalized {
-            if !seen.insert(key_of(r)) {
-                return Err(duplicate(key_of(r)));
-            }
+        if let Some(r) = rows.iter().find(|r| !seen.insert(r.key.as_str())) {
+            return Err(duplicate(&r.key));
         }
-        let count = normalized.len();
+        let count = rows.len();
+        // One array per column: each payload's text goes to `jsonb_in` once (docs/DESIGN.md §8).
+        let mut keys = Vec::with_capacity(count);
+        let (mut kinds, mut versions, mut payloads) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut clients, mut commits, mut seqs) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut created, mut max_attempts) = (Vec::new(), Vec::new());
+        for r in rows {
+            keys.push(r.key);
+            kinds.push(r.kind);
+            versions.push(r.version);
+            payloads.push(r.payload);
+            clients.push(r.source_client);
+            commits.push(r.source_commit);
+            seqs.push(r.source_seq);
+            created.push(r.created);
+            max_attempts.push(r.max_attempts);
+        }
         db::with_spi(|client| {
             let inserted: HashSet<String> = db::write(
                 client,
@@ -170,25 +202,34 @@ fn enqueue_reactions(partition: Option<&str>, reactions: Option<args::JsonArg>) 
                    (partition, idempotency_key, type, version, payload, source_client_id,
                     source_client_commit_id, source_commit_seq, created_at_ms, available_at_ms,
                     status, attempts, max_attempts)
-                 SELECT $1, r.\"idempotencyKey\", r.type, r.version, r.payload, r.\"sourceClientId\",
-                        r.\"sourceClientCommitId\", r.\"sourceCommitSeq\", r.\"createdAtMs\",
-                        r.\"createdAtMs\", 'pending', 0, r.\"maxAttempts\"
-                   FROM pg_catalog.jsonb_to_recordset($2) AS r(\"idempotencyKey\" text, type text,
-                        version integer, payload jsonb, \"sourceClientId\" text,
-                        \"sourceClientCommitId\" text, \"sourceCommitSeq\" bigint,
-                        \"createdAtMs\" bigint, \"maxAttempts\" integer)
+                 SELECT $1, r.key, r.type, r.version, r.payload::jsonb, r.client, r.commit,
+                        r.seq, r.created, r.created, 'pending', 0, r.max_attempts
+                   FROM ROWS FROM (pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]),
+                        pg_catalog.unnest($4::integer[]), pg_catalog.unnest($5::text[]),
+                        pg_catalog.unnest($6::text[]), pg_catalog.unnest($7::text[]),
+                        pg_catalog.unnest($8::bigint[]), pg_catalog.unnest($9::bigint[]),
+                        pg_catalog.unnest($10::integer[]))
+                        AS r(key, type, version, payload, client, commit, seq, created,
+                             max_attempts)
                  ON CONFLICT DO NOTHING
                  RETURNING idempotency_key",
-                &[DatumWithOid::from(partition.as_str()), DatumWithOid::from(JsonB(Value::Array(normalized.clone())))],
+                &[
+                    DatumWithOid::from(partition.as_str()),
+                    DatumWithOid::from(keys.clone()),
+                    DatumWithOid::from(kinds),
+                    DatumWithOid::from(versions),
+                    DatumWithOid::from(payloads),
+                    DatumWithOid::from(clients),
+                    DatumWithOid::from(commits),
+                    DatumWithOid::from(seqs),
+                    DatumWithOid::from(created),
+                    DatumWithOid::from(max_attempts),
+                ],
             )?
             .map(|row| Ok(row.get::<String>(1)?.unwrap_or_default()))
             .collect::<Result<_>>()?;
             // The first element (array order) whose key already existed: the call fails whole.
-            if let Some(existing) = normalized
-                .iter()
-                .map(key_of)
-                .find(|k| !inserted.contains(k))
-            {
+            if let Some(existing) = keys.iter().find(|k| !inserted.contains(*k)) {
                 return Err(duplicate(existing));
             }
             Ok(count as i32)
@@ -217,25 +258,34 @@ fn claim_reactions(
             return Ok(JsonB(json!([])));
         }
         db::with_spi(|client| {
-            let claimed = reactions(db::write(
+            // Always the kept generic plan (db::write_generic): a custom plan would be planned
+            // again on every call (the generic one's cost is estimated for an unknown `lim`),
+            // and the plan is the same index range either way.
+            let claimed = reactions(db::write_generic(
                 client,
                 concat!(
-                    "WITH due AS (
-                       SELECT r.idempotency_key FROM syncular.sync_reactions r
-                        WHERE r.partition = $1 AND r.type = ANY($3)
-                          AND ((r.status = 'pending' AND r.available_at_ms <= $4)
-                            OR (r.status = 'leased' AND r.lease_expires_at_ms <= $4))
-                        ORDER BY CASE WHEN r.status = 'leased' THEN r.lease_expires_at_ms
-                                      ELSE r.available_at_ms END,
-                                 r.created_at_ms, r.idempotency_key
-                        LIMIT $6
-                        FOR UPDATE SKIP LOCKED
-                     ), claimed AS (
+                    // The due condition and the order are exactly sync_reactions_claim's
+                    // predicate and key (sql/schema.sql): a range read in claim order that
+                    // stops after `lim` locked rows; the type filter is checked on the rows
+                    // read (docs/DESIGN.md §8, the claim index). The chosen keys feed the
+                    // UPDATE as an array, so it probes the primary key whatever the planner
+                    // guesses for `lim`.
+                    "WITH claimed AS (
                        UPDATE syncular.sync_reactions r
                           SET status = 'leased', attempts = r.attempts + 1, lease_owner = $2,
                               lease_expires_at_ms = LEAST(9007199254740991, $4 + $5),
                               completed_at_ms = NULL
-                         FROM due WHERE r.partition = $1 AND r.idempotency_key = due.idempotency_key
+                        WHERE r.partition = $1 AND r.idempotency_key = ANY (ARRAY(
+                          SELECT d.idempotency_key FROM syncular.sync_reactions d
+                           WHERE d.partition = $1 AND d.status IN ('pending', 'leased')
+                             AND CASE WHEN d.status = 'leased' THEN d.lease_expires_at_ms
+                                      ELSE d.available_at_ms END <= $4
+                             AND d.type = ANY($3)
+                           ORDER BY CASE WHEN d.status = 'leased' THEN d.lease_expires_at_ms
+                                         ELSE d.available_at_ms END,
+                                    d.created_at_ms, d.idempotency_key
+                           LIMIT $6
+                           FOR UPDATE SKIP LOCKED))
                        RETURNING r.*
                      )
                      SELECT ",
@@ -323,26 +373,27 @@ fn extend_reaction_lease(
     })
 }
 
-/// Validates a failure object and keeps exactly `code`, `atMs` and (when given) `details`.
-fn decode_failure(value: Value) -> Result<(Value, i64)> {
+/// Validates a failure object (argument path `at`) and keeps exactly `code`, `atMs` and (when
+/// given) `details`.
+fn decode_failure(value: &Value, at: &str) -> Result<(Value, i64)> {
     let Value::Object(obj) = value else {
-        return Err(Error::invalid_argument("failure", "type"));
+        return Err(Error::invalid_argument(at, "type"));
     };
-    let code = args::json_string_field(&obj, "code", "failure.code")?;
+    let code = args::json_string_field(obj, "code", &format!("{at}.code"))?;
     if code.is_empty() {
-        return Err(Error::invalid_argument("failure.code", "empty"));
+        return Err(Error::invalid_argument(&format!("{at}.code"), "empty"));
     }
-    let at = args::json_int_field(&obj, "atMs", "failure.atMs", (0, MAX_SAFE), None)?;
-    let mut kept = json!({"code": code, "atMs": at});
+    let at_ms = args::json_int_field(obj, "atMs", &format!("{at}.atMs"), (0, MAX_SAFE), None)?;
+    let mut kept = json!({"code": code, "atMs": at_ms});
     match obj.get("details") {
         None | Some(Value::Null) => {}
         Some(details @ Value::Object(_)) => {
-            bounded(details, "failure.details", MAX_DETAILS_BYTES)?;
+            bounded(details, &format!("{at}.details"), MAX_DETAILS_BYTES)?;
             kept["details"] = details.clone();
         }
-        Some(_) => return Err(Error::invalid_argument("failure.details", "type")),
+        Some(_) => return Err(Error::invalid_argument(&format!("{at}.details"), "type")),
     }
-    Ok((kept, at))
+    Ok((kept, at_ms))
 }
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
@@ -356,7 +407,7 @@ fn fail_reaction(
 ) -> bool {
     error::run(|| {
         let (partition, key, owner) = lease_args(partition, idempotency_key, lease_owner)?;
-        let (failure, at) = decode_failure(args::json("failure", failure)?)?;
+        let (failure, at) = decode_failure(&args::json("failure", failure)?, "failure")?;
         let retry = retry_at_ms
             .map(|r| args::count("retry_at_ms", Some(r)))
             .transpose()?;
@@ -377,6 +428,185 @@ fn fail_reaction(
                 at.into(),
             ],
         )
+    })
+}
+
+/// The keys of `changed` in the order of `asked` (first occurrences): what a batch call reports.
+fn in_order(asked: &[String], changed: &HashSet<String>) -> Vec<String> {
+    let mut seen = HashSet::new();
+    asked
+        .iter()
+        .filter(|k| changed.contains(*k) && seen.insert(k.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// Batch `complete_reaction`: one statement, a primary-key probe per key (docs/API.md
+/// §Reactions). Returns the keys it completed, in the order given; a key not leased by
+/// `lease_owner` (or absent) is left alone, as in the single form.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn complete_reactions(
+    partition: Option<&str>,
+    idempotency_keys: Option<Array<&str>>,
+    lease_owner: Option<&str>,
+    at_ms: Option<i64>,
+) -> Vec<String> {
+    error::run(|| {
+        let partition = args::text("partition", partition)?;
+        let keys = args::text_array("idempotency_keys", idempotency_keys)?;
+        let owner = args::text("lease_owner", lease_owner)?;
+        let at = args::count("at_ms", at_ms)?;
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let changed: HashSet<String> = db::with_spi(|client| {
+            db::write(
+                client,
+                "UPDATE syncular.sync_reactions
+                    SET status = 'completed', completed_at_ms = $4, lease_owner = NULL,
+                        lease_expires_at_ms = NULL
+                  WHERE partition = $1 AND idempotency_key = ANY($2) AND status = 'leased'
+                    AND lease_owner = $3
+                 RETURNING idempotency_key",
+                &[
+                    DatumWithOid::from(partition.as_str()),
+                    DatumWithOid::from(keys.clone()),
+                    DatumWithOid::from(owner.as_str()),
+                    DatumWithOid::from(at),
+                ],
+            )?
+            .map(|row| Ok(row.get::<String>(1)?.unwrap_or_default()))
+            .collect()
+        })?;
+        Ok(in_order(&keys, &changed))
+    })
+}
+
+/// One element of `fail_reactions`' array, validated.
+struct Failure {
+    key: String,
+    /// The kept failure object's compact text.
+    failure: String,
+    at: i64,
+    retry: Option<i64>,
+}
+
+fn failure_item(value: &Value, i: usize) -> Result<Failure> {
+    let at = |key: &str| format!("failures[{i}].{key}");
+    let Value::Object(obj) = value else {
+        return Err(Error::invalid_argument(&format!("failures[{i}]"), "type"));
+    };
+    let key = args::json_string_field(obj, "idempotencyKey", &at("idempotencyKey"))?;
+    if key.is_empty() {
+        return Err(Error::invalid_argument(&at("idempotencyKey"), "empty"));
+    }
+    let Some(failure) = obj.get("failure") else {
+        return Err(Error::invalid_argument(&at("failure"), "missing"));
+    };
+    let (failure, at_ms) = decode_failure(failure, &at("failure"))?;
+    let retry = match obj.get("retryAtMs") {
+        None | Some(Value::Null) => None,
+        Some(_) => Some(args::json_int_field(
+            obj,
+            "retryAtMs",
+            &at("retryAtMs"),
+            (0, MAX_SAFE),
+            None,
+        )?),
+    };
+    Ok(Failure {
+        key,
+        failure: failure.to_string(),
+        at: at_ms,
+        retry,
+    })
+}
+
+/// Batch `fail_reaction` with the runner's retry cap applied in the same statement
+/// (docs/API.md §Reactions): each element fails one reaction still leased by `lease_owner`;
+/// with `retryAtMs` it becomes `pending` at that time unless its attempts reached
+/// `maxAttempts`, in which case (or without `retryAtMs`) it becomes `dead-letter`. Returns
+/// `{"pending": [keys], "deadLetter": [keys]}` in the order given; bad input changes nothing.
+#[pg_extern(volatile, parallel_unsafe, security_definer)]
+#[search_path(pg_catalog, pg_temp)]
+fn fail_reactions(
+    partition: Option<&str>,
+    lease_owner: Option<&str>,
+    failures: Option<args::JsonArg>,
+) -> JsonB {
+    error::run(|| {
+        let partition = args::text("partition", partition)?;
+        let owner = args::text("lease_owner", lease_owner)?;
+        let Value::Array(items) = args::json("failures", failures)? else {
+            return Err(Error::invalid_argument("failures", "type"));
+        };
+        if items.len() > limits::ARRAY_ELEMENTS {
+            return Err(Error::invalid_argument("failures", "too_large"));
+        }
+        let items = items
+            .iter()
+            .enumerate()
+            .map(|(i, f)| failure_item(f, i))
+            .collect::<Result<Vec<_>>>()?;
+        let mut seen = HashSet::new();
+        if let Some(i) = items.iter().position(|f| !seen.insert(f.key.as_str())) {
+            return Err(Error::invalid_argument(
+                &format!("failures[{i}].idempotencyKey"),
+                "duplicate",
+            )
+            .with_hint(format!("the key {:?} is listed twice", items[i].key)));
+        }
+        let keys: Vec<String> = items.iter().map(|f| f.key.clone()).collect();
+        let (mut texts, mut ats, mut retries) = (Vec::new(), Vec::new(), Vec::new());
+        for f in items {
+            texts.push(f.failure);
+            ats.push(f.at);
+            retries.push(f.retry);
+        }
+        let (mut pending, mut dead) = (HashSet::new(), HashSet::new());
+        db::with_spi(|client| {
+            let table = db::write(
+                client,
+                "WITH f AS (
+                   SELECT * FROM ROWS FROM (pg_catalog.unnest($3::text[]),
+                          pg_catalog.unnest($4::text[]), pg_catalog.unnest($5::bigint[]),
+                          pg_catalog.unnest($6::bigint[])) AS f(key, failure, at, retry)
+                 )
+                 UPDATE syncular.sync_reactions r
+                    SET status = CASE WHEN f.retry IS NULL OR r.attempts >= r.max_attempts
+                                      THEN 'dead-letter' ELSE 'pending' END,
+                        available_at_ms = CASE WHEN f.retry IS NULL OR r.attempts >= r.max_attempts
+                                               THEN f.at ELSE f.retry END,
+                        last_failure = f.failure::jsonb, lease_owner = NULL,
+                        lease_expires_at_ms = NULL
+                   FROM f
+                  WHERE r.partition = $1 AND r.idempotency_key = ANY($3)
+                    AND r.idempotency_key = f.key COLLATE \"C\"
+                    AND r.status = 'leased' AND r.lease_owner = $2
+                 RETURNING r.idempotency_key, r.status",
+                &[
+                    DatumWithOid::from(partition.as_str()),
+                    DatumWithOid::from(owner.as_str()),
+                    DatumWithOid::from(keys.clone()),
+                    DatumWithOid::from(texts),
+                    DatumWithOid::from(ats),
+                    DatumWithOid::from(retries),
+                ],
+            )?;
+            for row in table {
+                let key = row.get::<String>(1)?.unwrap_or_default();
+                match row.get::<String>(2)?.as_deref() {
+                    Some("pending") => pending.insert(key),
+                    _ => dead.insert(key),
+                };
+            }
+            Ok(())
+        })?;
+        Ok(JsonB(json!({
+            "pending": in_order(&keys, &pending),
+            "deadLetter": in_order(&keys, &dead),
+        })))
     })
 }
 

@@ -351,3 +351,106 @@ fn idx_08_to_10_the_window_reads_what_it_returns() {
     }
     assert!(plans.contains(" on sync_partitions "), "{plans}");
 }
+
+/// IDX-11: the reaction claim reads an index range in claim order, whatever the backlog. With
+/// the statistics of a 100k-row outbox (pending rows, lapsed and live leases, finished rows), the
+/// claim's plan (always its generic plan: parameters, whatever the call) — type filter and lease
+/// expiry included — is a scan of sync_reactions_claim under the LIMIT with no sort, reading about
+/// as many rows as it claims;
+/// the acknowledgements (single and batch) are primary-key probes.
+#[test]
+fn idx_11_the_reaction_claim_reads_an_index_range_in_claim_order() {
+    let db = TestDb::new("idx_claim");
+    let mut plain = db.connect();
+    exec(
+        &mut plain,
+        "INSERT INTO syncular.sync_reactions
+           (partition, idempotency_key, type, version, payload, source_client_id,
+            source_client_commit_id, source_commit_seq, created_at_ms, available_at_ms, status,
+            attempts, max_attempts, lease_owner, lease_expires_at_ms, completed_at_ms)
+         SELECT 'part-1', 'k' || lpad(i::text, 7, '0'), CASE WHEN i % 10 = 0 THEN 'push.notify' ELSE 'email.send' END,
+                1, '{\"m\":1}', 'c1', 'commit-' || i, i, 1750000000000 + i, 1750000000000 + i,
+                s.status, CASE WHEN s.status = 'pending' THEN 0 ELSE 1 END, 10,
+                CASE WHEN s.status = 'leased' THEN 'w0' END,
+                CASE WHEN s.status = 'leased' THEN 1750000000000 + i + (i % 2) * 1000000 END,
+                CASE WHEN s.status = 'completed' THEN 1750000000000 + i END
+           FROM generate_series(1, 100000) i,
+                LATERAL (SELECT CASE WHEN i % 7 = 0 THEN 'leased' WHEN i % 5 = 0 THEN 'completed'
+                                     WHEN i % 53 = 0 THEN 'dead-letter' ELSE 'pending' END AS status) s;
+         ANALYZE syncular.sync_reactions;",
+    );
+    let (mut c, notices) = explaining(&db);
+    exec(
+        &mut c,
+        "SET auto_explain.log_analyze = on; RESET enable_seqscan",
+    );
+    let claim_plan = |c: &mut Client, sql: &str| -> String {
+        let plans = plans_of(c, &notices, sql);
+        plans
+            .split("\n----\n")
+            .find(|p| p.contains("FOR UPDATE SKIP LOCKED") || p.contains("LockRows"))
+            .unwrap_or_else(|| panic!("{plans}"))
+            .to_string()
+    };
+    for (i, types) in [
+        "ARRAY['email.send']",
+        "ARRAY['email.send','push.notify']",
+        "ARRAY['push.notify']",
+    ]
+    .iter()
+    .cycle()
+    .take(9)
+    .enumerate()
+    {
+        let now = 1_750_000_060_000_i64 + i as i64;
+        let plan = claim_plan(
+            &mut c,
+            &format!(
+                "SELECT syncular.claim_reactions('part-1', 'w{i}', {types}, {now}, 30000, 10)"
+            ),
+        );
+        // The choice of the rows (the init plan feeding the UPDATE's keys): the index range
+        // under LockRows and the LIMIT, no sort; the UPDATE probes the primary key. The only
+        // sort is the top node's, of the ≤ `lim` claimed rows into the result's order.
+        let nodes: Vec<&str> = plan.lines().filter(|l| l.contains("(cost=")).collect();
+        let chosen = plan
+            .split("InitPlan")
+            .nth(1)
+            .unwrap_or_else(|| panic!("call {i}:\n{plan}"));
+        assert!(
+            chosen.contains("Limit")
+                && chosen.contains("LockRows")
+                && chosen.contains("Index Scan using sync_reactions_claim"),
+            "call {i}:\n{plan}"
+        );
+        assert!(
+            nodes.iter().skip(1).all(|l| !l.contains("Sort")),
+            "call {i}: a sort:\n{plan}"
+        );
+        assert!(plan.contains("sync_reactions_pkey"), "call {i}:\n{plan}");
+        assert!(
+            !plan.contains("Seq Scan on sync_reactions"),
+            "call {i}:\n{plan}"
+        );
+        assert!(!plan.contains("Bitmap"), "call {i}:\n{plan}");
+        // The range read stops after the rows claimed (plus those the type filter skips).
+        let read = rows_read(&plan, "sync_reactions_claim");
+        assert!(
+            (10..=150).contains(&read),
+            "call {i}: {read} rows read:\n{plan}"
+        );
+    }
+    // Acknowledgements: key lookups.
+    let lookups = [
+        "SELECT syncular.complete_reaction('part-1', 'k0000001', 'w0', 1)",
+        "SELECT syncular.extend_reaction_lease('part-1', 'k0000007', 'w0', 1)",
+        r#"SELECT syncular.fail_reaction('part-1', 'k0000014', 'w0', '{"code":"x","atMs":1}', 5)"#,
+        "SELECT syncular.complete_reactions('part-1', ARRAY['k0000021','k0000028'], 'w0', 1)",
+        r#"SELECT syncular.fail_reactions('part-1', 'w0', '[{"idempotencyKey":"k0000035","failure":{"code":"x","atMs":1},"retryAtMs":9}]')"#,
+    ];
+    for sql in lookups {
+        let plans = plans_of(&mut c, &notices, sql);
+        assert!(plans.contains("sync_reactions_pkey"), "{sql}:\n{plans}");
+        assert_no_seq_scan(&plans, &["sync_reactions"]);
+    }
+}

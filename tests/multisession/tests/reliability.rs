@@ -302,6 +302,7 @@ const JSON_FUNCTIONS: &[&str] = &[
     "SELECT syncular.set_row_scopes('part-1', 'tasks', 'r', $1)",
     "SELECT syncular.latest_scoped_change_seq('part-1', 'tasks', $1)",
     "SELECT syncular.fail_reaction('part-1', 'k', 'owner', $1)",
+    "SELECT syncular.fail_reactions('part-1', 'owner', $1)",
 ];
 
 #[test]

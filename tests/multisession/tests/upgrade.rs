@@ -139,3 +139,81 @@ fn an_install_updated_from_the_first_release_keeps_data_and_equals_a_fresh_one()
         "catalogs differ:\nupdated only: {only_updated:#?}\nfresh only: {only_fresh:#?}"
     );
 }
+
+/// The reaction indexes of 0.2.0 built beforehand with CREATE INDEX CONCURRENTLY (docs/API.md
+/// §11, upgrading) are kept by the update, which then equals a fresh install; a pre-built index
+/// that differs from the update's is refused and the update rolls back.
+#[test]
+fn reaction_indexes_built_concurrently_before_the_update_are_kept() {
+    let claim = "CREATE INDEX CONCURRENTLY sync_reactions_claim ON syncular.sync_reactions
+                   (partition, (CASE WHEN status = 'leased' THEN lease_expires_at_ms ELSE available_at_ms END),
+                    created_at_ms, idempotency_key)
+                   WHERE status IN ('pending', 'leased')";
+    let updated = TestDb::new("upgraded_prebuilt");
+    let mut c = updated.connect();
+    exec(&mut c, "DROP EXTENSION syncular CASCADE");
+    exec(
+        &mut c,
+        &format!("CREATE EXTENSION syncular VERSION '{FIRST_RELEASE}'"),
+    );
+    one::<i32>(
+        &mut c,
+        "SELECT syncular.enqueue_reactions($1, $2)",
+        &[&P, &json!([reaction(1, RKEY)])],
+    );
+    // A wrong pre-built index: refused, nothing updated.
+    exec(
+        &mut c,
+        "CREATE INDEX CONCURRENTLY sync_reactions_claim ON syncular.sync_reactions (partition)",
+    );
+    let refused = c
+        .batch_execute("ALTER EXTENSION syncular UPDATE")
+        .unwrap_err();
+    assert!(
+        sql_error(&refused)
+            .message
+            .contains("pre-built reaction index"),
+        "{refused:?}"
+    );
+    exec(&mut c, "DROP INDEX syncular.sync_reactions_claim");
+    exec(&mut c, claim);
+    // One statement per call: CONCURRENTLY runs outside a transaction block.
+    exec(
+        &mut c,
+        "DROP INDEX CONCURRENTLY syncular.sync_reactions_completed",
+    );
+    exec(
+        &mut c,
+        "CREATE INDEX CONCURRENTLY sync_reactions_completed ON syncular.sync_reactions
+           (partition, completed_at_ms, idempotency_key) WHERE status = 'completed'",
+    );
+    let oid = |c: &mut Client| -> u32 {
+        one(
+            c,
+            "SELECT 'syncular.sync_reactions_claim'::regclass::oid",
+            &[],
+        )
+    };
+    let before = oid(&mut c);
+    exec(&mut c, "ALTER EXTENSION syncular UPDATE");
+    assert_eq!(oid(&mut c), before, "the pre-built index was kept");
+    let fresh = TestDb::new("fresh_prebuilt");
+    let mut f = fresh.connect();
+    exec(
+        &mut f,
+        "DROP EXTENSION syncular CASCADE; CREATE EXTENSION syncular",
+    );
+    let (a, b) = (catalog(&mut c), catalog(&mut f));
+    let differ: Vec<&String> = a
+        .iter()
+        .filter(|x| !b.contains(x))
+        .chain(b.iter().filter(|x| !a.contains(x)))
+        .collect();
+    assert!(differ.is_empty(), "catalogs differ: {differ:#?}");
+    let claimed: serde_json::Value = one(
+        &mut c,
+        "SELECT syncular.claim_reactions($1, 'w', ARRAY['email.send'], $2, 100, 10)",
+        &[&P, &NOW],
+    );
+    assert_eq!(claimed.as_array().unwrap().len(), 1);
+}
