@@ -347,7 +347,7 @@ def setup_ext():
     # Steady state: every partition row exists before the clock starts. (Upstream's
     # `SELECT … FOR UPDATE` on a missing partition row locks nothing, so concurrent first pushes
     # to one new partition race and fail; the extension's lock_partition creates the row.)
-    partitions = ["p-shared", "fenced", "unfenced"] + [f"{k}-{c}" for k in ("p", "pf", "a", "f", "d", "zzz-tail", "fenced-off") for c in range(8)]
+    partitions = ["p-shared", "fenced", "unfenced"] + [f"{k}-{c}" for k in ("p", "pf", "a", "f", "d", "n", "zzz-tail", "fenced-off") for c in range(8)]
     values = ",".join(f"('{p}', 0, 0)" for p in partitions)
     for db in ("ext", "upstream"):
         psql(db, f"INSERT INTO {'syncular.' if db == 'ext' else ''}sync_partitions VALUES {values} ON CONFLICT DO NOTHING")
@@ -518,6 +518,13 @@ def main():
         floors = [("CTE floor fed the same document", "append-10-document-floor", floor_document(n)),
                   ("one-row INSERT floor", "append-10-insert-floor", floor_insert())] if n == 10 else []
         append_rotation(n, f"append-{n}", floors=floors)
+    # The opt-in commit notification (syncular.notify_commits): append_commit of one change with
+    # it off (baseline) and on, on partitions of their own, no listener (pg_notify's queue write
+    # at commit is the cost a host pays whether or not a process listens).
+    notify_off, notify_on = "notify-off", "notify-on"
+    rotate(1, [(notify_off, "ext", ext_append(1, "'n-' || :client_id")),
+               (notify_on, "ext", ext_append(1, "'n-' || :client_id"), {"PGOPTIONS": "-c syncular.notify_commits=on"})],
+           [("append N=1: notify_commits off vs on", notify_off, notify_on)], TARGET_ROUNDS)
     if os.environ.get("BENCH_RIGHT_EDGE") == "1":
         # Opt-in (about 45 s more): the N=10 append sides on one partition that sorts after every
         # other, so that every insert of every side takes the rightmost-leaf fast path, as in a
@@ -694,8 +701,14 @@ def report(results, elapsed):
     lines.extend(target_lines(results))
     lines.append("")
     lines.append("Columns: *baseline* is upstream 0.24's statements for `push` and `append` rows; for the floor rows it is the "
-                 "floor; for the window row it is the same window at 10^4 commits (syncular column: 10^6); for the fence rows it "
-                 "is `append_commit` with the trigger disabled (`session_replication_role = replica`).")
+                 "floor (for `push_commit`: one hand-written statement with the same writes and no lock, gate, idempotency "
+                 "read, decode, merge or check); for `push_commit vs classic batched` it is the classic path with one "
+                 "multi-row upsert and `set_rows_scopes` (10 round trips); for the window row it is the same window at 10^4 "
+                 "commits (syncular column: 10^6); for the fence rows it is `append_commit` with the trigger disabled "
+                 "(`session_replication_role = replica`); for the notify row it is `append_commit` with "
+                 "`syncular.notify_commits` off (syncular column: on). `push_commit` rows write `tasks_pc`, a table of the "
+                 "same shape whose stored rows carry real codec payloads (the classic sides store constant bytes); its "
+                 "sparse payloads update every column of an existing row, last writer wins, like upstream's replay.")
     if PULL_SECTION:
         lines += [""] + PULL_SECTION
     if REACTIONS_SECTION:

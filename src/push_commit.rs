@@ -435,6 +435,14 @@ impl Context<'_, '_> {
         if !self.batching || self.allowed.is_none() {
             return Ok(());
         }
+        // A trigger on any table of the commit could change rows read up front: no batches.
+        if ops.iter().any(|op| {
+            self.tables
+                .get(&op.table)
+                .is_some_and(|t| t.batch_sql.is_none())
+        }) {
+            return Ok(());
+        }
         let mut wanted: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for op in ops {
             let key = (op.table.clone(), op.row_id.clone());
