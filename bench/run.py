@@ -238,7 +238,7 @@ def floor_push(n, p="'pf-' || :client_id"):
         f"sc AS (INSERT INTO syncular.sync_change_scopes (partition, tbl, var, value, commit_seq) SELECT ({p}), 'tasks_pc', 'project_id', 'proj', c.commit_seq FROM c), "
         f"pr AS (INSERT INTO syncular.sync_push_results (partition, client_id, client_commit_id, result) "
         f"SELECT ({p}), 'c', :cc::text, jsonb_build_object('status', 'applied', 'commitSeq', c.commit_seq, 'results', '[{results}]'::jsonb, "
-        f"'recordedAtMs', 1750000000000, 'cacheIdentity', 'x') FROM c) "
+        f"'recordedAtMs', 1750000000000, 'cacheIdentity', 'x') FROM c ON CONFLICT DO NOTHING) "
         f"SELECT commit_seq FROM c;",
     ])
 

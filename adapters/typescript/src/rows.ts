@@ -1,4 +1,4 @@
-// The app-row layer: the host tables of data-model §4 (one relation per synced table, meta
+// The app-row layer: the host tables of docs/API.md §App-table template (one relation per synced table, meta
 // columns `_sync_*` plus the typed projection of the payload). Every statement text here is
 // built from the compiled schema only (table and column names, always through `quoteIdent` /
 // `quoteLiteral`); request values are always bind parameters. Payloads are decoded by the
@@ -24,7 +24,7 @@ export function quoteLiteral(text: string): string {
   return `'${text.replaceAll("'", "''")}'`;
 }
 
-/** The PostgreSQL type of an app column (data-model §4). */
+/** The PostgreSQL type of an app column (docs/API.md §App-table template). */
 export function columnSqlType(type: ColumnType): string {
   switch (type) {
     case 'string':
@@ -182,7 +182,7 @@ SELECT syncular.set_row_scopes($1, $7, $2, $4::text::jsonb) FROM written`;
     return out;
   }
 
-  /** Declared indexes: `sync_ix_<name>`, leading with `_sync_partition` (data-model §4). */
+  /** Declared indexes: `sync_ix_<name>`, leading with `_sync_partition` (docs/API.md §App-table template). */
   createIndexDdl(): string[] {
     if (!this.compiled.materialize) return [];
     return this.compiled.indexes.map((index) => {

@@ -53,7 +53,7 @@ import type {
 } from './types.js';
 
 export interface SyncularServerStorageOptions {
-  /** Schema of the app tables (data-model §4). Default `public`. */
+  /** Schema of the app tables (docs/API.md §App-table template). Default `public`. */
   readonly appSchema?: string;
   /** Upstream's error classes (`instanceof` checks in @syncular/server); local ones by default. */
   readonly errors?: ErrorClasses;

@@ -1,4 +1,4 @@
-// Every method sends no more statements than the spec's map (ts-adapter.md, "Method map"):
+// Every method sends no more statements than the spec's map (docs/TYPESCRIPT.md, "Method map"):
 // one extension call each, with the exceptions the map names (lock + savepoint; the rejection's
 // four statements; queryAuthoritative's snapshot; ensureSchema's check + layout read).
 import assert from 'node:assert/strict';
