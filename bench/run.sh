@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Benchmarks: upstream 0.24's statement replay vs the extension, side by side in one run, on a
-# throwaway cluster. Writes docs/BENCHMARKS.md. About 9–10 minutes (BENCH_SECONDS per round).
+# throwaway cluster. Writes docs/BENCHMARKS.md. About 22 minutes (BENCH_SECONDS per round; BENCH_SKIP_PULL=1,
+# BENCH_SKIP_REACTIONS=1 leave those parts out).
 # BENCH_PG_MAJOR=18 runs it on PostgreSQL 18 instead (writes docs/BENCHMARKS-pg18.md; the next
 # run on 15 shows those ratios next to its own). BENCH_REACTIONS_ONLY=1 runs only the reactions
 # next to pgmq (bench/reactions.py; fetches pgmq's install script with cargo) and replaces only
