@@ -329,6 +329,15 @@ struct RowMeta<'a> {
     column_versions: Option<&'a [u8]>,
 }
 
+/// What an applied upsert wrote: the row's new version, scopes and full payload, and the
+/// stored row before it (as a validator sees it) with its version, for an update.
+struct Upserted {
+    version: i64,
+    scopes: Map<String, Value>,
+    payload: Vec<u8>,
+    before: Option<(Value, i64)>,
+}
+
 /// A table of the running push schema whose relation is registered and usable.
 struct Table {
     schema: TableSchema,
@@ -858,24 +867,13 @@ impl Context<'_, '_> {
             },
             &values,
         )?;
-        changes.push(ChangeOut {
-            table: op.table.clone(),
-            row_id: op.row_id.clone(),
-            delete: false,
-            row_version: Some(next),
+        let upserted = Upserted {
+            version: next,
             scopes,
-            payload: Some(full),
-        });
-        self.witness(|| Evidence {
-            op_index: k,
-            delete: false,
-            table: &op.table,
-            row_id: &op.row_id,
-            row: Some(push_stage::row_map(&layout.columns, &values)),
-            stored: before,
-            stored_server_version: Some(stored.server_version),
-            next_server_version: Some(next),
-        });
+            payload: full,
+            before: before.map(|row| (row, stored.server_version)),
+        };
+        self.applied_upsert(k, op, t, &values, upserted, changes);
         Ok(None)
     }
 
@@ -976,25 +974,56 @@ impl Context<'_, '_> {
         };
         self.upsert(k, op, t, meta, &values)?;
         rows::set_scopes(self.client, self.partition, &op.table, &op.row_id, &scopes)?;
+        let upserted = Upserted {
+            version: 1,
+            scopes,
+            payload: full,
+            before: None,
+        };
+        self.applied_upsert(k, op, t, &values, upserted, changes);
+        Ok(None)
+    }
+
+    /// An applied upsert: its change, and its evidence when the push may be staged.
+    fn applied_upsert(
+        &self,
+        k: usize,
+        op: &Operation,
+        t: &Table,
+        values: &[Val<'_>],
+        upserted: Upserted,
+        changes: &mut Vec<ChangeOut>,
+    ) {
+        let Upserted {
+            version,
+            scopes,
+            payload,
+            before,
+        } = upserted;
         changes.push(ChangeOut {
             table: op.table.clone(),
             row_id: op.row_id.clone(),
             delete: false,
-            row_version: Some(1),
+            row_version: Some(version),
             scopes,
-            payload: Some(full),
+            payload: Some(payload),
         });
-        self.witness(|| Evidence {
-            op_index: k,
-            delete: false,
-            table: &op.table,
-            row_id: &op.row_id,
-            row: Some(push_stage::row_map(&layout.columns, &values)),
-            stored: None,
-            stored_server_version: None,
-            next_server_version: Some(1),
+        self.witness(|| {
+            let (stored, stored_server_version) = match before {
+                Some((row, version)) => (Some(row), Some(version)),
+                None => (None, None),
+            };
+            Evidence {
+                op_index: k,
+                delete: false,
+                table: &op.table,
+                row_id: &op.row_id,
+                row: Some(push_stage::row_map(&t.schema.layout.columns, values)),
+                stored,
+                stored_server_version,
+                next_server_version: Some(version),
+            }
         });
-        Ok(None)
     }
 
     /// Step C5 and the commit-level hooks C6…C8: every operation in order, then what host code

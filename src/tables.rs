@@ -80,6 +80,22 @@ pub struct StoredRow {
     pub column_versions: Option<Vec<u8>>,
 }
 
+impl StoredRow {
+    /// The four meta columns (`_sync_server_version`, `_sync_scopes`, `_sync_payload`,
+    /// `_sync_column_versions`) of a result row, starting at column `first` (1-based).
+    fn read(row: &pgrx::spi::SpiHeapTupleData<'_>, first: usize) -> error::Result<StoredRow> {
+        Ok(StoredRow {
+            server_version: row.get::<i64>(first)?.unwrap_or(0),
+            scopes: row
+                .get::<JsonB>(first + 1)?
+                .map(|j| args::unwrap_json_text(j.0))
+                .unwrap_or(json!({})),
+            payload: row.get::<Vec<u8>>(first + 2)?.unwrap_or_default(),
+            column_versions: row.get::<Vec<u8>>(first + 3)?,
+        })
+    }
+}
+
 /// The one-call push's statements over a registered relation. They run **as the calling role**
 /// in a restricted security context (docs/SECURITY.md, rules 1 and 10): the caller's privileges,
 /// row-level security and the host's triggers apply as if the host had written the row itself,
@@ -112,19 +128,10 @@ impl AppRelation {
                 &sql,
                 &[DatumWithOid::from(partition), DatumWithOid::from(row_id)],
             )?;
-            if table.is_empty() {
-                return Ok(None);
+            match table.into_iter().next() {
+                Some(row) => Ok(Some(StoredRow::read(&row, 1)?)),
+                None => Ok(None),
             }
-            let row = table.first();
-            Ok(Some(StoredRow {
-                server_version: row.get::<i64>(1)?.unwrap_or(0),
-                scopes: row
-                    .get::<JsonB>(2)?
-                    .map(|j| args::unwrap_json_text(j.0))
-                    .unwrap_or(json!({})),
-                payload: row.get::<Vec<u8>>(3)?.unwrap_or_default(),
-                column_versions: row.get::<Vec<u8>>(4)?,
-            }))
         })
     }
 
@@ -212,18 +219,7 @@ impl AppRelation {
             let mut rows = std::collections::HashMap::new();
             for row in table {
                 let id = row.get::<String>(1)?.unwrap_or_default();
-                rows.insert(
-                    id,
-                    StoredRow {
-                        server_version: row.get::<i64>(2)?.unwrap_or(0),
-                        scopes: row
-                            .get::<JsonB>(3)?
-                            .map(|j| args::unwrap_json_text(j.0))
-                            .unwrap_or(json!({})),
-                        payload: row.get::<Vec<u8>>(4)?.unwrap_or_default(),
-                        column_versions: row.get::<Vec<u8>>(5)?,
-                    },
-                );
+                rows.insert(id, StoredRow::read(&row, 2)?);
             }
             Ok(rows)
         })

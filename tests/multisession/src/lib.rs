@@ -30,22 +30,29 @@ fn connect_to(db: &str) -> Client {
         .unwrap_or_else(|e| panic!("cannot connect to {db}: {e} (is the test cluster running?)"))
 }
 
+/// The DDL of an app table: `columns` (app columns, each ending in `,`), then the meta columns
+/// and primary key of docs/API.md §App-table template.
+pub fn app_table_sql(relation: &str, columns: &str) -> String {
+    format!(
+        r#"CREATE TABLE {relation} (
+  "_sync_partition" text NOT NULL, "_sync_row_id" text NOT NULL,
+  {columns}
+  "_sync_server_version" bigint NOT NULL, "_sync_scopes" jsonb NOT NULL,
+  "_sync_payload" bytea NOT NULL, "_sync_column_versions" bytea,
+  PRIMARY KEY ("_sync_partition", "_sync_row_id"));
+"#
+    )
+}
+
 /// The host-owned app tables of the fixtures (docs/SCENARIOS.md §Fixtures).
-pub const APP_TABLES_SQL: &str = r#"
-CREATE TABLE public.tasks (
-  "_sync_partition" text NOT NULL, "_sync_row_id" text NOT NULL,
-  id text, project_id text, data bytea,
-  "_sync_server_version" bigint NOT NULL, "_sync_scopes" jsonb NOT NULL,
-  "_sync_payload" bytea NOT NULL, "_sync_column_versions" bytea,
-  PRIMARY KEY ("_sync_partition", "_sync_row_id"));
-CREATE INDEX sync_ix_tasks_by_project ON public.tasks ("_sync_partition", project_id);
-CREATE TABLE public.docs (
-  "_sync_partition" text NOT NULL, "_sync_row_id" text NOT NULL,
-  id text, org_id text, project_id text,
-  "_sync_server_version" bigint NOT NULL, "_sync_scopes" jsonb NOT NULL,
-  "_sync_payload" bytea NOT NULL, "_sync_column_versions" bytea,
-  PRIMARY KEY ("_sync_partition", "_sync_row_id"));
-"#;
+pub fn app_tables_sql() -> String {
+    [
+        app_table_sql("public.tasks", "id text, project_id text, data bytea,"),
+        "CREATE INDEX sync_ix_tasks_by_project ON public.tasks (\"_sync_partition\", project_id);\n".into(),
+        app_table_sql("public.docs", "id text, org_id text, project_id text,"),
+    ]
+    .concat()
+}
 
 fn ensure_template() {
     static READY: OnceLock<()> = OnceLock::new();
@@ -69,7 +76,7 @@ fn ensure_template() {
                 }
                 _ => t.batch_execute("CREATE EXTENSION syncular").unwrap(),
             }
-            t.batch_execute(APP_TABLES_SQL).unwrap();
+            t.batch_execute(&app_tables_sql()).unwrap();
             t.batch_execute(
                 "DO $$ BEGIN
                    IF to_regprocedure('syncular.register_table(text,regclass,boolean)') IS NOT NULL THEN

@@ -8,56 +8,30 @@ use serde_json::{json, Value};
 
 /// The scenario fixture: upstream's test shapes under their logical names, registered to fresh
 /// relations (`tasks` and `docs` re-pointed), and the push schema at version `V`.
-pub const TABLES_SQL: &str = r#"
-CREATE TABLE public.np_tasks (
-  "_sync_partition" text NOT NULL, "_sync_row_id" text NOT NULL,
-  id text, project_id text, title text, done boolean, priority bigint, meta jsonb,
-  "_sync_server_version" bigint NOT NULL, "_sync_scopes" jsonb NOT NULL,
-  "_sync_payload" bytea NOT NULL, "_sync_column_versions" bytea,
-  PRIMARY KEY ("_sync_partition", "_sync_row_id"));
-CREATE TABLE public.np_items (
-  "_sync_partition" text NOT NULL, "_sync_row_id" text NOT NULL,
-  id bigint, project_id text, score double precision, data bytea,
-  "_sync_server_version" bigint NOT NULL, "_sync_scopes" jsonb NOT NULL,
-  "_sync_payload" bytea NOT NULL, "_sync_column_versions" bytea,
-  PRIMARY KEY ("_sync_partition", "_sync_row_id"));
-CREATE TABLE public.np_docs (
-  "_sync_partition" text NOT NULL, "_sync_row_id" text NOT NULL,
-  id text, project_id text, body text,
-  "_sync_server_version" bigint NOT NULL, "_sync_scopes" jsonb NOT NULL,
-  "_sync_payload" bytea NOT NULL, "_sync_column_versions" bytea,
-  PRIMARY KEY ("_sync_partition", "_sync_row_id"));
-CREATE TABLE public.np_files (
-  "_sync_partition" text NOT NULL, "_sync_row_id" text NOT NULL,
-  id text, project_id text, file text,
-  "_sync_server_version" bigint NOT NULL, "_sync_scopes" jsonb NOT NULL,
-  "_sync_payload" bytea NOT NULL, "_sync_column_versions" bytea,
-  PRIMARY KEY ("_sync_partition", "_sync_row_id"));
-CREATE TABLE public.np_notes (
-  "_sync_partition" text NOT NULL, "_sync_row_id" text NOT NULL,
-  id text, project_id text, doc bytea,
-  "_sync_server_version" bigint NOT NULL, "_sync_scopes" jsonb NOT NULL,
-  "_sync_payload" bytea NOT NULL, "_sync_column_versions" bytea,
-  PRIMARY KEY ("_sync_partition", "_sync_row_id"));
-CREATE TABLE public.np_buckets (
-  "_sync_partition" text NOT NULL, "_sync_row_id" text NOT NULL,
-  id text, b double precision,
-  "_sync_server_version" bigint NOT NULL, "_sync_scopes" jsonb NOT NULL,
-  "_sync_payload" bytea NOT NULL, "_sync_column_versions" bytea,
-  PRIMARY KEY ("_sync_partition", "_sync_row_id"));
-CREATE TABLE public.np_secrets (
-  "_sync_partition" text NOT NULL, "_sync_row_id" text NOT NULL,
-  "_sync_server_version" bigint NOT NULL, "_sync_scopes" jsonb NOT NULL,
-  "_sync_payload" bytea NOT NULL, "_sync_column_versions" bytea,
-  PRIMARY KEY ("_sync_partition", "_sync_row_id"));
-SELECT syncular.register_table('tasks', 'public.np_tasks');
-SELECT syncular.register_table('items', 'public.np_items');
-SELECT syncular.register_table('docs', 'public.np_docs');
-SELECT syncular.register_table('files', 'public.np_files');
-SELECT syncular.register_table('notes', 'public.np_notes');
-SELECT syncular.register_table('buckets', 'public.np_buckets');
-SELECT syncular.register_table('secrets', 'public.np_secrets');
-"#;
+pub fn tables_sql() -> String {
+    let tables = [
+        (
+            "public.np_tasks",
+            "id text, project_id text, title text, done boolean, priority bigint, meta jsonb,",
+        ),
+        (
+            "public.np_items",
+            "id bigint, project_id text, score double precision, data bytea,",
+        ),
+        ("public.np_docs", "id text, project_id text, body text,"),
+        ("public.np_files", "id text, project_id text, file text,"),
+        ("public.np_notes", "id text, project_id text, doc bytea,"),
+        ("public.np_buckets", "id text, b double precision,"),
+        ("public.np_secrets", ""),
+    ];
+    let mut sql: String = tables.iter().map(|(r, c)| app_table_sql(r, c)).collect();
+    for (name, relation) in APP {
+        sql.push_str(&format!(
+            "SELECT syncular.register_table('{name}', 'public.{relation}');\n"
+        ));
+    }
+    sql
+}
 
 pub const APP: [(&str, &str); 7] = [
     ("tasks", "np_tasks"),
@@ -112,7 +86,7 @@ pub fn schema() -> Value {
 }
 
 pub fn setup(c: &mut Client) {
-    exec(c, TABLES_SQL);
+    exec(c, &tables_sql());
     let n: i32 = one(
         c,
         "SELECT syncular.set_push_schema($1, $2)",
@@ -232,6 +206,17 @@ pub fn assert_error(outcome: &Value, op: usize, code: &str, message: &str) {
         record(outcome),
         &json!({"opIndex": op, "status": "error", "code": code, "message": message, "retryable": false}),
         "{outcome}"
+    );
+}
+
+/// The rejection a class-23 error of an app-row upsert becomes, at operation `op`.
+#[track_caller]
+pub fn assert_constraint_violation(outcome: &Value, op: usize) {
+    assert_error(
+        outcome,
+        op,
+        "sync.constraint_violation",
+        "write violates a relational constraint",
     );
 }
 

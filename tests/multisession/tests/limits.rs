@@ -10,7 +10,7 @@
 
 use postgres::{Client, NoTls};
 use serde_json::Value;
-use syncular_multisession::{sql_error, APP_TABLES_SQL};
+use syncular_multisession::{app_tables_sql, sql_error};
 
 fn limited_cluster() -> String {
     std::env::var("SYNCULAR_TEST_PG_LIMITED").expect(
@@ -90,7 +90,7 @@ fn every_argument_is_capped_and_no_call_can_abort_a_backend() {
     sentinel
         .batch_execute("CREATE EXTENSION IF NOT EXISTS syncular")
         .unwrap();
-    sentinel.batch_execute(APP_TABLES_SQL).unwrap();
+    sentinel.batch_execute(&app_tables_sql()).unwrap();
     sentinel
         .batch_execute("SELECT syncular.register_table('tasks', 'public.tasks')")
         .unwrap();

@@ -34,12 +34,7 @@ fn a_later_operations_constraint_error_keeps_its_op_index() {
     let clash = up(&mut c, "tasks", "t3", None, titled("t3", "task"));
     let before = snapshot(&mut c);
     let out = push(&mut c, "k2", &[free, clash]);
-    assert_error(
-        &out,
-        1,
-        "sync.constraint_violation",
-        "write violates a relational constraint",
-    );
+    assert_constraint_violation(&out, 1);
     assert_eq!(
         but_result(&snapshot(&mut c), "k2"),
         but_result(&before, "k2")
@@ -52,12 +47,7 @@ fn a_pending_write_fails_before_a_later_delete_frees_its_value() {
     let (_db, mut c) = with_unique_titles("npb_delete");
     let clash = up(&mut c, "tasks", "t2", None, titled("t2", "task"));
     let out = push(&mut c, "k2", &[clash, del("tasks", "t1")]);
-    assert_error(
-        &out,
-        0,
-        "sync.constraint_violation",
-        "write violates a relational constraint",
-    );
+    assert_constraint_violation(&out, 0);
     assert!(stored(&mut c, "tasks", "t1").is_some());
 }
 
@@ -80,12 +70,7 @@ fn a_pending_write_fails_before_a_later_fallback() {
         json!({"cacheIdentity": "k2", "rowValidatorTables": ["docs"]}),
     )
     .unwrap();
-    assert_error(
-        &out,
-        0,
-        "sync.constraint_violation",
-        "write violates a relational constraint",
-    );
+    assert_constraint_violation(&out, 0);
     // Without the collision the fallback stands, and nothing is stored.
     let fine = up(&mut c, "tasks", "t3", None, titled("t3", "fine"));
     let before = snapshot(&mut c);
@@ -195,32 +180,17 @@ fn batches_are_used_and_a_failed_batch_is_run_again() {
     };
     assert_eq!(again(&notices), 0, "{:?}", notices.lock().unwrap());
     let single = up(&mut c, "tasks", "t7", None, titled("t7", "n1"));
-    assert_error(
-        &push(&mut c, "k5", &[single]),
-        0,
-        "sync.constraint_violation",
-        "write violates a relational constraint",
-    );
+    assert_constraint_violation(&push(&mut c, "k5", &[single]), 0);
     assert_eq!(again(&notices), 0);
     // A batch of one row is written by the single statement: the batch needs two.
     let fine = up(&mut c, "tasks", "t10", None, titled("t10", "n10"));
     let clash = up(&mut c, "tasks", "t9", None, titled("t9", "n3"));
-    assert_error(
-        &push(&mut c, "k3", &[fine.clone(), clash]),
-        1,
-        "sync.constraint_violation",
-        "write violates a relational constraint",
-    );
+    assert_constraint_violation(&push(&mut c, "k3", &[fine.clone(), clash]), 1);
     assert_eq!(again(&notices), 1);
     // A table a trigger can fire on is written one statement at a time from the start.
     exec(&mut c, "CREATE FUNCTION public.np_noop() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NEW; END$$;
                   CREATE TRIGGER np_noop BEFORE INSERT ON public.np_tasks FOR EACH ROW EXECUTE FUNCTION public.np_noop()");
     let clash = up(&mut c, "tasks", "t8", None, titled("t8", "n3"));
-    assert_error(
-        &push(&mut c, "k4", &[fine, clash]),
-        1,
-        "sync.constraint_violation",
-        "write violates a relational constraint",
-    );
+    assert_constraint_violation(&push(&mut c, "k4", &[fine, clash]), 1);
     assert_eq!(again(&notices), 1);
 }

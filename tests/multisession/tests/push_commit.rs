@@ -937,12 +937,7 @@ fn np27_constraints_and_the_callers_rights() {
     );
     let before = snapshot(&mut c);
     let out = push(&mut c, "k2", &[clash, rename]);
-    assert_error(
-        &out,
-        0,
-        "sync.constraint_violation",
-        "write violates a relational constraint",
-    );
+    assert_constraint_violation(&out, 0);
     assert_eq!(
         but_result(&snapshot(&mut c), "k2"),
         but_result(&before, "k2")
