@@ -6,8 +6,9 @@
 //! the same rows: without triggers nothing observes the order of distinct rows, and the unique
 //! checks run row by row in operation order as they would statement by statement. What a batch
 //! cannot tell is *which* operation a constraint error belongs to, so the push runs again
-//! without batches after any error in a batched run (`push_commit::push`): the outcome is always
-//! the one of upstream's statement-by-statement order.
+//! without batches after an error in a batched run (`push_commit::push`; not after a cancel,
+//! timeout, deadlock or shutdown): the outcome is always the one of upstream's
+//! statement-by-statement order.
 
 use crate::codec::{ColumnType, Value as Val};
 use pgrx::datum::DatumWithOid;

@@ -1100,11 +1100,32 @@ fn in_subtransaction<R>(
 
 /// Whether a caught PostgreSQL error is of SQLSTATE class 23 (integrity constraint violation).
 fn integrity_violation(panic: &(dyn std::any::Any + Send)) -> bool {
+    in_class(panic, "23000")
+}
+
+/// Whether a caught PostgreSQL error is of the SQLSTATE class of `class` (`"23000"`: 23).
+fn in_class(panic: &(dyn std::any::Any + Send), class: &str) -> bool {
     let Some(CaughtError::PostgresError(report)) = panic.downcast_ref::<CaughtError>() else {
         return false;
     };
-    let class = crate::port::make_sqlstate("23000");
+    let class = crate::port::make_sqlstate(class);
     (report.sql_error_code() as i32) & 0xFFF == class & 0xFFF
+}
+
+/// Whether a batched run that failed this way is run again statement by statement: any error
+/// whose operation or order a batch may have changed (a constraint, a value, a privilege the
+/// rows read up front needed before an earlier operation's rejection, this extension's own) —
+/// but not what would end the call anyway: a cancel or shutdown (class 57), a deadlock or
+/// serialization failure (40), a lock timeout (55), exhausted resources (53) or a system error
+/// (58).
+fn worth_repeating<R>(outcome: &std::thread::Result<Result<R>>) -> bool {
+    match outcome {
+        Ok(Ok(_)) => false,
+        Ok(Err(_)) => true,
+        Err(panic) => !["57000", "40000", "55000", "53000", "58000"]
+            .iter()
+            .any(|class| in_class(panic.as_ref(), class)),
+    }
 }
 
 /// The replay of a stored result (steps C1/C4).
@@ -1340,7 +1361,7 @@ fn push(client: &SpiClient<'_>, caller: pg_sys::Oid, request: &Request<'_>) -> R
             // Staged: the candidate rows stay in the host's transaction for its hooks.
             |r| matches!(r, Ok(None | Some(Stop::Staged))),
         );
-        if context.batched.get() && !matches!(outcome, Ok(Ok(_))) {
+        if context.batched.get() && worth_repeating(&outcome) {
             pgrx::debug1!(
                 "syncular: push_commit runs its operations again without batches after: {}",
                 failure(&outcome)

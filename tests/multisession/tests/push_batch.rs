@@ -194,3 +194,58 @@ fn batches_are_used_and_a_failed_batch_is_run_again() {
     assert_constraint_violation(&push(&mut c, "k4", &[fine, clash]), 1);
     assert_eq!(again(&notices), 1);
 }
+
+#[test]
+fn a_lock_timeout_in_a_batch_ends_the_call_without_a_second_run() {
+    let db = TestDb::new("npb_timeout");
+    let (mut c, notices) = db.connect_with_notices();
+    setup(&mut c);
+    let rows: Vec<Op> = (1..=2)
+        .map(|i| {
+            up(
+                &mut c,
+                "tasks",
+                &format!("t{i}"),
+                None,
+                task(&format!("t{i}"), "p1"),
+            )
+        })
+        .collect();
+    assert_eq!(push(&mut c, "k1", &rows)["outcome"], "applied");
+    // Another session holds t2's row lock; the batch's upsert waits for it until lock_timeout.
+    let mut holder = db.connect();
+    exec(
+        &mut holder,
+        "BEGIN; SELECT 1 FROM public.np_tasks WHERE \"_sync_row_id\" = 't2' FOR UPDATE",
+    );
+    exec(
+        &mut c,
+        "SET client_min_messages = debug1; SET lock_timeout = '300ms'",
+    );
+    let updates: Vec<Op> = (1..=2)
+        .map(|i| {
+            up(
+                &mut c,
+                "tasks",
+                &format!("t{i}"),
+                None,
+                json!({"id": format!("t{i}"), "done": true}),
+            )
+        })
+        .collect();
+    let err = try_push(&mut c, "k2", &updates, json!({})).unwrap_err();
+    assert_eq!(sql_error(&err).state, "55P03");
+    assert!(
+        !notices.lock().unwrap().iter().any(|m| m.contains(AGAIN)),
+        "{:?}",
+        notices.lock().unwrap()
+    );
+    exec(&mut holder, "ROLLBACK");
+    assert_eq!(
+        count(
+            &mut c,
+            "syncular.sync_push_results WHERE client_commit_id = 'k2'"
+        ),
+        0
+    );
+}
