@@ -453,6 +453,11 @@ impl IntoDatum for RawJsonb<'_> {
 pub struct OwnedJsonb(Vec<u8>);
 
 impl OwnedJsonb {
+    /// `[]`: an array container with no elements (its header alone).
+    pub fn empty_array() -> OwnedJsonb {
+        OwnedJsonb(JB_FARRAY.to_ne_bytes().to_vec())
+    }
+
     /// The binary form of a parsed value (one text round trip through `jsonb_in`).
     pub fn from_value(value: pgrx::JsonB) -> Option<OwnedJsonb> {
         let datum = value.into_datum()?;

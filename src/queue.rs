@@ -6,12 +6,13 @@
 use crate::args::{self, MAX_SAFE};
 use crate::db;
 use crate::error::{self, Code, Error, Result};
+use crate::jsonb::OwnedJsonb;
 use crate::limits;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::SpiTupleTable;
 use pgrx::JsonB;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use std::collections::HashSet;
 
 const MAX_PAYLOAD_BYTES: usize = 65_536;
@@ -19,47 +20,61 @@ const MAX_DETAILS_BYTES: usize = 8_192;
 const MAX_DEPTH: usize = 16;
 const MAX_TYPE_BYTES: usize = 128;
 
-macro_rules! reaction_columns {
+/// A reaction's document (docs/API.md §Reactions), built by SQL from the row `r` as stored:
+/// the payload and failure stay binary jsonb (no text round trip), NULL columns are absent keys.
+macro_rules! reaction_document {
     () => {
-        "idempotency_key, type, version, payload, source_client_id, source_client_commit_id,
-         source_commit_seq, created_at_ms, available_at_ms, status, attempts, max_attempts,
-         lease_owner, lease_expires_at_ms, completed_at_ms, last_failure"
+        "pg_catalog.jsonb_build_object(
+           'idempotencyKey', r.idempotency_key, 'type', r.type, 'version', r.version,
+           'payload', r.payload, 'sourceClientId', r.source_client_id,
+           'sourceClientCommitId', r.source_client_commit_id,
+           'sourceCommitSeq', r.source_commit_seq, 'createdAtMs', r.created_at_ms,
+           'availableAtMs', r.available_at_ms, 'status', r.status, 'attempts', r.attempts,
+           'maxAttempts', r.max_attempts)
+         || pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
+              'leaseOwner', r.lease_owner, 'leaseExpiresAtMs', r.lease_expires_at_ms,
+              'completedAtMs', r.completed_at_ms))
+         || CASE WHEN r.last_failure IS NULL THEN '{}'::jsonb
+                 ELSE pg_catalog.jsonb_build_object('lastFailure', r.last_failure) END"
     };
 }
 
-/// Reaction objects from rows of `reaction_columns!()`; NULL columns are absent keys.
-fn reactions(table: SpiTupleTable<'_>) -> Result<Vec<Value>> {
-    table
-        .map(|row| {
-            let mut r = Map::new();
-            r.insert("idempotencyKey".into(), json!(row.get::<String>(1)?));
-            r.insert("type".into(), json!(row.get::<String>(2)?));
-            r.insert("version".into(), json!(row.get::<i32>(3)?));
-            let payload = row.get::<JsonB>(4)?.map(|j| args::unwrap_json_text(j.0));
-            r.insert("payload".into(), payload.unwrap_or(Value::Null));
-            r.insert("sourceClientId".into(), json!(row.get::<String>(5)?));
-            r.insert("sourceClientCommitId".into(), json!(row.get::<String>(6)?));
-            r.insert("sourceCommitSeq".into(), json!(row.get::<i64>(7)?));
-            r.insert("createdAtMs".into(), json!(row.get::<i64>(8)?));
-            r.insert("availableAtMs".into(), json!(row.get::<i64>(9)?));
-            r.insert("status".into(), json!(row.get::<String>(10)?));
-            r.insert("attempts".into(), json!(row.get::<i32>(11)?));
-            r.insert("maxAttempts".into(), json!(row.get::<i32>(12)?));
-            if let Some(owner) = row.get::<String>(13)? {
-                r.insert("leaseOwner".into(), json!(owner));
+/// Whether the row `r` holds a JSON value as a jsonb string (written by a 0.24 host through a
+/// driver that binds JSON as text): then the document is unwrapped in Rust ([`documents`]).
+macro_rules! reaction_wrapped {
+    () => {
+        "(pg_catalog.jsonb_typeof(r.payload) = 'string'
+          OR pg_catalog.jsonb_typeof(r.last_failure) = 'string')"
+    };
+}
+
+/// The one row of a statement selecting a reaction document (or an array of them) and whether
+/// any of them is string-wrapped. Unwrapped rows — every row the extension wrote — are returned
+/// as SQL built them; a wrapped one is parsed and its `payload` / `lastFailure` unwrapped as
+/// every reader does (data model invariant 15, [`args::unwrap_json_text`]).
+fn documents(table: SpiTupleTable<'_>) -> Result<Option<OwnedJsonb>> {
+    if table.is_empty() {
+        return Ok(None);
+    }
+    let row = table.first();
+    if !row.get::<bool>(2)?.unwrap_or(false) {
+        return Ok(row.get::<OwnedJsonb>(1)?);
+    }
+    let Some(JsonB(mut value)) = row.get::<JsonB>(1)? else {
+        return Ok(None);
+    };
+    let unwrap = |doc: &mut Value| {
+        for key in ["payload", "lastFailure"] {
+            if let Some(v) = doc.get_mut(key) {
+                *v = args::unwrap_json_text(v.take());
             }
-            if let Some(at) = row.get::<i64>(14)? {
-                r.insert("leaseExpiresAtMs".into(), json!(at));
-            }
-            if let Some(at) = row.get::<i64>(15)? {
-                r.insert("completedAtMs".into(), json!(at));
-            }
-            if let Some(failure) = row.get::<JsonB>(16)? {
-                r.insert("lastFailure".into(), args::unwrap_json_text(failure.0));
-            }
-            Ok(Value::Object(r))
-        })
-        .collect()
+        }
+    };
+    match &mut value {
+        Value::Array(docs) => docs.iter_mut().for_each(unwrap),
+        doc => unwrap(doc),
+    }
+    Ok(OwnedJsonb::from_value(JsonB(value)))
 }
 
 /// Nesting depth as upstream counts it: the value itself is at depth 0.
@@ -246,7 +261,7 @@ fn claim_reactions(
     now_ms: Option<i64>,
     lease_duration_ms: Option<i64>,
     lim: Option<i32>,
-) -> JsonB {
+) -> OwnedJsonb {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let owner = args::text("lease_owner", lease_owner)?;
@@ -255,13 +270,13 @@ fn claim_reactions(
         let duration = args::count("lease_duration_ms", lease_duration_ms)?;
         let lim = args::row_limit("lim", lim)?;
         if types.is_empty() || lim <= 0 {
-            return Ok(JsonB(json!([])));
+            return Ok(OwnedJsonb::empty_array());
         }
         db::with_spi(|client| {
             // Always the kept generic plan (db::write_generic): a custom plan would be planned
             // again on every call (the generic one's cost is estimated for an unknown `lim`),
             // and the plan is the same index range either way.
-            let claimed = reactions(db::write_generic(
+            let claimed = documents(db::write_generic(
                 client,
                 concat!(
                     // The due condition and the order are exactly sync_reactions_claim's
@@ -288,9 +303,11 @@ fn claim_reactions(
                            FOR UPDATE SKIP LOCKED))
                        RETURNING r.*
                      )
-                     SELECT ",
-                    reaction_columns!(),
-                    " FROM claimed ORDER BY created_at_ms, idempotency_key"
+                     SELECT pg_catalog.jsonb_agg(",
+                    reaction_document!(),
+                    " ORDER BY r.created_at_ms, r.idempotency_key), pg_catalog.bool_or(",
+                    reaction_wrapped!(),
+                    ") FROM claimed r"
                 ),
                 &[
                     DatumWithOid::from(partition.as_str()),
@@ -301,7 +318,7 @@ fn claim_reactions(
                     DatumWithOid::from(lim as i64),
                 ],
             )?)?;
-            Ok(JsonB(Value::Array(claimed)))
+            Ok(claimed.unwrap_or_else(OwnedJsonb::empty_array))
         })
     })
 }
@@ -461,7 +478,9 @@ fn complete_reactions(
             return Ok(Vec::new());
         }
         let changed: HashSet<String> = db::with_spi(|client| {
-            db::write(
+            // The kept generic plan: a primary-key probe per key whatever the array holds; left
+            // to choose, the plan cache can settle on planning every call again.
+            db::write_generic(
                 client,
                 "UPDATE syncular.sync_reactions
                     SET status = 'completed', completed_at_ms = $4, lease_owner = NULL,
@@ -566,7 +585,8 @@ fn fail_reactions(
         }
         let (mut pending, mut dead) = (HashSet::new(), HashSet::new());
         db::with_spi(|client| {
-            let table = db::write(
+            // The kept generic plan, as in `complete_reactions`.
+            let table = db::write_generic(
                 client,
                 "WITH f AS (
                    SELECT * FROM ROWS FROM (pg_catalog.unnest($3::text[]),
@@ -634,22 +654,23 @@ fn retry_reaction(
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn get_reaction(partition: Option<&str>, idempotency_key: Option<&str>) -> Option<JsonB> {
+fn get_reaction(partition: Option<&str>, idempotency_key: Option<&str>) -> Option<OwnedJsonb> {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let key = args::text("idempotency_key", idempotency_key)?;
         db::with_spi(|client| {
-            let found = reactions(db::read(
+            documents(db::read(
                 client,
                 concat!(
                     "SELECT ",
-                    reaction_columns!(),
-                    " FROM syncular.sync_reactions
-                         WHERE partition = $1 AND idempotency_key = $2"
+                    reaction_document!(),
+                    ", ",
+                    reaction_wrapped!(),
+                    " FROM syncular.sync_reactions r
+                         WHERE r.partition = $1 AND r.idempotency_key = $2"
                 ),
                 &[partition.as_str().into(), key.as_str().into()],
-            )?)?;
-            Ok(found.into_iter().next().map(JsonB))
+            )?)
         })
     })
 }
@@ -661,7 +682,7 @@ fn list_reactions(
     lim: Option<i32>,
     statuses: default!(Option<Array<&str>>, "NULL"),
     types: default!(Option<Array<&str>>, "NULL"),
-) -> JsonB {
+) -> OwnedJsonb {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let lim = args::row_limit("lim", lim)?;
@@ -673,20 +694,22 @@ fn list_reactions(
         let statuses = filter("statuses", statuses)?;
         let types = filter("types", types)?;
         if lim <= 0 {
-            return Ok(JsonB(json!([])));
+            return Ok(OwnedJsonb::empty_array());
         }
         db::with_spi(|client| {
-            let list = reactions(db::read(
+            let list = documents(db::read(
                 client,
                 concat!(
-                    "SELECT ",
-                    reaction_columns!(),
-                    " FROM syncular.sync_reactions
+                    "SELECT pg_catalog.jsonb_agg(",
+                    reaction_document!(),
+                    " ORDER BY r.created_at_ms DESC, r.idempotency_key DESC), pg_catalog.bool_or(",
+                    reaction_wrapped!(),
+                    ") FROM (SELECT * FROM syncular.sync_reactions
                          WHERE partition = $1
                            AND ($2::text[] IS NULL OR status = ANY($2))
                            AND ($3::text[] IS NULL OR type = ANY($3))
                          ORDER BY created_at_ms DESC, idempotency_key DESC
-                         LIMIT $4"
+                         LIMIT $4) r"
                 ),
                 &[
                     partition.as_str().into(),
@@ -695,7 +718,7 @@ fn list_reactions(
                     (lim as i64).into(),
                 ],
             )?)?;
-            Ok(JsonB(Value::Array(list)))
+            Ok(list.unwrap_or_else(OwnedJsonb::empty_array))
         })
     })
 }

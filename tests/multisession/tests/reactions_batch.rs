@@ -1,5 +1,5 @@
 //! docs/SCENARIOS.md: the batch acknowledgements and the claim order across states
-//! (RXN-10 … RXN-14).
+//! (RXN-10 … RXN-14), and the reaction documents every reader returns (RXN-15).
 
 use serde_json::{json, Value};
 use std::sync::{Arc, Barrier};
@@ -372,4 +372,139 @@ fn rxn_14_claim_order_mixes_expired_leases_and_pending_rows() {
     assert_eq!(claim_in(&mut c, P, "w1", NOW, 1), ["x"]);
     assert_eq!(claim_in(&mut c, P, "w1", NOW, 1), ["z"]);
     assert_eq!(claim_in(&mut c, P, "w1", NOW, 1), Vec::<String>::new());
+}
+
+/// The stored JSON values of RXN-15: (stored, what a reader returns). Strings holding the text of
+/// an object or array are unwrapped (a 0.24 host's driver bound JSON as text); other strings stay.
+fn rxn15_json_values() -> Vec<(Value, Value)> {
+    let nested = json!({"a": null, "b": [null, {"c": null}], "n": 9007199254740991_i64,
+                        "f": 1.5, "s": "é😀\n\"q\""});
+    vec![
+        (nested.clone(), nested),
+        (json!([]), json!([])),
+        (json!([1, "x", null]), json!([1, "x", null])),
+        (json!("{\"x\": 1}"), json!({"x": 1})),
+        (json!(" [1,2]"), json!([1, 2])),
+        (json!("{oops"), json!("{oops")),
+        (json!("5"), json!("5")),
+    ]
+}
+
+/// RXN-15: `get_reaction`, `list_reactions` and `claim_reactions` return, for every combination of
+/// status, nullable lease/completion columns, payload and failure shape (written directly, as any
+/// writer could), the document docs/API.md §Reactions defines: NULL columns are absent keys, nulls
+/// inside the payload stay, string-wrapped values are unwrapped — built here independently.
+#[test]
+fn rxn_15_documents_of_every_row_shape() {
+    let db = TestDb::new("rxn15");
+    let mut c = db.connect();
+    let payloads = rxn15_json_values();
+    let mut failures: Vec<(Option<Value>, Option<Value>)> = vec![(None, None)];
+    failures.push((
+        Some(json!({"message": "m", "retryable": null})),
+        Some(json!({"message": "m", "retryable": null})),
+    ));
+    failures.push((
+        Some(json!("{\"message\":\"w\"}")),
+        Some(json!({"message": "w"})),
+    ));
+    failures.push((Some(json!("nope")), Some(json!("nope"))));
+    let mut expected: Vec<(String, i64, Value)> = Vec::new();
+    let mut i = 0_i64;
+    for status in ["pending", "leased", "completed", "dead-letter"] {
+        for owner in [None, Some("w-old")] {
+            for expires in [None, Some(NOW - 5)] {
+                for completed in [None, Some(NOW - 7)] {
+                    for (stored_failure, read_failure) in &failures {
+                        let (stored, read) = &payloads[i as usize % payloads.len()];
+                        let key = format!("k{i:04}");
+                        let created = NOW - 1000 + (i * 7919) % 500;
+                        c.execute(
+                            "INSERT INTO syncular.sync_reactions (partition, idempotency_key,
+                               type, version, payload, source_client_id, source_client_commit_id,
+                               source_commit_seq, created_at_ms, available_at_ms, status,
+                               attempts, max_attempts, lease_owner, lease_expires_at_ms,
+                               completed_at_ms, last_failure)
+                             VALUES ($1, $2, 'email.send', 2, $3, 'c1', 'commit-1', $4, $5, $5,
+                                     $6, 1, 10, $7, $8, $9, $10)",
+                            &[
+                                &P,
+                                &key,
+                                stored,
+                                &(i * 3),
+                                &created,
+                                &status,
+                                &owner,
+                                &expires,
+                                &completed,
+                                stored_failure,
+                            ],
+                        )
+                        .unwrap();
+                        let mut doc = json!({"idempotencyKey": key, "type": "email.send",
+                            "version": 2, "payload": read, "sourceClientId": "c1",
+                            "sourceClientCommitId": "commit-1", "sourceCommitSeq": i * 3,
+                            "createdAtMs": created, "availableAtMs": created,
+                            "status": status, "attempts": 1, "maxAttempts": 10});
+                        if let Some(o) = owner {
+                            doc["leaseOwner"] = json!(o);
+                        }
+                        if let Some(at) = expires {
+                            doc["leaseExpiresAtMs"] = json!(at);
+                        }
+                        if let Some(at) = completed {
+                            doc["completedAtMs"] = json!(at);
+                        }
+                        if let Some(f) = read_failure {
+                            doc["lastFailure"] = f.clone();
+                        }
+                        expected.push((key, created, doc));
+                        i += 1;
+                    }
+                }
+            }
+        }
+    }
+    for (key, _, doc) in &expected {
+        let got: Value = one(&mut c, "SELECT syncular.get_reaction($1, $2)", &[&P, key]);
+        assert_eq!(&got, doc, "get_reaction {key}");
+    }
+    let mut newest_first = expected.clone();
+    newest_first.sort_by(|a, b| (b.1, &b.0).cmp(&(a.1, &a.0)));
+    let docs = |list: &[(String, i64, Value)]| -> Value {
+        Value::Array(list.iter().map(|(_, _, d)| d.clone()).collect())
+    };
+    let listed: Value = one(&mut c, "SELECT syncular.list_reactions($1, 1000)", &[&P]);
+    assert_eq!(listed, docs(&newest_first));
+    let none: Value = one(
+        &mut c,
+        "SELECT syncular.list_reactions($1, 10, ARRAY['no-such-status'])",
+        &[&P],
+    );
+    assert_eq!(none, json!([]));
+    // Claimable: pending rows (due at creation), and leased rows whose lease has run out.
+    let now = NOW;
+    let mut claimable: Vec<(String, i64, Value)> = expected
+        .iter()
+        .filter(|(_, _, d)| {
+            d["status"] == "pending"
+                || (d["status"] == "leased" && d.get("leaseExpiresAtMs").is_some())
+        })
+        .cloned()
+        .collect();
+    claimable.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
+    for (_, _, d) in claimable.iter_mut() {
+        let m = d.as_object_mut().unwrap();
+        m.insert("status".into(), json!("leased"));
+        m.insert("attempts".into(), json!(2));
+        m.insert("leaseOwner".into(), json!("w-new"));
+        m.insert("leaseExpiresAtMs".into(), json!(now + 100));
+        m.remove("completedAtMs");
+    }
+    let claimed: Value = one(
+        &mut c,
+        "SELECT syncular.claim_reactions($1, 'w-new', ARRAY['email.send'], $2, 100, 1000)",
+        &[&P, &now],
+    );
+    assert_eq!(claimed, docs(&claimable));
 }
