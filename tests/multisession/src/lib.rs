@@ -6,6 +6,7 @@
 //! `SYNCULAR_TEST_PG` holds its connection parameters (without a database name).
 
 pub mod native_push;
+pub mod rng;
 
 use postgres::types::ToSql;
 use postgres::{Client, NoTls};
