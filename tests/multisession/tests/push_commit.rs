@@ -919,15 +919,7 @@ fn np11_np29_np30_np31_crdt_projection_blobs_and_fallbacks() {
 
 #[test]
 fn np27_constraints_and_the_callers_rights() {
-    let db = TestDb::new("np27");
-    let mut c = db.connect();
-    setup(&mut c);
-    exec(
-        &mut c,
-        "CREATE UNIQUE INDEX np_tasks_title ON public.np_tasks (\"_sync_partition\", title)",
-    );
-    let a = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
-    push(&mut c, "k1", &[a]);
+    let (db, mut c) = with_unique_titles("np27");
     // Op 0 collides on the title, op 1 would free it: opIndex 0.
     let clash = up(&mut c, "tasks", "t2", None, task("t2", "p1"));
     let rename = up(
@@ -960,24 +952,8 @@ fn np27_constraints_and_the_callers_rights() {
     // the relation is refused by PostgreSQL; with it, host triggers see the caller.
     exec(&mut c, "DROP ROLE IF EXISTS np_host; CREATE ROLE np_host LOGIN; GRANT syncular_host TO np_host;
                   GRANT USAGE ON SCHEMA public TO np_host; GRANT SELECT ON public.np_tasks TO np_host");
-    let mut h = Client::connect(
-        &format!(
-            "{} dbname={} user=np_host",
-            std::env::var("SYNCULAR_TEST_PG")
-                .unwrap_or_else(|_| "host=127.0.0.1 port=55439".into())
-                .replace("user=postgres", ""),
-            db.name
-        ),
-        postgres::NoTls,
-    )
-    .unwrap();
-    let op = up(
-        &mut c,
-        "tasks",
-        "t9",
-        None,
-        json!({"id": "t9", "project_id": "p1", "title": "h", "done": false, "priority": null, "meta": null}),
-    );
+    let mut h = db.connect_as("np_host");
+    let op = up(&mut c, "tasks", "t9", None, titled("t9", "h"));
     let err = try_push(&mut h, "k4", from_ref(&op), json!({})).unwrap_err();
     assert_eq!(sql_error(&err).state, "42501");
     exec(&mut c, "GRANT INSERT, UPDATE, DELETE ON public.np_tasks TO np_host;
