@@ -221,6 +221,20 @@ pub fn one<T: for<'a> postgres::types::FromSql<'a>>(
         .get(0)
 }
 
+/// The first column of every row of `sql`, in the order it returns them.
+#[track_caller]
+pub fn column<T: for<'a> postgres::types::FromSql<'a>>(
+    c: &mut impl postgres::GenericClient,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Vec<T> {
+    c.query(sql, params)
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
 pub fn try_one<T: for<'a> postgres::types::FromSql<'a>>(
     c: &mut Client,
     sql: &str,
@@ -544,14 +558,11 @@ pub fn scan_ids(
     after: Option<&str>,
     lim: i32,
 ) -> Vec<String> {
-    c.query(
+    column(
+        c,
         "SELECT row_id FROM syncular.scan_rows($1, $2, $3, $4, $5)",
         &[&p, &tbl, filter, &after, &lim],
     )
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
 }
 
 /// Distinct commit_seqs of `read_commit_window`, in order.
@@ -564,15 +575,11 @@ pub fn window_seqs(
     through: i64,
     lim: i32,
 ) -> Vec<i64> {
-    let mut seqs: Vec<i64> = c
-        .query(
-            "SELECT commit_seq FROM syncular.read_commit_window($1, $2, $3, $4, $5, $6)",
-            &[&p, &tbl, filter, &after, &through, &lim],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let mut seqs: Vec<i64> = column(
+        c,
+        "SELECT commit_seq FROM syncular.read_commit_window($1, $2, $3, $4, $5, $6)",
+        &[&p, &tbl, filter, &after, &through, &lim],
+    );
     seqs.dedup();
     seqs
 }

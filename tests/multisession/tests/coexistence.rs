@@ -233,16 +233,12 @@ fn sch_13_retiring_a_table() {
 }
 
 fn sync_row_counts(c: &mut postgres::Client) -> Vec<(String, i64)> {
-    let tables: Vec<String> = c
-        .query(
-            "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                 WHERE n.nspname = 'syncular' AND c.relkind = 'r' ORDER BY 1",
-            &[],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let tables: Vec<String> = column(
+        c,
+        "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = 'syncular' AND c.relkind = 'r' ORDER BY 1",
+        &[],
+    );
     tables
         .into_iter()
         .map(|t| {

@@ -168,24 +168,14 @@ fn log_04_one_call_writes_commit_changes_scope_index_and_tombstones() {
     );
     let tombstones =
         || "SELECT tbl || '/' || row_id || '@' || commit_seq FROM syncular.sync_tombstones";
-    let rows: Vec<String> = c
-        .query(tombstones(), &[])
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let rows: Vec<String> = column(&mut c, tombstones(), &[]);
     assert_eq!(rows, vec!["tasks/t3@1"]);
     let d2 = doc("k2", json!([delete("t3")]), Some(V));
     assert_eq!(
         one::<i64>(&mut c, "SELECT syncular.append_commit($1, $2)", &[&P, &d2]),
         2
     );
-    let rows: Vec<String> = c
-        .query(tombstones(), &[])
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let rows: Vec<String> = column(&mut c, tombstones(), &[]);
     assert_eq!(rows, vec!["tasks/t3@2"]);
 }
 
@@ -342,15 +332,11 @@ fn log_07_stress_eight_sessions_one_partition() {
         "acknowledged numbers are dense"
     );
     let mut c = db.connect();
-    let stored: Vec<i64> = c
-        .query(
-            "SELECT commit_seq FROM syncular.sync_commits WHERE partition = $1 ORDER BY 1",
-            &[&P],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let stored: Vec<i64> = column(
+        &mut c,
+        "SELECT commit_seq FROM syncular.sync_commits WHERE partition = $1 ORDER BY 1",
+        &[&P],
+    );
     assert_eq!(stored, (1..=n).collect::<Vec<_>>());
     assert_eq!(max_seq(&mut c, P), n);
     assert_eq!(count(&mut c, "syncular.sync_changes"), n);

@@ -470,15 +470,11 @@ fn np17_np18_np19_np20_np21_deletes_tombstones_and_rollback() {
         json!({"id": "t2", "title": "z"}),
     );
     push(&mut c, "k7", &[i2.clone(), p2, del("tasks", "t2")]);
-    let versions: Vec<Option<i64>> = c
-        .query(
-            "SELECT row_version FROM syncular.sync_changes WHERE commit_seq = 6 ORDER BY idx",
-            &[],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let versions: Vec<Option<i64>> = column(
+        &mut c,
+        "SELECT row_version FROM syncular.sync_changes WHERE commit_seq = 6 ORDER BY idx",
+        &[],
+    );
     assert_eq!(versions, vec![Some(1), Some(2), None]);
     assert_eq!(stored(&mut c, "tasks", "t2"), None);
     assert_eq!(
@@ -1047,15 +1043,11 @@ fn np23_np24_overlapping_deliveries_and_concurrent_pushes() {
             });
         }
     });
-    let seqs: Vec<i64> = c
-        .query(
-            "SELECT commit_seq FROM syncular.sync_commits ORDER BY 1",
-            &[],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let seqs: Vec<i64> = column(
+        &mut c,
+        "SELECT commit_seq FROM syncular.sync_commits ORDER BY 1",
+        &[],
+    );
     assert_eq!(seqs, (1..=9).collect::<Vec<i64>>());
 }
 

@@ -467,15 +467,11 @@ fn crafted_hostile_inputs() {
         &[],
     )
     .unwrap();
-    let rows: Vec<String> = c
-        .query(
-            "SELECT row_id FROM syncular.scan_rows('part-1', $1, '{\"k\":[\"v\"]}', NULL, 10)",
-            &[&evil],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let rows: Vec<String> = column(
+        &mut c,
+        "SELECT row_id FROM syncular.scan_rows('part-1', $1, '{\"k\":[\"v\"]}', NULL, 10)",
+        &[&evil],
+    );
     assert_eq!(rows, vec!["w1"]);
     assert_eq!(
         count(&mut c, "public.tasks"),
