@@ -95,13 +95,19 @@ pub fn setup(c: &mut Client) {
     assert_eq!(n, 7);
 }
 
+/// A fresh database with the scenario fixture (`setup`), and a connection to it.
+pub fn fixture(name: &str) -> (TestDb, Client) {
+    let db = TestDb::new(name);
+    let mut c = db.connect();
+    setup(&mut c);
+    (db, c)
+}
+
 /// A fresh database with the fixture, titles of `tasks` unique within a partition, and row `t1`
 /// (title "task") stored by commit `k1`: the opening of the constraint scenarios (NP-27,
 /// tests/push_batch.rs).
 pub fn with_unique_titles(name: &str) -> (TestDb, Client) {
-    let db = TestDb::new(name);
-    let mut c = db.connect();
-    setup(&mut c);
+    let (db, mut c) = fixture(name);
     unique_titles(&mut c);
     let a = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
     assert_eq!(push(&mut c, "k1", &[a])["outcome"], "applied");

@@ -129,9 +129,7 @@ fn values_postgresql_refuses_raise_its_error_with_nothing_written() {
 
 #[test]
 fn a_row_touched_twice_sees_its_own_earlier_write() {
-    let db = TestDb::new("npb_twice");
-    let mut c = db.connect();
-    setup(&mut c);
+    let (_db, mut c) = fixture("npb_twice");
     let insert = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
     let rename = up(
         &mut c,

@@ -11,9 +11,7 @@ use syncular_multisession::*;
 
 #[test]
 fn np01_insert_is_applied_with_upstreams_bytes() {
-    let db = TestDb::new("np01");
-    let mut c = db.connect();
-    setup(&mut c);
+    let (_db, mut c) = fixture("np01");
     let op = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
     assert_eq!(
         op.payload.as_deref().unwrap(),
@@ -70,9 +68,7 @@ fn np01_insert_is_applied_with_upstreams_bytes() {
 
 #[test]
 fn np02_np03_np04_updates_write_column_versions() {
-    let db = TestDb::new("np02");
-    let mut c = db.connect();
-    setup(&mut c);
+    let (_db, mut c) = fixture("np02");
     let insert = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
     push(&mut c, "k1", &[insert]);
     // NP-03: E2 (title only), then E3 (done, priority at baseVersion 2).
@@ -137,9 +133,7 @@ fn np02_np03_np04_updates_write_column_versions() {
 
 #[test]
 fn np05_np07_np08_np09_np10_conflicts_and_versions() {
-    let db = TestDb::new("np05");
-    let mut c = db.connect();
-    setup(&mut c);
+    let (_db, mut c) = fixture("np05");
     let insert = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
     push(&mut c, "k1", &[insert]);
     let e2 = up(
@@ -231,9 +225,7 @@ fn np05_np07_np08_np09_np10_conflicts_and_versions() {
 
 #[test]
 fn np12_np13_np14_np15_np16_rules_in_upstreams_order() {
-    let db = TestDb::new("np12");
-    let mut c = db.connect();
-    setup(&mut c);
+    let (_db, mut c) = fixture("np12");
     let insert = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
     push(&mut c, "k1", &[insert]);
     // NP-12: scope columns are immutable; an equal value is fine.
@@ -422,9 +414,7 @@ fn np12_np13_np14_np15_np16_rules_in_upstreams_order() {
 
 #[test]
 fn np17_np18_np19_np20_np21_deletes_tombstones_and_rollback() {
-    let db = TestDb::new("np17");
-    let mut c = db.connect();
-    setup(&mut c);
+    let (_db, mut c) = fixture("np17");
     // NP-18: deleting an absent row consumes a seq with no change.
     let out = push(&mut c, "k1", &[del("tasks", "t1")]);
     assert_eq!(out["commitSeq"], json!(1));
@@ -540,9 +530,7 @@ fn np17_np18_np19_np20_np21_deletes_tombstones_and_rollback() {
 
 #[test]
 fn np22_np25_np26_np28_np34_replays_gate_fence_and_arguments() {
-    let db = TestDb::new("np22");
-    let mut c = db.connect();
-    setup(&mut c);
+    let (_db, mut c) = fixture("np22");
     let insert = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
     let first = push(&mut c, "k1", from_ref(&insert));
     // NP-22: an applied key replays without writes; a rejected one replays its record.
@@ -689,9 +677,7 @@ fn np22_np25_np26_np28_np34_replays_gate_fence_and_arguments() {
 
 #[test]
 fn np11_np29_np30_np31_crdt_projection_blobs_and_fallbacks() {
-    let db = TestDb::new("np11");
-    let mut c = db.connect();
-    setup(&mut c);
+    let (_db, mut c) = fixture("np11");
     // NP-11: a present NULL crdt value applies; a non-NULL one falls back (or, without
     // mergers, is upstream's crdt_merge_failed).
     let op = up(
@@ -969,9 +955,7 @@ fn np27_constraints_and_the_callers_rights() {
 
 #[test]
 fn np23_np24_overlapping_deliveries_and_concurrent_pushes() {
-    let db = TestDb::new("np23");
-    let mut c = db.connect();
-    setup(&mut c);
+    let (db, mut c) = fixture("np23");
     let mut s1 = db.connect();
     let mut s2 = db.connect();
     let op = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
