@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every test of syncular, from a fresh Debian 12 machine (as root) or a developer's:
-#  0. `cargo fmt --check` (both crates) and `cargo clippy` with warnings denied, every unsafe
+#  0. `cargo fmt --check` and `cargo clippy` with warnings denied (both crates), every unsafe
 #     block documented (`clippy::undocumented_unsafe_blocks`, `clippy::missing_safety_doc`);
 # then, for each supported PostgreSQL major (15 and 18, scripts/pg.sh):
 #  1. unit tests and in-backend #[pg_test]s: `cargo pgrx test pgNN` (runs as `postgres`);
@@ -31,6 +31,7 @@ echo "== cargo fmt --check, cargo clippy"
 cargo fmt --check
 cargo fmt --check --manifest-path tests/multisession/Cargo.toml
 cargo clippy --quiet -- -D warnings -D clippy::undocumented_unsafe_blocks -D clippy::missing_safety_doc
+cargo clippy --manifest-path tests/multisession/Cargo.toml --all-targets --quiet -- -D warnings
 
 CLUSTERS=()
 trap 'for c in "${CLUSTERS[@]}"; do SYNCULAR_PG_MAJOR=${c%%:*} scripts/cluster.sh stop "${c#*:}"; done' EXIT

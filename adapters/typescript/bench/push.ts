@@ -13,7 +13,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pg from 'pg';
 import { SyncularServerStorage } from '../src/index.js';
-import type { CompiledSchema } from '../src/types.js';
+import { encode, TITLED_TASKS, urlFor } from '../test/helpers.js';
 import { pushCommit, type Operation } from '../test/push-driver.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', '..');
@@ -23,12 +23,7 @@ const SECONDS = Number(process.env.BENCH_SECONDS ?? '3');
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? '3');
 const CLIENTS = (process.env.BENCH_CLIENTS ?? '1,4').split(',').map(Number);
 const NS = [1, 10];
-const url = (db: string, user = 'postgres') => {
-  const u = new URL(BASE);
-  u.pathname = `/${db}`;
-  u.username = user;
-  return u.toString();
-};
+const url = (db: string, user?: string) => urlFor(db, user, BASE);
 const port = new URL(BASE).port;
 
 function psql(db: string, args: string[]): string {
@@ -36,27 +31,6 @@ function psql(db: string, args: string[]): string {
     encoding: 'utf8',
   });
 }
-
-const SCHEMA: CompiledSchema = {
-  version: 1,
-  tables: new Map([
-    [
-      'tasks',
-      {
-        name: 'tasks',
-        columns: [
-          { name: 'id', type: 'string', nullable: false },
-          { name: 'project_id', type: 'string', nullable: false },
-          { name: 'title', type: 'string', nullable: true },
-        ],
-        primaryKeyIndex: 0,
-        scopePatterns: [{ variable: 'project_id', column: 'project_id' }],
-        indexes: [],
-        materialize: true,
-      },
-    ],
-  ]),
-};
 
 // ---- upstream: the replay under pgbench -------------------------------------------------------
 
@@ -126,7 +100,7 @@ async function adapterRound(
   const pool = new pg.Pool({ connectionString: url('ts_bench_adapter', 'ts_bench_server'), max: clients + 1 });
   let statements = 0;
   const storage = new SyncularServerStorage(pool, { onStatement: () => statements++ });
-  await storage.ensureSchema(SCHEMA);
+  await storage.ensureSchema(TITLED_TASKS);
   const ops = (): Operation[] =>
     Array.from({ length: n }, (_, i) => ({ table: 'tasks', rowId: `r${i}`, op: 'upsert', scopes: { project_id: 'proj' }, payload: payloads[i]! }));
   let pushes = 0;
@@ -168,14 +142,11 @@ async function setup(): Promise<Uint8Array[]> {
   ]);
   // The migration as the owner (postgres here); the benchmark then serves as syncular_host.
   const admin = new pg.Pool({ connectionString: url('ts_bench_adapter'), max: 2 });
-  await new SyncularServerStorage(admin).ensureSchema(SCHEMA);
+  await new SyncularServerStorage(admin).ensureSchema(TITLED_TASKS);
   await admin.query('GRANT SELECT, INSERT, UPDATE, DELETE ON public.tasks TO ts_bench_server');
   const payloads: Uint8Array[] = [];
   for (let i = 0; i < 10; i++) {
-    const { rows } = await admin.query("SELECT syncular.encode_row('tasks', $1::text::jsonb) AS p", [
-      JSON.stringify({ id: `r${i}`, project_id: 'proj', title: `task ${i}` }),
-    ]);
-    payloads.push(new Uint8Array(rows[0].p as Buffer));
+    payloads.push(await encode(admin, 'tasks', { id: `r${i}`, project_id: 'proj', title: `task ${i}` }));
   }
   await admin.end();
   return payloads;

@@ -108,6 +108,18 @@ export class Connection implements Runner {
       tail = run.catch(() => undefined);
       return run;
     };
+    /** The session on `client`; `finish` runs on the first `end` only. */
+    const sessionOn = (client: PgQueryable | PoolClientLike, finish: (commit: boolean) => Promise<void>): Session => {
+      let ended = false;
+      return {
+        query: <Row = PgRow>(text: string, params: readonly unknown[] = []) => serial<Row>(client, text, params),
+        end: async (commit: boolean) => {
+          if (ended) return;
+          ended = true;
+          await finish(commit);
+        },
+      };
+    };
     if (!isExecutor(source)) {
       const client = await source.connect();
       try {
@@ -120,21 +132,15 @@ export class Connection implements Runner {
         client.release(error instanceof Error ? error : true);
         throw error;
       }
-      let ended = false;
-      return {
-        query: <Row = PgRow>(text: string, params: readonly unknown[] = []) => serial<Row>(client, text, params),
-        end: async (commit: boolean) => {
-          if (ended) return;
-          ended = true;
-          try {
-            await serial(client, commit ? 'COMMIT' : 'ROLLBACK', []);
-            client.release();
-          } catch (error) {
-            client.release(true);
-            throw error;
-          }
-        },
-      };
+      return sessionOn(client, async (commit) => {
+        try {
+          await serial(client, commit ? 'COMMIT' : 'ROLLBACK', []);
+          client.release();
+        } catch (error) {
+          client.release(true);
+          throw error;
+        }
+      });
     }
     // Upstream's executor owns BEGIN/COMMIT: hold its callback open until `end`.
     let finish!: (commit: boolean) => void;
@@ -163,17 +169,11 @@ export class Connection implements Runner {
     if (isolation !== 'read committed') {
       await serial(client, 'SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY', []);
     }
-    let ended = false;
-    return {
-      query: <Row = PgRow>(text: string, params: readonly unknown[] = []) => serial<Row>(client, text, params),
-      end: async (commit: boolean) => {
-        if (ended) return;
-        ended = true;
-        await tail;
-        finish(commit);
-        await done;
-      },
-    };
+    return sessionOn(client, async (commit) => {
+      await tail;
+      finish(commit);
+      await done;
+    });
   }
 
   /** Run `fn` in one transaction: COMMIT when it resolves, ROLLBACK when it throws. */

@@ -278,7 +278,29 @@ function firstScope(filter: ScopeMap | null | undefined): { variable: string | u
   return { variable, values: variable === undefined ? [] : (filter?.[variable] ?? []) };
 }
 
-// ---- shared reads (pool or transaction) ------------------------------------------------------
+// ---- shared calls (pool or transaction) ------------------------------------------------------
+
+async function getRowOn(
+  db: Runner,
+  storage: SyncularServerStorage,
+  partition: string,
+  table: string,
+  rowId: string,
+): Promise<StoredRow | undefined> {
+  const { rows } = await db.query<RowRecord>(storage.appTable(table).selectRowSql(), [partition, rowId]);
+  return rows[0] === undefined ? undefined : toStoredRow(rows[0]);
+}
+
+async function readServeGateOn(db: Runner, partition: string, runningSchemaVersion: number): Promise<ServeGate> {
+  return toGate(first(await db.query('SELECT syncular.read_serve_gate($1, $2)', [partition, runningSchemaVersion])));
+}
+
+async function advanceCheckpointOn(
+  db: Runner,
+  ...args: Parameters<ServerStorage['advanceCheckpoint']>
+): Promise<boolean> {
+  return first(await db.query('SELECT syncular.advance_checkpoint($1, $2, $3, $4, $5, $6)', args)) === true;
+}
 
 async function getPushResultOn(
   db: Runner,
@@ -471,11 +493,7 @@ class SyncularTransaction implements StorageTransaction {
     this.#assertOpen();
     const cached = this.#rows.get(`${table}\u0000${rowId}`);
     if (cached !== undefined) return cached ?? undefined;
-    const { rows } = await this.#session.query<RowRecord>(this.#storage.appTable(table).selectRowSql(), [
-      this.#partition,
-      rowId,
-    ]);
-    return rows[0] === undefined ? undefined : toStoredRow(rows[0]);
+    return getRowOn(this.#session, this.#storage, this.#partition, table, rowId);
   }
 
   async prefetchRows(table: string, rowIds: readonly string[]): Promise<void> {
@@ -639,24 +657,12 @@ class SyncularTransaction implements StorageTransaction {
     nowMs: number,
   ): Promise<boolean> {
     this.#assertOpen();
-    const ok = first(
-      await this.#session.query('SELECT syncular.advance_checkpoint($1, $2, $3, $4, $5, $6)', [
-        this.#partition,
-        name,
-        ownerEpoch,
-        watermark,
-        observedRows,
-        nowMs,
-      ]),
-    );
-    return ok === true;
+    return advanceCheckpointOn(this.#session, this.#partition, name, ownerEpoch, watermark, observedRows, nowMs);
   }
 
   async readServeGate(runningSchemaVersion: number): Promise<ServeGate> {
     this.#assertOpen();
-    return toGate(
-      first(await this.#session.query('SELECT syncular.read_serve_gate($1, $2)', [this.#partition, runningSchemaVersion])),
-    );
+    return readServeGateOn(this.#session, this.#partition, runningSchemaVersion);
   }
 
   async commit(): Promise<void> {
@@ -688,6 +694,16 @@ export class SyncularServerStorage implements ServerStorage {
     this.#appSchema = options.appSchema ?? 'public';
   }
 
+  /** The first column of the first row of one statement. */
+  async #value(text: string, params?: readonly unknown[]): Promise<unknown> {
+    return first(await this.#db.query(text, params));
+  }
+
+  /** The JSON array one statement returns (NULL: none). */
+  async #list<T>(text: string, params?: readonly unknown[]): Promise<T[]> {
+    return json<T[] | null>(await this.#value(text, params)) ?? [];
+  }
+
   /** The schema version `ensureSchema` established (the writer version of appended commits). */
   get schemaVersion(): number | undefined {
     return this.#schemaVersion;
@@ -707,9 +723,7 @@ export class SyncularServerStorage implements ServerStorage {
    * checks that `CREATE EXTENSION syncular` was run in this database.
    */
   async migrate(): Promise<void> {
-    const version = first(
-      await this.#db.query("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'syncular'"),
-    );
+    const version = await this.#value("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'syncular'");
     if (typeof version !== 'string') {
       throw new Error(
         'the syncular extension is not installed in this database: run `CREATE EXTENSION syncular;` as its owner (docs/TYPESCRIPT.md)',
@@ -726,13 +740,11 @@ export class SyncularServerStorage implements ServerStorage {
     const declared = j(
       (checkpoints ?? []).map((c) => ({ partition: c.partition, name: c.name, schemaVersion: c.schemaVersion })),
     );
-    const state = first(
-      await this.#db.query('SELECT syncular.check_schema($1, $2::text::jsonb, $3::text::jsonb)', [
-        schema.version,
-        layouts,
-        declared,
-      ]),
-    );
+    const state = await this.#value('SELECT syncular.check_schema($1, $2::text::jsonb, $3::text::jsonb)', [
+      schema.version,
+      layouts,
+      declared,
+    ]);
     if (state === 'migrate') {
       try {
         await this.#db.transaction((session) => this.#migrateOn(session, schema, tables, layouts, declared));
@@ -890,27 +902,27 @@ export class SyncularServerStorage implements ServerStorage {
 
   async touchPartition(partition: string, authenticatedAtMs: number, initialLogEpoch: string): Promise<PartitionRegistryEntry> {
     return toEntry(
-      first(await this.#db.query('SELECT syncular.touch_partition($1, $2, $3)', [partition, authenticatedAtMs, initialLogEpoch])),
+      await this.#value('SELECT syncular.touch_partition($1, $2, $3)', [partition, authenticatedAtMs, initialLogEpoch]),
     );
   }
 
   async rotatePartitionLogEpoch(partition: string, logEpoch: string, authenticatedAtMs: number): Promise<PartitionRegistryEntry> {
     return toEntry(
-      first(await this.#db.query('SELECT syncular.rotate_log_epoch($1, $2, $3)', [partition, logEpoch, authenticatedAtMs])),
+      await this.#value('SELECT syncular.rotate_log_epoch($1, $2, $3)', [partition, logEpoch, authenticatedAtMs]),
     );
   }
 
   async listPartitionRegistry(): Promise<PartitionRegistryEntry[]> {
-    const list = json<unknown[]>(first(await this.#db.query('SELECT syncular.list_partition_registry()')));
-    return (list ?? []).map(toEntry);
+    const list = await this.#list<unknown>('SELECT syncular.list_partition_registry()');
+    return list.map(toEntry);
   }
 
   async listPartitions(): Promise<string[]> {
-    return (first(await this.#db.query('SELECT syncular.list_partitions()')) as string[] | null) ?? [];
+    return ((await this.#value('SELECT syncular.list_partitions()')) as string[] | null) ?? [];
   }
 
   async getPartitionLogEpoch(partition: string): Promise<string | undefined> {
-    const epoch = first(await this.#db.query('SELECT syncular.get_log_epoch($1)', [partition]));
+    const epoch = await this.#value('SELECT syncular.get_log_epoch($1)', [partition]);
     return typeof epoch === 'string' ? epoch : undefined;
   }
 
@@ -921,11 +933,11 @@ export class SyncularServerStorage implements ServerStorage {
   }
 
   async getMaxCommitSeq(partition: string): Promise<number> {
-    return num(first(await this.#db.query('SELECT syncular.max_commit_seq($1)', [partition])));
+    return num(await this.#value('SELECT syncular.max_commit_seq($1)', [partition]));
   }
 
   async getHorizonSeq(partition: string): Promise<number> {
-    return num(first(await this.#db.query('SELECT syncular.horizon_seq($1)', [partition])));
+    return num(await this.#value('SELECT syncular.horizon_seq($1)', [partition]));
   }
 
   async setHorizonSeq(partition: string, seq: number): Promise<void> {
@@ -934,9 +946,7 @@ export class SyncularServerStorage implements ServerStorage {
 
   async pruneCommitsThrough(partition: string, query: CommitPruneQuery): Promise<CommitPruneResult> {
     const r = json<Record<string, unknown>>(
-      first(
-        await this.#db.query('SELECT syncular.prune_commits_through($1, $2, $3)', [partition, query.logEpoch, query.throughSeq]),
-      ),
+      await this.#value('SELECT syncular.prune_commits_through($1, $2, $3)', [partition, query.logEpoch, query.throughSeq]),
     );
     return {
       previousHorizonSeq: num(r.previousHorizonSeq),
@@ -946,7 +956,7 @@ export class SyncularServerStorage implements ServerStorage {
   }
 
   async getCommitSeqBefore(partition: string, createdBeforeMs: number): Promise<number> {
-    return num(first(await this.#db.query('SELECT syncular.commit_seq_before($1, $2)', [partition, createdBeforeMs])));
+    return num(await this.#value('SELECT syncular.commit_seq_before($1, $2)', [partition, createdBeforeMs]));
   }
 
   async readCheckpoints(partition: string): Promise<StoredCheckpoint[]> {
@@ -954,31 +964,25 @@ export class SyncularServerStorage implements ServerStorage {
     return rows.map(toCheckpoint);
   }
 
-  async readServeGate(partition: string, runningSchemaVersion: number): Promise<ServeGate> {
-    return toGate(first(await this.#db.query('SELECT syncular.read_serve_gate($1, $2)', [partition, runningSchemaVersion])));
+  readServeGate(partition: string, runningSchemaVersion: number): Promise<ServeGate> {
+    return readServeGateOn(this.#db, partition, runningSchemaVersion);
   }
 
-  async declareCheckpoint(partition: string, name: string, schemaVersion: number, nowMs: number): Promise<StoredCheckpoint> {
-    const { rows } = await this.#db.query('SELECT * FROM syncular.declare_checkpoint($1, $2, $3, $4)', [
-      partition,
-      name,
-      schemaVersion,
-      nowMs,
-    ]);
+  declareCheckpoint(partition: string, name: string, schemaVersion: number, nowMs: number): Promise<StoredCheckpoint> {
+    return this.#checkpointRow('SELECT * FROM syncular.declare_checkpoint($1, $2, $3, $4)', [partition, name, schemaVersion, nowMs]);
+  }
+
+  claimCheckpoint(partition: string, name: string, schemaVersion: number, nowMs: number): Promise<StoredCheckpoint> {
+    return this.#checkpointRow('SELECT * FROM syncular.claim_checkpoint($1, $2, $3, $4)', [partition, name, schemaVersion, nowMs]);
+  }
+
+  /** The one checkpoint row `text` returns. */
+  async #checkpointRow(text: string, params: readonly unknown[]): Promise<StoredCheckpoint> {
+    const { rows } = await this.#db.query(text, params);
     return toCheckpoint(rows[0] as PgRow);
   }
 
-  async claimCheckpoint(partition: string, name: string, schemaVersion: number, nowMs: number): Promise<StoredCheckpoint> {
-    const { rows } = await this.#db.query('SELECT * FROM syncular.claim_checkpoint($1, $2, $3, $4)', [
-      partition,
-      name,
-      schemaVersion,
-      nowMs,
-    ]);
-    return toCheckpoint(rows[0] as PgRow);
-  }
-
-  async advanceCheckpoint(
+  advanceCheckpoint(
     partition: string,
     name: string,
     ownerEpoch: number,
@@ -986,17 +990,7 @@ export class SyncularServerStorage implements ServerStorage {
     observedRows: number,
     nowMs: number,
   ): Promise<boolean> {
-    const ok = first(
-      await this.#db.query('SELECT syncular.advance_checkpoint($1, $2, $3, $4, $5, $6)', [
-        partition,
-        name,
-        ownerEpoch,
-        watermark,
-        observedRows,
-        nowMs,
-      ]),
-    );
-    return ok === true;
+    return advanceCheckpointOn(this.#db, partition, name, ownerEpoch, watermark, observedRows, nowMs);
   }
 
   async activateCheckpoint(
@@ -1007,21 +1001,20 @@ export class SyncularServerStorage implements ServerStorage {
     sources: readonly string[],
     nowMs: number,
   ): Promise<'activated' | 'stale' | 'unverifiable'> {
-    return first(
-      await this.#db.query('SELECT syncular.activate_checkpoint($1, $2, $3, $4, $5::text[], $6)', [
-        partition,
-        name,
-        ownerEpoch,
-        watermark,
-        [...sources],
-        nowMs,
-      ]),
-    ) as 'activated' | 'stale' | 'unverifiable';
+    const state = await this.#value('SELECT syncular.activate_checkpoint($1, $2, $3, $4, $5::text[], $6)', [
+      partition,
+      name,
+      ownerEpoch,
+      watermark,
+      [...sources],
+      nowMs,
+    ]);
+    return state as 'activated' | 'stale' | 'unverifiable';
   }
 
   async sourceCoverageSeq(partition: string, tables: readonly string[]): Promise<number> {
     if (tables.length === 0) return 0;
-    return num(first(await this.#db.query('SELECT syncular.source_coverage_seq($1, $2::text[])', [partition, [...tables]])));
+    return num(await this.#value('SELECT syncular.source_coverage_seq($1, $2::text[])', [partition, [...tables]]));
   }
 
   async hasSourceChangesAbove(
@@ -1029,14 +1022,12 @@ export class SyncularServerStorage implements ServerStorage {
     tables: readonly string[],
     seq: number,
   ): Promise<'clean' | 'changed' | 'unverifiable'> {
-    return first(
-      await this.#db.query('SELECT syncular.has_source_changes_above($1, $2::text[], $3)', [partition, [...tables], seq]),
-    ) as 'clean' | 'changed' | 'unverifiable';
+    const state = await this.#value('SELECT syncular.has_source_changes_above($1, $2::text[], $3)', [partition, [...tables], seq]);
+    return state as 'clean' | 'changed' | 'unverifiable';
   }
 
-  async getRow(partition: string, table: string, rowId: string): Promise<StoredRow | undefined> {
-    const { rows } = await this.#db.query<RowRecord>(this.appTable(table).selectRowSql(), [partition, rowId]);
-    return rows[0] === undefined ? undefined : toStoredRow(rows[0]);
+  getRow(partition: string, table: string, rowId: string): Promise<StoredRow | undefined> {
+    return getRowOn(this.#db, this, partition, table, rowId);
   }
 
   getPushResult(partition: string, clientId: string, clientCommitId: string): Promise<StoredPushResult | undefined> {
@@ -1047,31 +1038,25 @@ export class SyncularServerStorage implements ServerStorage {
 
   async claimReactions(partition: string, query: ReactionClaimQuery): Promise<StoredReaction[]> {
     if (query.types.length === 0 || query.limit <= 0) return [];
-    const list = json<unknown[]>(
-      first(
-        await this.#db.query('SELECT syncular.claim_reactions($1, $2, $3::text[], $4, $5, $6)', [
-          partition,
-          query.leaseOwner,
-          [...query.types],
-          query.nowMs,
-          query.leaseDurationMs,
-          query.limit,
-        ]),
-      ),
-    );
-    return (list ?? []).map(toReaction);
+    const list = await this.#list<unknown>('SELECT syncular.claim_reactions($1, $2, $3::text[], $4, $5, $6)', [
+      partition,
+      query.leaseOwner,
+      [...query.types],
+      query.nowMs,
+      query.leaseDurationMs,
+      query.limit,
+    ]);
+    return list.map(toReaction);
   }
 
   async completeReaction(partition: string, idempotencyKey: string, leaseOwner: string, completedAtMs: number): Promise<boolean> {
     return (
-      first(
-        await this.#db.query('SELECT syncular.complete_reaction($1, $2, $3, $4)', [
-          partition,
-          idempotencyKey,
-          leaseOwner,
-          completedAtMs,
-        ]),
-      ) === true
+      await this.#value('SELECT syncular.complete_reaction($1, $2, $3, $4)', [
+        partition,
+        idempotencyKey,
+        leaseOwner,
+        completedAtMs,
+      ]) === true
     );
   }
 
@@ -1082,66 +1067,56 @@ export class SyncularServerStorage implements ServerStorage {
     leaseExpiresAtMs: number,
   ): Promise<boolean> {
     return (
-      first(
-        await this.#db.query('SELECT syncular.extend_reaction_lease($1, $2, $3, $4)', [
-          partition,
-          idempotencyKey,
-          leaseOwner,
-          leaseExpiresAtMs,
-        ]),
-      ) === true
+      await this.#value('SELECT syncular.extend_reaction_lease($1, $2, $3, $4)', [
+        partition,
+        idempotencyKey,
+        leaseOwner,
+        leaseExpiresAtMs,
+      ]) === true
     );
   }
 
   async failReaction(partition: string, idempotencyKey: string, update: ReactionFailureUpdate): Promise<boolean> {
     return (
-      first(
-        await this.#db.query('SELECT syncular.fail_reaction($1, $2, $3, $4::text::jsonb, $5)', [
-          partition,
-          idempotencyKey,
-          update.leaseOwner,
-          j(update.failure),
-          update.retryAtMs ?? null,
-        ]),
-      ) === true
+      await this.#value('SELECT syncular.fail_reaction($1, $2, $3, $4::text::jsonb, $5)', [
+        partition,
+        idempotencyKey,
+        update.leaseOwner,
+        j(update.failure),
+        update.retryAtMs ?? null,
+      ]) === true
     );
   }
 
   async retryReaction(partition: string, idempotencyKey: string, nowMs: number): Promise<boolean> {
-    return first(await this.#db.query('SELECT syncular.retry_reaction($1, $2, $3)', [partition, idempotencyKey, nowMs])) === true;
+    return (await this.#value('SELECT syncular.retry_reaction($1, $2, $3)', [partition, idempotencyKey, nowMs])) === true;
   }
 
   async getReaction(partition: string, idempotencyKey: string): Promise<StoredReaction | undefined> {
-    const value = first(await this.#db.query('SELECT syncular.get_reaction($1, $2)', [partition, idempotencyKey]));
+    const value = await this.#value('SELECT syncular.get_reaction($1, $2)', [partition, idempotencyKey]);
     return value === null || value === undefined ? undefined : toReaction(value);
   }
 
   async listReactions(partition: string, query: ReactionListQuery): Promise<StoredReaction[]> {
     if (query.limit <= 0) return [];
-    const list = json<unknown[]>(
-      first(
-        await this.#db.query('SELECT syncular.list_reactions($1, $2, $3::text[], $4::text[])', [
-          partition,
-          query.limit,
-          query.statuses !== undefined && query.statuses.length > 0 ? [...query.statuses] : null,
-          query.types !== undefined && query.types.length > 0 ? [...query.types] : null,
-        ]),
-      ),
-    );
-    return (list ?? []).map(toReaction);
+    const list = await this.#list<unknown>('SELECT syncular.list_reactions($1, $2, $3::text[], $4::text[])', [
+      partition,
+      query.limit,
+      query.statuses !== undefined && query.statuses.length > 0 ? [...query.statuses] : null,
+      query.types !== undefined && query.types.length > 0 ? [...query.types] : null,
+    ]);
+    return list.map(toReaction);
   }
 
   async pruneReactions(partition: string, query: ReactionPruneQuery): Promise<PrunedReactionCounts> {
     if (query.limit <= 0) return { completed: 0, deadLetter: 0 };
     const r = json<Record<string, unknown>>(
-      first(
-        await this.#db.query('SELECT syncular.prune_reactions($1, $2, $3, $4)', [
-          partition,
-          query.completedBeforeMs,
-          query.deadLetterBeforeMs,
-          query.limit,
-        ]),
-      ),
+      await this.#value('SELECT syncular.prune_reactions($1, $2, $3, $4)', [
+        partition,
+        query.completedBeforeMs,
+        query.deadLetterBeforeMs,
+        query.limit,
+      ]),
     );
     return { completed: num(r.completed), deadLetter: num(r.deadLetter) };
   }
@@ -1192,13 +1167,11 @@ export class SyncularServerStorage implements ServerStorage {
     const { variable, values } = firstScope(query.scopeFilter);
     if (variable === undefined || values.length === 0) return 0;
     return num(
-      first(
-        await this.#db.query('SELECT syncular.latest_scoped_change_seq($1, $2, $3::text::jsonb)', [
-          partition,
-          query.table,
-          j(query.scopeFilter),
-        ]),
-      ),
+      await this.#value('SELECT syncular.latest_scoped_change_seq($1, $2, $3::text::jsonb)', [
+        partition,
+        query.table,
+        j(query.scopeFilter),
+      ]),
     );
   }
 
@@ -1235,7 +1208,7 @@ export class SyncularServerStorage implements ServerStorage {
   // -- clients
 
   async getClientRecord(partition: string, clientId: string): Promise<ClientRecord | undefined> {
-    const value = first(await this.#db.query('SELECT syncular.get_client($1, $2)', [partition, clientId]));
+    const value = await this.#value('SELECT syncular.get_client($1, $2)', [partition, clientId]);
     return value === null || value === undefined ? undefined : toClient(value);
   }
 
@@ -1276,45 +1249,39 @@ export class SyncularServerStorage implements ServerStorage {
   }
 
   async getActiveClientCursorFloor(partition: string, cutoffMs: number): Promise<number | null> {
-    const value = first(await this.#db.query('SELECT syncular.active_cursor_floor($1, $2)', [partition, cutoffMs]));
+    const value = await this.#value('SELECT syncular.active_cursor_floor($1, $2)', [partition, cutoffMs]);
     return value === null || value === undefined ? null : num(value);
   }
 
   async listClientCursors(partition: string): Promise<ClientCursorInfo[]> {
-    const list = json<Record<string, unknown>[]>(first(await this.#db.query('SELECT syncular.list_client_cursors($1)', [partition])));
-    return (list ?? []).map((c) => ({ clientId: c.clientId as string, cursor: num(c.cursor), updatedAtMs: num(c.updatedAtMs) }));
+    const list = await this.#list<Record<string, unknown>>('SELECT syncular.list_client_cursors($1)', [partition]);
+    return list.map((c) => ({ clientId: c.clientId as string, cursor: num(c.cursor), updatedAtMs: num(c.updatedAtMs) }));
   }
 
   // -- blobs and admin reads
 
   async listRowsReferencingBlob(partition: string, blobId: string): Promise<BlobReferencingRow[]> {
-    const list = json<BlobReferencingRow[]>(
-      first(await this.#db.query('SELECT syncular.rows_referencing_blob($1, $2)', [partition, blobId])),
-    );
-    return (list ?? []).map((r) => ({ table: r.table, rowId: r.rowId, scopes: r.scopes }));
+    const list = await this.#list<BlobReferencingRow>('SELECT syncular.rows_referencing_blob($1, $2)', [partition, blobId]);
+    return list.map((r) => ({ table: r.table, rowId: r.rowId, scopes: r.scopes }));
   }
 
   async listReferencedBlobIds(partition: string): Promise<string[]> {
-    return (first(await this.#db.query('SELECT syncular.referenced_blob_ids($1)', [partition])) as string[] | null) ?? [];
+    return ((await this.#value('SELECT syncular.referenced_blob_ids($1)', [partition])) as string[] | null) ?? [];
   }
 
   async listClientRecords(partition: string): Promise<ClientRecord[]> {
-    const list = json<unknown[]>(first(await this.#db.query('SELECT syncular.list_clients($1)', [partition])));
-    return (list ?? []).map(toClient);
+    const list = await this.#list<unknown>('SELECT syncular.list_clients($1)', [partition]);
+    return list.map(toClient);
   }
 
   async listCommitMetadata(partition: string, query: CommitMetadataQuery): Promise<CommitMetadata[]> {
-    const list = json<Record<string, unknown>[]>(
-      first(
-        await this.#db.query('SELECT syncular.list_commit_metadata($1, $2, $3, $4)', [
-          partition,
-          query.afterSeq,
-          query.limit,
-          query.table ?? null,
-        ]),
-      ),
-    );
-    return (list ?? []).map((c) => ({
+    const list = await this.#list<Record<string, unknown>>('SELECT syncular.list_commit_metadata($1, $2, $3, $4)', [
+      partition,
+      query.afterSeq,
+      query.limit,
+      query.table ?? null,
+    ]);
+    return list.map((c) => ({
       commitSeq: num(c.commitSeq),
       clientId: c.clientId as string,
       clientCommitId: c.clientCommitId as string,
@@ -1326,17 +1293,13 @@ export class SyncularServerStorage implements ServerStorage {
   }
 
   async scopeActivity(partition: string, query: ScopeActivityQuery): Promise<ScopeCommitActivity[]> {
-    const list = json<Record<string, unknown>[]>(
-      first(
-        await this.#db.query('SELECT syncular.scope_activity($1, $2, $3, $4)', [
-          partition,
-          query.variable,
-          query.value,
-          query.limit,
-        ]),
-      ),
-    );
-    return (list ?? []).map((a) => ({
+    const list = await this.#list<Record<string, unknown>>('SELECT syncular.scope_activity($1, $2, $3, $4)', [
+      partition,
+      query.variable,
+      query.value,
+      query.limit,
+    ]);
+    return list.map((a) => ({
       commitSeq: num(a.commitSeq),
       table: a.table as string,
       createdAtMs: num(a.createdAtMs),
@@ -1351,7 +1314,7 @@ export class SyncularServerStorage implements ServerStorage {
     rowId: string,
   ): Promise<{ serverVersion: number; scopes: Record<string, string> } | undefined> {
     const value = json<{ serverVersion: unknown; scopes: Record<string, string> } | null>(
-      first(await this.#db.query('SELECT syncular.get_row_scopes($1, $2, $3)', [partition, table, rowId])),
+      await this.#value('SELECT syncular.get_row_scopes($1, $2, $3)', [partition, table, rowId]),
     );
     return value === null || value === undefined ? undefined : { serverVersion: num(value.serverVersion), scopes: value.scopes };
   }

@@ -7,8 +7,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, before, test } from 'node:test';
 import { SyncularServerStorage } from '../src/index.js';
-import type { CompiledSchema } from '../src/types.js';
-import { encode, freshDatabase, NOW, type Fixture } from './helpers.js';
+import { encode, freshDatabase, NOW, TITLED_TASKS, type Fixture } from './helpers.js';
 import { pushCommit } from './push-driver.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', '..');
@@ -19,27 +18,6 @@ before(async () => {
 after(async () => {
   await fx.close();
 });
-
-const SCHEMA: CompiledSchema = {
-  version: 1,
-  tables: new Map([
-    [
-      'tasks',
-      {
-        name: 'tasks',
-        columns: [
-          { name: 'id', type: 'string', nullable: false },
-          { name: 'project_id', type: 'string', nullable: false },
-          { name: 'title', type: 'string', nullable: true },
-        ],
-        primaryKeyIndex: 0,
-        scopePatterns: [{ variable: 'project_id', column: 'project_id' }],
-        indexes: [],
-        materialize: true,
-      },
-    ],
-  ]),
-};
 
 /** The row codec's bytes for three non-NULL strings (bitmap 0x00, then u32 length + UTF-8 each). */
 function payloadOf(...values: string[]): Buffer {
@@ -59,7 +37,7 @@ test('a 0.24 database adopted, then served by the adapter', async () => {
     // What an upstream 0.24 deployment left behind, in schema legacy: its DDL and one push.
     await db.query('CREATE SCHEMA legacy; SET search_path = legacy');
     await db.query(readFileSync(join(ROOT, 'tests', 'fixtures', 'upstream-0.24-ddl.sql'), 'utf8'));
-    const layouts = JSON.stringify({ tasks: [...SCHEMA.tables.get('tasks')!.columns] });
+    const layouts = JSON.stringify({ tasks: [...TITLED_TASKS.tables.get('tasks')!.columns] });
     const payload = payloadOf('t1', 'p1', 'from 0.24');
     await db.query('UPDATE sync_schema_meta SET layouts = $1', [layouts]);
     await db.query("INSERT INTO sync_partitions VALUES ('acme', 1, 0)");
@@ -95,10 +73,10 @@ test('a 0.24 database adopted, then served by the adapter', async () => {
   }
 
   // Once, as syncular_admin: the codec's push schema at the adopted version.
-  await new SyncularServerStorage(fx.migrator, { appSchema: 'legacy' }).setPushSchema(SCHEMA);
+  await new SyncularServerStorage(fx.migrator, { appSchema: 'legacy' }).setPushSchema(TITLED_TASKS);
 
   const storage = new SyncularServerStorage(fx.server, { appSchema: 'legacy' });
-  await storage.ensureSchema(SCHEMA);
+  await storage.ensureSchema(TITLED_TASKS);
   assert.equal(await storage.getMaxCommitSeq('acme'), 1);
   assert.equal((await storage.getRow('acme', 'tasks', 't1'))?.serverVersion, 1);
   assert.equal((await storage.getPushResult('acme', 'dev', 'k1'))?.commitSeq, 1);

@@ -9,8 +9,9 @@ import type { CompiledSchema, CompiledTable, RowColumn } from '../src/types.js';
 /** libpq-style base URL of the cluster; the tests create their own databases in it. */
 export const BASE_URL = process.env.SYNCULAR_TS_PG ?? 'postgres://postgres@127.0.0.1:55490/postgres';
 
-function urlFor(database: string, user = 'postgres'): string {
-  const url = new URL(BASE_URL);
+/** The URL of `database` as `user` on the cluster of `base` (the tests' cluster by default). */
+export function urlFor(database: string, user = 'postgres', base = BASE_URL): string {
+  const url = new URL(base);
   url.pathname = `/${database}`;
   url.username = user;
   return url.toString();
@@ -79,10 +80,18 @@ function table(
   };
 }
 
-export const TASK_COLUMNS: RowColumn[] = [
+/** The columns of the smallest `tasks` table: key, scope column, a title. */
+const TITLED_COLUMNS: RowColumn[] = [
   { name: 'id', type: 'string', nullable: false },
   { name: 'project_id', type: 'string', nullable: false },
   { name: 'title', type: 'string', nullable: true },
+];
+
+/** Version 1 with one `tasks` table of `TITLED_COLUMNS` (the table of docs/TYPESCRIPT.md's minimal host). */
+export const TITLED_TASKS: CompiledSchema = { version: 1, tables: new Map([['tasks', table('tasks', TITLED_COLUMNS)]]) };
+
+export const TASK_COLUMNS: RowColumn[] = [
+  ...TITLED_COLUMNS,
   { name: 'n', type: 'integer', nullable: true },
   { name: 'score', type: 'float', nullable: true },
   { name: 'done', type: 'boolean', nullable: true },

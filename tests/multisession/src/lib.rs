@@ -6,6 +6,7 @@
 //! `SYNCULAR_TEST_PG` holds its connection parameters (without a database name).
 
 pub mod native_push;
+pub mod rng;
 
 use postgres::types::ToSql;
 use postgres::{Client, NoTls};
@@ -20,13 +21,15 @@ pub const DAY: i64 = 86_400_000;
 pub const V: i64 = 1;
 const TEMPLATE: &str = "syncular_fixture";
 
-fn base() -> String {
+/// The connection parameters of the test cluster, without a database name (`SYNCULAR_TEST_PG`).
+pub fn cluster() -> String {
     std::env::var("SYNCULAR_TEST_PG")
         .unwrap_or_else(|_| "host=127.0.0.1 port=55439 user=postgres".to_string())
 }
 
-fn connect_to(db: &str) -> Client {
-    Client::connect(&format!("{} dbname={db}", base()), NoTls)
+/// A connection to database `db` of the test cluster as its superuser.
+pub fn connect_to(db: &str) -> Client {
+    Client::connect(&format!("{} dbname={db}", cluster()), NoTls)
         .unwrap_or_else(|e| panic!("cannot connect to {db}: {e} (is the test cluster running?)"))
 }
 
@@ -121,13 +124,23 @@ impl TestDb {
         connect_to(&self.name)
     }
 
+    /// A connection as `user`, a login role the test created.
+    pub fn connect_as(&self, user: &str) -> Client {
+        Client::connect(
+            &format!("{} dbname={} user={user}", cluster(), self.name),
+            NoTls,
+        )
+        .unwrap_or_else(|e| panic!("cannot connect to {} as {user}: {e}", self.name))
+    }
+
     /// A connection whose notices (NOTICE, and DEBUG under `client_min_messages`) are kept in
     /// the returned list, oldest first.
     pub fn connect_with_notices(&self) -> (Client, Arc<Mutex<Vec<String>>>) {
         let notices = Arc::new(Mutex::new(Vec::new()));
         let sink = notices.clone();
-        let mut config: postgres::Config =
-            format!("{} dbname={}", base(), self.name).parse().unwrap();
+        let mut config: postgres::Config = format!("{} dbname={}", cluster(), self.name)
+            .parse()
+            .unwrap();
         config.notice_callback(move |n| sink.lock().unwrap().push(n.message().to_string()));
         let client = config
             .connect(NoTls)
@@ -141,7 +154,7 @@ impl Drop for TestDb {
         if std::thread::panicking() {
             return; // keep the database for a post-mortem
         }
-        if let Ok(mut admin) = Client::connect(&format!("{} dbname=postgres", base()), NoTls) {
+        if let Ok(mut admin) = Client::connect(&format!("{} dbname=postgres", cluster()), NoTls) {
             let _ = admin.batch_execute(&format!(
                 "DROP DATABASE IF EXISTS {} WITH (FORCE)",
                 self.name
@@ -206,6 +219,20 @@ pub fn one<T: for<'a> postgres::types::FromSql<'a>>(
     c.query_one(sql, params)
         .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
         .get(0)
+}
+
+/// The first column of every row of `sql`, in the order it returns them.
+#[track_caller]
+pub fn column<T: for<'a> postgres::types::FromSql<'a>>(
+    c: &mut impl postgres::GenericClient,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Vec<T> {
+    c.query(sql, params)
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
 }
 
 pub fn try_one<T: for<'a> postgres::types::FromSql<'a>>(
@@ -531,14 +558,11 @@ pub fn scan_ids(
     after: Option<&str>,
     lim: i32,
 ) -> Vec<String> {
-    c.query(
+    column(
+        c,
         "SELECT row_id FROM syncular.scan_rows($1, $2, $3, $4, $5)",
         &[&p, &tbl, filter, &after, &lim],
     )
-    .unwrap()
-    .iter()
-    .map(|r| r.get(0))
-    .collect()
 }
 
 /// Distinct commit_seqs of `read_commit_window`, in order.
@@ -551,15 +575,11 @@ pub fn window_seqs(
     through: i64,
     lim: i32,
 ) -> Vec<i64> {
-    let mut seqs: Vec<i64> = c
-        .query(
-            "SELECT commit_seq FROM syncular.read_commit_window($1, $2, $3, $4, $5, $6)",
-            &[&p, &tbl, filter, &after, &through, &lim],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let mut seqs: Vec<i64> = column(
+        c,
+        "SELECT commit_seq FROM syncular.read_commit_window($1, $2, $3, $4, $5, $6)",
+        &[&p, &tbl, filter, &after, &through, &lim],
+    );
     seqs.dedup();
     seqs
 }

@@ -95,6 +95,33 @@ pub fn setup(c: &mut Client) {
     assert_eq!(n, 7);
 }
 
+/// A fresh database with the scenario fixture (`setup`), and a connection to it.
+pub fn fixture(name: &str) -> (TestDb, Client) {
+    let db = TestDb::new(name);
+    let mut c = db.connect();
+    setup(&mut c);
+    (db, c)
+}
+
+/// A fresh database with the fixture, titles of `tasks` unique within a partition, and row `t1`
+/// (title "task") stored by commit `k1`: the opening of the constraint scenarios (NP-27,
+/// tests/push_batch.rs).
+pub fn with_unique_titles(name: &str) -> (TestDb, Client) {
+    let (db, mut c) = fixture(name);
+    unique_titles(&mut c);
+    let a = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
+    assert_eq!(push(&mut c, "k1", &[a])["outcome"], "applied");
+    (db, c)
+}
+
+/// A unique index on `tasks`' title within a partition: a host constraint a push can violate.
+pub fn unique_titles(c: &mut Client) {
+    exec(
+        c,
+        "CREATE UNIQUE INDEX np_tasks_title ON public.np_tasks (\"_sync_partition\", title)",
+    );
+}
+
 pub fn allowed() -> Value {
     json!({"project_id": ["p1"], "projectId": ["p1"], "org_id": ["o1"], "bucket": ["2"]})
 }
@@ -149,6 +176,12 @@ pub fn del(tbl: &str, id: &str) -> Op {
 pub fn task(id: &str, project: &str) -> Value {
     json!({"id": id, "project_id": project, "title": "task", "done": false,
            "priority": null, "meta": null})
+}
+
+/// A full `tasks` row of project `p1` with its own title.
+pub fn titled(id: &str, title: &str) -> Value {
+    json!({"id": id, "project_id": "p1", "title": title, "done": false, "priority": null,
+           "meta": null})
 }
 
 pub const PUSH_SQL: &str =

@@ -233,16 +233,12 @@ fn sch_13_retiring_a_table() {
 }
 
 fn sync_row_counts(c: &mut postgres::Client) -> Vec<(String, i64)> {
-    let tables: Vec<String> = c
-        .query(
-            "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-                 WHERE n.nspname = 'syncular' AND c.relkind = 'r' ORDER BY 1",
-            &[],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let tables: Vec<String> = column(
+        c,
+        "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = 'syncular' AND c.relkind = 'r' ORDER BY 1",
+        &[],
+    );
     tables
         .into_iter()
         .map(|t| {
@@ -253,8 +249,7 @@ fn sync_row_counts(c: &mut postgres::Client) -> Vec<(String, i64)> {
 }
 
 fn pg_tool(tool: &str, args: &[&str]) {
-    let base = std::env::var("SYNCULAR_TEST_PG")
-        .unwrap_or_else(|_| "host=127.0.0.1 port=55439 user=postgres".into());
+    let base = cluster();
     let param = |k: &str| {
         base.split_whitespace()
             .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
@@ -303,15 +298,7 @@ fn ops_01_dump_and_restore_keep_the_data() {
     let dump = dump.to_str().unwrap();
     pg_tool("pg_dump", &["-d", &db.name, "-f", dump]);
     let restored = format!("{}_restored", db.name);
-    let mut admin = postgres::Client::connect(
-        &format!(
-            "{} dbname=postgres",
-            std::env::var("SYNCULAR_TEST_PG")
-                .unwrap_or_else(|_| "host=127.0.0.1 port=55439 user=postgres".into())
-        ),
-        postgres::NoTls,
-    )
-    .unwrap();
+    let mut admin = connect_to("postgres");
     exec(&mut admin, &format!("DROP DATABASE IF EXISTS {restored}"));
     exec(
         &mut admin,

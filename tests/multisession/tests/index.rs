@@ -2,20 +2,14 @@
 //! statements the functions execute, captured with auto_explain (nested statements, logged to
 //! the client as NOTICEs).
 
-use postgres::{Client, Config, NoTls};
+use postgres::Client;
 use serde_json::json;
 use std::sync::{Arc, Mutex};
 use syncular_multisession::*;
 
 /// A connection whose NOTICEs are collected, with auto_explain logging every nested plan.
 fn explaining(db: &TestDb) -> (Client, Arc<Mutex<Vec<String>>>) {
-    let notices = Arc::new(Mutex::new(Vec::new()));
-    let sink = notices.clone();
-    let base = std::env::var("SYNCULAR_TEST_PG")
-        .unwrap_or_else(|_| "host=127.0.0.1 port=55439 user=postgres".into());
-    let mut config: Config = format!("{base} dbname={}", db.name).parse().unwrap();
-    config.notice_callback(move |n| sink.lock().unwrap().push(n.message().to_string()));
-    let mut c = config.connect(NoTls).unwrap();
+    let (mut c, notices) = db.connect_with_notices();
     exec(
         &mut c,
         "LOAD 'auto_explain';

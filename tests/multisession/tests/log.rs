@@ -2,6 +2,7 @@
 
 use serde_json::{json, Value};
 use std::thread;
+use syncular_multisession::rng::Rng;
 use syncular_multisession::*;
 
 fn max_seq(c: &mut postgres::Client, p: &str) -> i64 {
@@ -105,7 +106,9 @@ fn log_04_one_call_writes_commit_changes_scope_index_and_tombstones() {
         ),
         Some(1)
     );
-    let changes: Vec<(i32, i16, Option<i64>, Option<Vec<u8>>, Value)> = c
+    // (idx, op, row_version, payload, scopes)
+    type Change = (i32, i16, Option<i64>, Option<Vec<u8>>, Value);
+    let changes: Vec<Change> = c
         .query(
             "SELECT idx, op, row_version, payload, scopes FROM syncular.sync_changes
               WHERE partition = $1 AND commit_seq = 1 ORDER BY idx",
@@ -165,24 +168,14 @@ fn log_04_one_call_writes_commit_changes_scope_index_and_tombstones() {
     );
     let tombstones =
         || "SELECT tbl || '/' || row_id || '@' || commit_seq FROM syncular.sync_tombstones";
-    let rows: Vec<String> = c
-        .query(tombstones(), &[])
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let rows: Vec<String> = column(&mut c, tombstones(), &[]);
     assert_eq!(rows, vec!["tasks/t3@1"]);
     let d2 = doc("k2", json!([delete("t3")]), Some(V));
     assert_eq!(
         one::<i64>(&mut c, "SELECT syncular.append_commit($1, $2)", &[&P, &d2]),
         2
     );
-    let rows: Vec<String> = c
-        .query(tombstones(), &[])
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let rows: Vec<String> = column(&mut c, tombstones(), &[]);
     assert_eq!(rows, vec!["tasks/t3@2"]);
 }
 
@@ -295,18 +288,6 @@ fn log_07_concurrent_appenders_serialize_densely() {
     }
 }
 
-/// A small deterministic generator: the test needs "a random third", not cryptography.
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-}
-
 #[test]
 fn log_07_stress_eight_sessions_one_partition() {
     let db = TestDb::new("log07stress");
@@ -314,7 +295,7 @@ fn log_07_stress_eight_sessions_one_partition() {
         .map(|w| {
             let mut c = db.connect();
             thread::spawn(move || {
-                let mut rng = Lcg(w + 1);
+                let mut rng = Rng(w + 1);
                 let mut committed = Vec::new();
                 for i in 0..200 {
                     let mut tx = c.transaction().unwrap();
@@ -327,7 +308,7 @@ fn log_07_stress_eight_sessions_one_partition() {
                         .query_one("SELECT syncular.append_commit($1, $2)", &[&P, &d])
                         .unwrap()
                         .get(0);
-                    if rng.next() % 3 == 0 {
+                    if rng.below(3) == 0 {
                         tx.rollback().unwrap();
                     } else {
                         tx.commit().unwrap();
@@ -351,15 +332,11 @@ fn log_07_stress_eight_sessions_one_partition() {
         "acknowledged numbers are dense"
     );
     let mut c = db.connect();
-    let stored: Vec<i64> = c
-        .query(
-            "SELECT commit_seq FROM syncular.sync_commits WHERE partition = $1 ORDER BY 1",
-            &[&P],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let stored: Vec<i64> = column(
+        &mut c,
+        "SELECT commit_seq FROM syncular.sync_commits WHERE partition = $1 ORDER BY 1",
+        &[&P],
+    );
     assert_eq!(stored, (1..=n).collect::<Vec<_>>());
     assert_eq!(max_seq(&mut c, P), n);
     assert_eq!(count(&mut c, "syncular.sync_changes"), n);

@@ -107,17 +107,26 @@ fn classic(
         .read_only(true)
         .start()
         .unwrap();
-    let read = |tx: &mut postgres::Transaction<'_>| -> Result<(Vec<Value>, Vec<PullRow>, Vec<i64>), SqlError> {
+    // Per subscription its outcome and cursor, and every row delivered.
+    type Read = (Vec<Value>, Vec<PullRow>, Vec<i64>);
+    let read = |tx: &mut postgres::Transaction<'_>| -> Result<Read, SqlError> {
         tx.query_one("SELECT syncular.assert_serve_ready($1, $2)", &[&p, &V])
             .map_err(|e| sql_error(&e))?;
         let state: Value = tx
             .query_one("SELECT syncular.partition_state($1)", &[&p])
             .unwrap()
             .get(0);
-        let (max, horizon) = (state["maxCommitSeq"].as_i64().unwrap(), state["horizonSeq"].as_i64().unwrap());
+        let (max, horizon) = (
+            state["maxCommitSeq"].as_i64().unwrap(),
+            state["horizonSeq"].as_i64().unwrap(),
+        );
         let (mut outcomes, mut rows, mut cursors) = (vec![], vec![], vec![]);
         for (i, sub) in req["subscriptions"].as_array().unwrap().iter().enumerate() {
-            let (id, table, cursor) = (&sub["id"], sub["table"].as_str().unwrap(), sub["cursor"].as_i64().unwrap());
+            let (id, table, cursor) = (
+                &sub["id"],
+                sub["table"].as_str().unwrap(),
+                sub["cursor"].as_i64().unwrap(),
+            );
             let tok = token(sub);
             let effective = &sub["effective"];
             if effective.is_null() {
@@ -133,7 +142,14 @@ fn classic(
                     .query(
                         "SELECT commit_seq, idx, row_id, op, row_version, scopes, payload
                            FROM syncular.read_commit_window($1, $2, $3, $4, $5, $6)",
-                        &[&p, &table, effective, &cursor, &max, &((limit_commits + 1) as i32)],
+                        &[
+                            &p,
+                            &table,
+                            effective,
+                            &cursor,
+                            &max,
+                            &((limit_commits + 1) as i32),
+                        ],
                     )
                     .map_err(|e| sql_error(&e))?;
                 // Upstream's delivery rule over whole commits.
@@ -170,8 +186,14 @@ fn classic(
                     }
                 }
                 let exhausted = window.len() as i64 <= limit_commits && n == commits.len();
-                let next = if exhausted { cursor.max(max) } else { cursor.max(last) };
-                outcomes.push(json!({"id": id, "status": "active", "bootstrap": false, "nextCursor": next}));
+                let next = if exhausted {
+                    cursor.max(max)
+                } else {
+                    cursor.max(last)
+                };
+                outcomes.push(
+                    json!({"id": id, "status": "active", "bootstrap": false, "nextCursor": next}),
+                );
                 cursors.push(next);
                 continue;
             }
@@ -184,7 +206,13 @@ fn classic(
                     .query(
                         "SELECT row_id, server_version, scopes, payload, column_versions
                            FROM syncular.scan_rows($1, $2, $3, $4, $5)",
-                        &[&p, &table, effective, &row_cursor, &((snapshot_rows + 1) as i32)],
+                        &[
+                            &p,
+                            &table,
+                            effective,
+                            &row_cursor,
+                            &((snapshot_rows + 1) as i32),
+                        ],
                     )
                     .map_err(|e| sql_error(&e))?;
                 let has_more = scanned.len() as i64 > snapshot_rows;
@@ -207,10 +235,13 @@ fn classic(
                 }
                 row_cursor = Some(scanned[snapshot_rows as usize - 1].get(0));
             }
-            let mut outcome = json!({"id": id, "status": "active", "bootstrap": true, "nextCursor": as_of});
+            let mut outcome =
+                json!({"id": id, "status": "active", "bootstrap": true, "nextCursor": as_of});
             if !complete {
-                outcome["bootstrapState"] = json!(json!({"asOfCommitSeq": as_of, "tables": [table],
-                    "tableIndex": 0, "rowCursor": row_cursor}).to_string());
+                outcome["bootstrapState"] =
+                    json!(json!({"asOfCommitSeq": as_of, "tables": [table],
+                    "tableIndex": 0, "rowCursor": row_cursor})
+                    .to_string());
             }
             outcomes.push(outcome);
             cursors.push(as_of);

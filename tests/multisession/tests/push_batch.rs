@@ -5,26 +5,39 @@
 //! the one upstream's order gives — the same opIndex, the same error, and a rejection or error
 //! before a later operation's fallback.
 
-use serde_json::json;
+use postgres::Client;
+use serde_json::{json, Value};
+use std::sync::Mutex;
 use syncular_multisession::native_push::*;
 use syncular_multisession::*;
 
-fn with_unique_titles(name: &str) -> (TestDb, postgres::Client) {
-    let db = TestDb::new(name);
-    let mut c = db.connect();
-    setup(&mut c);
-    exec(
-        &mut c,
-        "CREATE UNIQUE INDEX np_tasks_title ON public.np_tasks (\"_sync_partition\", title)",
-    );
-    let a = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
-    assert_eq!(push(&mut c, "k1", &[a])["outcome"], "applied");
-    (db, c)
+/// One upsert of `tasks` row `t{i}` for each `i` in `1..=n`, at base version `bv`, with the values
+/// `values(id, i)`.
+fn task_ops(
+    c: &mut Client,
+    n: usize,
+    bv: Option<i64>,
+    values: impl Fn(&str, usize) -> Value,
+) -> Vec<Op> {
+    (1..=n)
+        .map(|i| {
+            let id = format!("t{i}");
+            up(c, "tasks", &id, bv, values(&id, i))
+        })
+        .collect()
 }
 
-fn titled(id: &str, title: &str) -> serde_json::Value {
-    json!({"id": id, "project_id": "p1", "title": title, "done": false, "priority": null,
-           "meta": null})
+/// The DEBUG1 line a push writes when it runs its operations again without batches.
+const AGAIN: &str = "runs its operations again without batches";
+
+/// How many times a push ran its operations again, by the notices of the connection.
+fn runs_again(notices: &Mutex<Vec<String>>) -> usize {
+    notices
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|m| m.contains(AGAIN))
+        .count()
 }
 
 #[test]
@@ -116,9 +129,7 @@ fn values_postgresql_refuses_raise_its_error_with_nothing_written() {
 
 #[test]
 fn a_row_touched_twice_sees_its_own_earlier_write() {
-    let db = TestDb::new("npb_twice");
-    let mut c = db.connect();
-    setup(&mut c);
+    let (_db, mut c) = fixture("npb_twice");
     let insert = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
     let rename = up(
         &mut c,
@@ -134,65 +145,32 @@ fn a_row_touched_twice_sees_its_own_earlier_write() {
     assert_eq!(stored(&mut c, "tasks", "t2").unwrap().0, 1);
 }
 
-/// The DEBUG1 line a push writes when it runs its operations again without batches.
-const AGAIN: &str = "runs its operations again without batches";
-
 #[test]
 fn batches_are_used_and_a_failed_batch_is_run_again() {
     let db = TestDb::new("npb_used");
     let (mut c, notices) = db.connect_with_notices();
     setup(&mut c);
-    exec(
-        &mut c,
-        "CREATE UNIQUE INDEX np_tasks_title ON public.np_tasks (\"_sync_partition\", title)",
-    );
+    unique_titles(&mut c);
     exec(&mut c, "SET client_min_messages = debug1");
-    let rows: Vec<Op> = (1..=5)
-        .map(|i| {
-            up(
-                &mut c,
-                "tasks",
-                &format!("t{i}"),
-                None,
-                titled(&format!("t{i}"), &format!("n{i}")),
-            )
-        })
-        .collect();
+    let rows = task_ops(&mut c, 5, None, |id, i| titled(id, &format!("n{i}")));
     assert_eq!(push(&mut c, "k1", &rows)["outcome"], "applied");
-    let updates: Vec<Op> = (1..=5)
-        .map(|i| {
-            up(
-                &mut c,
-                "tasks",
-                &format!("t{i}"),
-                Some(1),
-                json!({"id": format!("t{i}"), "done": true}),
-            )
-        })
-        .collect();
+    let updates = task_ops(&mut c, 5, Some(1), |id, _| json!({"id": id, "done": true}));
     assert_eq!(push(&mut c, "k2", &updates)["outcome"], "applied");
-    let again = |n: &std::sync::Arc<std::sync::Mutex<Vec<String>>>| {
-        n.lock()
-            .unwrap()
-            .iter()
-            .filter(|m| m.contains(AGAIN))
-            .count()
-    };
-    assert_eq!(again(&notices), 0, "{:?}", notices.lock().unwrap());
+    assert_eq!(runs_again(&notices), 0, "{:?}", notices.lock().unwrap());
     let single = up(&mut c, "tasks", "t7", None, titled("t7", "n1"));
     assert_constraint_violation(&push(&mut c, "k5", &[single]), 0);
-    assert_eq!(again(&notices), 0);
+    assert_eq!(runs_again(&notices), 0);
     // A batch of one row is written by the single statement: the batch needs two.
     let fine = up(&mut c, "tasks", "t10", None, titled("t10", "n10"));
     let clash = up(&mut c, "tasks", "t9", None, titled("t9", "n3"));
     assert_constraint_violation(&push(&mut c, "k3", &[fine.clone(), clash]), 1);
-    assert_eq!(again(&notices), 1);
+    assert_eq!(runs_again(&notices), 1);
     // A table a trigger can fire on is written one statement at a time from the start.
     exec(&mut c, "CREATE FUNCTION public.np_noop() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NEW; END$$;
                   CREATE TRIGGER np_noop BEFORE INSERT ON public.np_tasks FOR EACH ROW EXECUTE FUNCTION public.np_noop()");
     let clash = up(&mut c, "tasks", "t8", None, titled("t8", "n3"));
     assert_constraint_violation(&push(&mut c, "k4", &[fine, clash]), 1);
-    assert_eq!(again(&notices), 1);
+    assert_eq!(runs_again(&notices), 1);
 }
 
 #[test]
@@ -200,17 +178,7 @@ fn a_lock_timeout_in_a_batch_ends_the_call_without_a_second_run() {
     let db = TestDb::new("npb_timeout");
     let (mut c, notices) = db.connect_with_notices();
     setup(&mut c);
-    let rows: Vec<Op> = (1..=2)
-        .map(|i| {
-            up(
-                &mut c,
-                "tasks",
-                &format!("t{i}"),
-                None,
-                task(&format!("t{i}"), "p1"),
-            )
-        })
-        .collect();
+    let rows = task_ops(&mut c, 2, None, |id, _| task(id, "p1"));
     assert_eq!(push(&mut c, "k1", &rows)["outcome"], "applied");
     // Another session holds t2's row lock; the batch's upsert waits for it until lock_timeout.
     let mut holder = db.connect();
@@ -222,24 +190,10 @@ fn a_lock_timeout_in_a_batch_ends_the_call_without_a_second_run() {
         &mut c,
         "SET client_min_messages = debug1; SET lock_timeout = '300ms'",
     );
-    let updates: Vec<Op> = (1..=2)
-        .map(|i| {
-            up(
-                &mut c,
-                "tasks",
-                &format!("t{i}"),
-                None,
-                json!({"id": format!("t{i}"), "done": true}),
-            )
-        })
-        .collect();
+    let updates = task_ops(&mut c, 2, None, |id, _| json!({"id": id, "done": true}));
     let err = try_push(&mut c, "k2", &updates, json!({})).unwrap_err();
     assert_eq!(sql_error(&err).state, "55P03");
-    assert!(
-        !notices.lock().unwrap().iter().any(|m| m.contains(AGAIN)),
-        "{:?}",
-        notices.lock().unwrap()
-    );
+    assert_eq!(runs_again(&notices), 0, "{:?}", notices.lock().unwrap());
     exec(&mut holder, "ROLLBACK");
     assert_eq!(
         count(

@@ -4,14 +4,14 @@
 
 use postgres::Client;
 use serde_json::{json, Value};
+use std::slice::from_ref;
 use syncular_multisession::native_push::*;
+use syncular_multisession::rng::Rng;
 use syncular_multisession::*;
 
 #[test]
 fn np01_insert_is_applied_with_upstreams_bytes() {
-    let db = TestDb::new("np01");
-    let mut c = db.connect();
-    setup(&mut c);
+    let (_db, mut c) = fixture("np01");
     let op = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
     assert_eq!(
         op.payload.as_deref().unwrap(),
@@ -68,9 +68,7 @@ fn np01_insert_is_applied_with_upstreams_bytes() {
 
 #[test]
 fn np02_np03_np04_updates_write_column_versions() {
-    let db = TestDb::new("np02");
-    let mut c = db.connect();
-    setup(&mut c);
+    let (_db, mut c) = fixture("np02");
     let insert = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
     push(&mut c, "k1", &[insert]);
     // NP-03: E2 (title only), then E3 (done, priority at baseVersion 2).
@@ -121,7 +119,7 @@ fn np02_np03_np04_updates_write_column_versions() {
     let t2 = up(&mut c, "tasks", "t2", None, task("t2", "p1"));
     push(&mut c, "k4", &[t2]);
     let lww = up(&mut c, "tasks", "t2", None, task("t2", "p1"));
-    push(&mut c, "k5", &[lww.clone()]);
+    push(&mut c, "k5", from_ref(&lww));
     assert_eq!(
         stored(&mut c, "tasks", "t2").unwrap().2.as_deref(),
         Some("01020202030204020502")
@@ -135,9 +133,7 @@ fn np02_np03_np04_updates_write_column_versions() {
 
 #[test]
 fn np05_np07_np08_np09_np10_conflicts_and_versions() {
-    let db = TestDb::new("np05");
-    let mut c = db.connect();
-    setup(&mut c);
+    let (_db, mut c) = fixture("np05");
     let insert = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
     push(&mut c, "k1", &[insert]);
     let e2 = up(
@@ -229,9 +225,7 @@ fn np05_np07_np08_np09_np10_conflicts_and_versions() {
 
 #[test]
 fn np12_np13_np14_np15_np16_rules_in_upstreams_order() {
-    let db = TestDb::new("np12");
-    let mut c = db.connect();
-    setup(&mut c);
+    let (_db, mut c) = fixture("np12");
     let insert = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
     push(&mut c, "k1", &[insert]);
     // NP-12: scope columns are immutable; an equal value is fine.
@@ -288,7 +282,7 @@ fn np12_np13_np14_np15_np16_rules_in_upstreams_order() {
         P,
         "c1",
         "k8",
-        &[op.clone()],
+        from_ref(&op),
         Some(&json!({"project_id": ["*"]})),
         &json!({}),
     )
@@ -302,7 +296,7 @@ fn np12_np13_np14_np15_np16_rules_in_upstreams_order() {
         json!({"id": "t2", "title": "y"}),
     );
     assert_error(
-        &push(&mut c, "k9", &[op2.clone()]),
+        &push(&mut c, "k9", from_ref(&op2)),
         0,
         "sync.forbidden",
         "write denied by scope authorization (§3.4)",
@@ -420,15 +414,13 @@ fn np12_np13_np14_np15_np16_rules_in_upstreams_order() {
 
 #[test]
 fn np17_np18_np19_np20_np21_deletes_tombstones_and_rollback() {
-    let db = TestDb::new("np17");
-    let mut c = db.connect();
-    setup(&mut c);
+    let (_db, mut c) = fixture("np17");
     // NP-18: deleting an absent row consumes a seq with no change.
     let out = push(&mut c, "k1", &[del("tasks", "t1")]);
     assert_eq!(out["commitSeq"], json!(1));
     assert_eq!(count(&mut c, "syncular.sync_changes"), 0);
     let insert = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
-    push(&mut c, "k2", &[insert.clone()]);
+    push(&mut c, "k2", from_ref(&insert));
     push(&mut c, "k3", &[del("tasks", "t1")]);
     assert_eq!(stored(&mut c, "tasks", "t1"), None);
     assert_eq!(count(&mut c, "syncular.sync_row_scopes"), 0);
@@ -446,7 +438,7 @@ fn np17_np18_np19_np20_np21_deletes_tombstones_and_rollback() {
     assert_eq!(scopes, json!({"project_id": "p1"}));
     // NP-17: an unversioned upsert of a deleted row; bv 0 recreates it.
     assert_error(
-        &push(&mut c, "k4", &[insert.clone()]),
+        &push(&mut c, "k4", from_ref(&insert)),
         0,
         "sync.row_deleted",
         "a deleted row rejects an unversioned upsert within the retention horizon (§5.2)",
@@ -468,15 +460,11 @@ fn np17_np18_np19_np20_np21_deletes_tombstones_and_rollback() {
         json!({"id": "t2", "title": "z"}),
     );
     push(&mut c, "k7", &[i2.clone(), p2, del("tasks", "t2")]);
-    let versions: Vec<Option<i64>> = c
-        .query(
-            "SELECT row_version FROM syncular.sync_changes WHERE commit_seq = 6 ORDER BY idx",
-            &[],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let versions: Vec<Option<i64>> = column(
+        &mut c,
+        "SELECT row_version FROM syncular.sync_changes WHERE commit_seq = 6 ORDER BY idx",
+        &[],
+    );
     assert_eq!(versions, vec![Some(1), Some(2), None]);
     assert_eq!(stored(&mut c, "tasks", "t2"), None);
     assert_eq!(
@@ -542,11 +530,9 @@ fn np17_np18_np19_np20_np21_deletes_tombstones_and_rollback() {
 
 #[test]
 fn np22_np25_np26_np28_np34_replays_gate_fence_and_arguments() {
-    let db = TestDb::new("np22");
-    let mut c = db.connect();
-    setup(&mut c);
+    let (_db, mut c) = fixture("np22");
     let insert = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
-    let first = push(&mut c, "k1", &[insert.clone()]);
+    let first = push(&mut c, "k1", from_ref(&insert));
     // NP-22: an applied key replays without writes; a rejected one replays its record.
     let before = snapshot(&mut c);
     let other = up(&mut c, "tasks", "t7", None, task("t7", "p1"));
@@ -558,7 +544,7 @@ fn np22_np25_np26_np28_np34_replays_gate_fence_and_arguments() {
     assert_eq!(snapshot(&mut c), before);
     let bad = up(&mut c, "tasks", "t2", None, task("t2", "p9"));
     let rejected = push(&mut c, "k2", &[bad]);
-    let again = try_push(&mut c, "k2", &[insert.clone()], json!({})).unwrap();
+    let again = try_push(&mut c, "k2", from_ref(&insert), json!({})).unwrap();
     assert_eq!(again["result"], rejected["result"]);
     assert_eq!(
         (&again["outcome"], &again["replayed"]),
@@ -582,7 +568,7 @@ fn np22_np25_np26_np28_np34_replays_gate_fence_and_arguments() {
         "INSERT INTO syncular.sync_push_results VALUES ('part-1', 'c1', 'k3', '\"x\"')",
     );
     expect_error(
-        try_push(&mut c, "k3", &[insert.clone()], json!({})),
+        try_push(&mut c, "k3", from_ref(&insert), json!({})),
         "SY003",
         "sync.idempotency_cache_miss",
         None,
@@ -600,7 +586,7 @@ fn np22_np25_np26_np28_np34_replays_gate_fence_and_arguments() {
     assert_eq!(snapshot(&mut c), before);
     // A stored result still replays (C1 bypasses the gate).
     assert_eq!(
-        try_push(&mut c, "k1", &[insert.clone()], json!({})).unwrap()["outcome"],
+        try_push(&mut c, "k1", from_ref(&insert), json!({})).unwrap()["outcome"],
         "cached"
     );
     exec(&mut c, "DELETE FROM syncular.sync_backfill_checkpoints");
@@ -630,7 +616,7 @@ fn np22_np25_np26_np28_np34_replays_gate_fence_and_arguments() {
             .start()
             .unwrap();
         expect_error(
-            try_push(&mut tx, "k7", &[op.clone()], json!({})),
+            try_push(&mut tx, "k7", from_ref(&op), json!({})),
             "SY004",
             "sync.storage.invalid_transaction_state",
             Some(json!({"reason": "isolation"})),
@@ -644,7 +630,7 @@ fn np22_np25_np26_np28_np34_replays_gate_fence_and_arguments() {
             &[&P, &V],
         );
         assert_eq!(begun, None);
-        let out = try_push(&mut tx, "k7", &[op.clone()], json!({})).unwrap();
+        let out = try_push(&mut tx, "k7", from_ref(&op), json!({})).unwrap();
         assert_eq!(out["outcome"], "applied");
         tx.commit().unwrap();
     }
@@ -691,9 +677,7 @@ fn np22_np25_np26_np28_np34_replays_gate_fence_and_arguments() {
 
 #[test]
 fn np11_np29_np30_np31_crdt_projection_blobs_and_fallbacks() {
-    let db = TestDb::new("np11");
-    let mut c = db.connect();
-    setup(&mut c);
+    let (_db, mut c) = fixture("np11");
     // NP-11: a present NULL crdt value applies; a non-NULL one falls back (or, without
     // mergers, is upstream's crdt_merge_failed).
     let op = up(
@@ -712,7 +696,7 @@ fn np11_np29_np30_np31_crdt_projection_blobs_and_fallbacks() {
         None,
         json!({"id": "n1", "doc": "AQI="}),
     );
-    let out = try_push(&mut c, "k2", &[op.clone()], json!({})).unwrap();
+    let out = try_push(&mut c, "k2", from_ref(&op), json!({})).unwrap();
     assert_eq!(
         out,
         json!({"outcome": "fallback", "reason": "crdt_merge", "opIndex": 0, "table": "notes"})
@@ -801,13 +785,13 @@ fn np11_np29_np30_np31_crdt_projection_blobs_and_fallbacks() {
     let blob = json!(format!("{{\"blobId\":\"{id}\",\"byteLength\":3}}"));
     let op = file(&mut c, blob.clone());
     let before = snapshot(&mut c);
-    let out = try_push(&mut c, "k7", &[op.clone()], json!({})).unwrap();
+    let out = try_push(&mut c, "k7", from_ref(&op), json!({})).unwrap();
     assert_eq!(
         out,
         json!({"outcome": "fallback", "reason": "blob_check", "opIndex": 0, "table": "files", "blobIds": [id]})
     );
     unchanged(&mut c, &before);
-    let out = try_push(&mut c, "k7", &[op.clone()], json!({"blobStore": "none"})).unwrap();
+    let out = try_push(&mut c, "k7", from_ref(&op), json!({"blobStore": "none"})).unwrap();
     assert_error(
         &out,
         0,
@@ -860,7 +844,7 @@ fn np11_np29_np30_np31_crdt_projection_blobs_and_fallbacks() {
     let out = try_push(
         &mut c,
         "k11",
-        &[ok.clone()],
+        from_ref(&ok),
         json!({"commitValidator": true}),
     )
     .unwrap();
@@ -871,7 +855,7 @@ fn np11_np29_np30_np31_crdt_projection_blobs_and_fallbacks() {
     let out = try_push(
         &mut c,
         "k11",
-        &[ok.clone()],
+        from_ref(&ok),
         json!({"reactionPlanner": true}),
     )
     .unwrap();
@@ -879,7 +863,7 @@ fn np11_np29_np30_np31_crdt_projection_blobs_and_fallbacks() {
     let out = try_push(
         &mut c,
         "k12",
-        &[bad.clone()],
+        from_ref(&bad),
         json!({"commitValidator": true}),
     )
     .unwrap();
@@ -889,7 +873,7 @@ fn np11_np29_np30_np31_crdt_projection_blobs_and_fallbacks() {
     let out = try_push(
         &mut c,
         "k13",
-        &[ok.clone()],
+        from_ref(&ok),
         json!({"clientSchemaVersion": V + 1}),
     )
     .unwrap();
@@ -917,15 +901,7 @@ fn np11_np29_np30_np31_crdt_projection_blobs_and_fallbacks() {
 
 #[test]
 fn np27_constraints_and_the_callers_rights() {
-    let db = TestDb::new("np27");
-    let mut c = db.connect();
-    setup(&mut c);
-    exec(
-        &mut c,
-        "CREATE UNIQUE INDEX np_tasks_title ON public.np_tasks (\"_sync_partition\", title)",
-    );
-    let a = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
-    push(&mut c, "k1", &[a]);
+    let (db, mut c) = with_unique_titles("np27");
     // Op 0 collides on the title, op 1 would free it: opIndex 0.
     let clash = up(&mut c, "tasks", "t2", None, task("t2", "p1"));
     let rename = up(
@@ -958,25 +934,9 @@ fn np27_constraints_and_the_callers_rights() {
     // the relation is refused by PostgreSQL; with it, host triggers see the caller.
     exec(&mut c, "DROP ROLE IF EXISTS np_host; CREATE ROLE np_host LOGIN; GRANT syncular_host TO np_host;
                   GRANT USAGE ON SCHEMA public TO np_host; GRANT SELECT ON public.np_tasks TO np_host");
-    let mut h = Client::connect(
-        &format!(
-            "{} dbname={} user=np_host",
-            std::env::var("SYNCULAR_TEST_PG")
-                .unwrap_or_else(|_| "host=127.0.0.1 port=55439".into())
-                .replace("user=postgres", ""),
-            db.name
-        ),
-        postgres::NoTls,
-    )
-    .unwrap();
-    let op = up(
-        &mut c,
-        "tasks",
-        "t9",
-        None,
-        json!({"id": "t9", "project_id": "p1", "title": "h", "done": false, "priority": null, "meta": null}),
-    );
-    let err = try_push(&mut h, "k4", &[op.clone()], json!({})).unwrap_err();
+    let mut h = db.connect_as("np_host");
+    let op = up(&mut c, "tasks", "t9", None, titled("t9", "h"));
+    let err = try_push(&mut h, "k4", from_ref(&op), json!({})).unwrap_err();
     assert_eq!(sql_error(&err).state, "42501");
     exec(&mut c, "GRANT INSERT, UPDATE, DELETE ON public.np_tasks TO np_host;
                   CREATE TABLE public.np_audit (who text, ctx text); GRANT INSERT ON public.np_audit TO np_host;
@@ -995,16 +955,14 @@ fn np27_constraints_and_the_callers_rights() {
 
 #[test]
 fn np23_np24_overlapping_deliveries_and_concurrent_pushes() {
-    let db = TestDb::new("np23");
-    let mut c = db.connect();
-    setup(&mut c);
+    let (db, mut c) = fixture("np23");
     let mut s1 = db.connect();
     let mut s2 = db.connect();
     let op = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
     // NP-23: S1 holds the lock inside a transaction; S2's autocommit delivery waits, then
     // replays S1's result.
     s1.batch_execute("BEGIN").unwrap();
-    let first = try_push(&mut s1, "k1", &[op.clone()], json!({"cacheIdentity": "s1"})).unwrap();
+    let first = try_push(&mut s1, "k1", from_ref(&op), json!({"cacheIdentity": "s1"})).unwrap();
     let pid = backend_pid(&mut s2);
     let second = std::thread::scope(|scope| {
         let op = op.clone();
@@ -1027,7 +985,7 @@ fn np23_np24_overlapping_deliveries_and_concurrent_pushes() {
     let first = try_push(
         &mut s1,
         "k2",
-        &[conflicting.clone()],
+        from_ref(&conflicting),
         json!({"cacheIdentity": "s1"}),
     )
     .unwrap();
@@ -1069,40 +1027,15 @@ fn np23_np24_overlapping_deliveries_and_concurrent_pushes() {
             });
         }
     });
-    let seqs: Vec<i64> = c
-        .query(
-            "SELECT commit_seq FROM syncular.sync_commits ORDER BY 1",
-            &[],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let seqs: Vec<i64> = column(
+        &mut c,
+        "SELECT commit_seq FROM syncular.sync_commits ORDER BY 1",
+        &[],
+    );
     assert_eq!(seqs, (1..=9).collect::<Vec<i64>>());
 }
 
 // ---- NP-35: the differential test -------------------------------------------------------------
-
-/// xorshift64*: reproducible without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len() as u64) as usize]
-    }
-}
 
 fn base64(bytes: &[u8]) -> String {
     const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -1235,7 +1168,7 @@ fn random_ops(rng: &mut Rng, c: &mut Client) -> Vec<Op> {
                 Some(rng.below(6) as i64 - 1)
             };
             if rng.chance(3) {
-                let junk: Vec<u8> = (0..rng.below(12)).map(|_| rng.next() as u8).collect();
+                let junk: Vec<u8> = (0..rng.below(12)).map(|_| rng.next_u64() as u8).collect();
                 return raw(table, &id, bv, &junk);
             }
             let mut values = random_values(rng, table, &id);

@@ -19,9 +19,7 @@ fn layouts() -> Value {
 }
 
 fn prepared(name: &str) -> (TestDb, Client) {
-    let db = TestDb::new(name);
-    let mut c = db.connect();
-    setup(&mut c);
+    let (db, mut c) = fixture(name);
     migrate(&mut c, V, &layouts(), &json!([]));
     one::<i32>(
         &mut c,

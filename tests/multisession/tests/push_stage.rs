@@ -38,9 +38,7 @@ fn ops(c: &mut Client) -> Vec<Op> {
 
 /// A database with the fixture and rows t1, t3 pushed (commits 1 and 2).
 fn prepared(name: &str) -> (TestDb, Client) {
-    let db = TestDb::new(name);
-    let mut c = db.connect();
-    setup(&mut c);
+    let (db, mut c) = fixture(name);
     for (key, id) in [("k1", "t1"), ("k3", "t3")] {
         let op = up(&mut c, "tasks", id, None, task(id, "p1"));
         assert_eq!(push(&mut c, key, &[op])["outcome"], "applied");

@@ -9,45 +9,45 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
+use syncular_multisession::rng::Rng;
 use syncular_multisession::*;
 
-/// A small deterministic generator (xorshift64*): reproducible cases without a crate.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545F4914F6CDD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn json(&mut self, depth: u32) -> Value {
-        let pick = if depth == 0 {
-            self.below(6)
-        } else {
-            self.below(8)
-        };
-        match pick {
-            0 => Value::Null,
-            1 => json!(self.below(2) == 0),
-            2 => json!((self.next() as i64) >> self.below(64)),
-            3 => json!((self.next() as f64) / 7.0 - 1e18),
-            4 => json!(
-                ["", "sync_x", "a\"b.c", "upsert", "delete", "AQID", "%%%", "p1", "é☃"]
-                    [self.below(9) as usize]
-            ),
-            5 => json!(format!("s{}", self.below(1000))),
-            6 => Value::Array((0..self.below(4)).map(|_| self.json(depth - 1)).collect()),
-            _ => {
-                let keys = [
-                    "clientId",
-                    "clientCommitId",
-                    "actorId",
-                    "createdAtMs",
-                    "writerVersion",
-                    "changes",
+/// The top-level keys of a commit document, in the order `append_commit` reads them.
+const COMMIT_KEYS: [&str; 6] = [
+    "clientId",
+    "clientCommitId",
+    "actorId",
+    "createdAtMs",
+    "writerVersion",
+    "changes",
+];
+
+/// A random JSON value nested up to `depth`, its strings and keys drawn from the API's own words.
+fn random_json(rng: &mut Rng, depth: u32) -> Value {
+    let pick = if depth == 0 {
+        rng.below(6)
+    } else {
+        rng.below(8)
+    };
+    match pick {
+        0 => Value::Null,
+        1 => json!(rng.below(2) == 0),
+        2 => json!((rng.next_u64() as i64) >> rng.below(64)),
+        3 => json!((rng.next_u64() as f64) / 7.0 - 1e18),
+        4 => {
+            json!(rng
+                .pick(&["", "sync_x", "a\"b.c", "upsert", "delete", "AQID", "%%%", "p1", "é☃"]))
+        }
+        5 => json!(format!("s{}", rng.below(1000))),
+        6 => Value::Array(
+            (0..rng.below(4))
+                .map(|_| random_json(rng, depth - 1))
+                .collect(),
+        ),
+        _ => {
+            let keys: Vec<&str> = COMMIT_KEYS
+                .into_iter()
+                .chain([
                     "table",
                     "rowId",
                     "op",
@@ -66,18 +66,13 @@ impl Rng {
                     "atMs",
                     "details",
                     "x",
-                ];
-                Value::Object(
-                    (0..self.below(5))
-                        .map(|_| {
-                            (
-                                keys[self.below(keys.len() as u64) as usize].to_string(),
-                                self.json(depth - 1),
-                            )
-                        })
-                        .collect(),
-                )
-            }
+                ])
+                .collect();
+            Value::Object(
+                (0..rng.below(5))
+                    .map(|_| (rng.pick(&keys).to_string(), random_json(rng, depth - 1)))
+                    .collect(),
+            )
         }
     }
 }
@@ -313,7 +308,7 @@ fn hostile_json_to_every_json_function_is_refused_with_a_code_and_writes_nothing
     let (mut cases, mut accepted) = (0, 0);
     for sql in JSON_FUNCTIONS {
         for _ in 0..120 {
-            let value = rng.json(4);
+            let value = random_json(&mut rng, 4);
             accepted += hostile_call(&mut c, sql, &value) as usize;
             cases += 1;
         }
@@ -322,20 +317,12 @@ fn hostile_json_to_every_json_function_is_refused_with_a_code_and_writes_nothing
     let valid = doc("near", json!([chg("tasks", "t1")]), Some(V));
     for i in 0..400 {
         let mut d = valid.clone();
-        let value = rng.json(3);
+        let value = random_json(&mut rng, 3);
         if i % 2 == 0 {
-            let key = [
-                "clientId",
-                "clientCommitId",
-                "actorId",
-                "createdAtMs",
-                "writerVersion",
-                "changes",
-            ][rng.below(6) as usize];
+            let key = *rng.pick(&COMMIT_KEYS);
             d[key] = value;
         } else {
-            let key =
-                ["table", "rowId", "op", "rowVersion", "scopes", "payload"][rng.below(6) as usize];
+            let key = *rng.pick(&["table", "rowId", "op", "rowVersion", "scopes", "payload"]);
             d["changes"][0][key] = value;
         }
         d["clientCommitId"] = json!(format!("near-{i}"));
@@ -480,15 +467,11 @@ fn crafted_hostile_inputs() {
         &[],
     )
     .unwrap();
-    let rows: Vec<String> = c
-        .query(
-            "SELECT row_id FROM syncular.scan_rows('part-1', $1, '{\"k\":[\"v\"]}', NULL, 10)",
-            &[&evil],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let rows: Vec<String> = column(
+        &mut c,
+        "SELECT row_id FROM syncular.scan_rows('part-1', $1, '{\"k\":[\"v\"]}', NULL, 10)",
+        &[&evil],
+    );
     assert_eq!(rows, vec!["w1"]);
     assert_eq!(
         count(&mut c, "public.tasks"),

@@ -418,14 +418,11 @@ fn win_04_a_commit_is_never_split() {
     commit_with(&mut c, json!([chg("tasks", "d")]));
     let f = filter("project_id", &["p1"]);
     let changes = |c: &mut postgres::Client, lim: i32| -> Vec<i64> {
-        c.query(
+        column(
+            c,
             "SELECT commit_seq FROM syncular.read_commit_window($1, 'tasks', $2, 0, 2, $3)",
             &[&P, &f, &lim],
         )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect()
     };
     assert_eq!(changes(&mut c, 2), vec![1, 1, 1]);
     assert_eq!(changes(&mut c, 4), vec![1, 1, 1, 2]);
