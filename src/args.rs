@@ -192,6 +192,51 @@ pub fn json_text(text: &str) -> Option<&str> {
     (container && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()).then_some(text)
 }
 
+/// Runs `body` on the root of the required jsonb argument `name`, read in its binary form
+/// ([`crate::jsonb`]): over the argument caps → `too_large`, nested deeper than
+/// [`crate::jsonb::MAX_DEPTH`] → `too_deep`. A document bound as a jsonb string holding the text
+/// of an object or array is read as that text, as [`unwrap_json_text`] does for parsed ones.
+pub fn with_jsonb<R>(
+    name: &str,
+    document: Option<crate::jsonb::JsonbArg>,
+    body: impl FnOnce(crate::jsonb::Node<'_>) -> Result<R>,
+) -> Result<R> {
+    use crate::jsonb::{JsonbArg, Node};
+    let document = required(name, document)?;
+    let root = jsonb_root(name, &document)?;
+    let reparsed;
+    let root = match root {
+        Node::String(text) => match std::str::from_utf8(text).ok().and_then(json_text) {
+            Some(text) => {
+                reparsed =
+                    JsonbArg::parse(text).ok_or_else(|| Error::invalid_argument(name, "type"))?;
+                jsonb_root(name, &reparsed)?
+            }
+            None => root,
+        },
+        _ => root,
+    };
+    body(root)
+}
+
+fn jsonb_root<'a>(
+    name: &str,
+    document: &'a crate::jsonb::JsonbArg,
+) -> Result<crate::jsonb::Node<'a>> {
+    if document.over_limits() {
+        return Err(Error::invalid_argument(name, "too_large"));
+    }
+    let unreadable = |_| Error::invalid_argument(name, "type");
+    let container = document.container().map_err(unreadable)?;
+    if container
+        .nests_deeper_than(crate::jsonb::MAX_DEPTH)
+        .map_err(unreadable)?
+    {
+        return Err(Error::invalid_argument(name, "too_deep"));
+    }
+    container.root().map_err(unreadable)
+}
+
 /// A required jsonb argument, unwrapped.
 pub fn json(name: &str, value: Option<JsonArg>) -> Result<Value> {
     Ok(unwrap_json_text(required(name, value)?.value(name)?))

@@ -9,7 +9,7 @@
 
 use crate::args;
 use crate::error::{Error, Result};
-use crate::jsonb::{self, numeric_integer, Integer, JsonbArg, Malformed, Node, RawJsonb};
+use crate::jsonb::{self, given, JsonbArg, Malformed, Node, RawJsonb};
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine;
 use std::collections::BTreeSet;
@@ -102,31 +102,13 @@ fn utf8<'a>(bytes: &'a [u8], at: At<'_>) -> Result<&'a str> {
     std::str::from_utf8(bytes).or_else(|_| at.fail("type"))
 }
 
-/// A present, non-null value.
-fn given(node: Option<Node<'_>>) -> Option<Node<'_>> {
-    node.filter(|n| !matches!(n, Node::Null))
-}
-
 fn string<'a>(node: Option<Node<'a>>, at: At<'_>, non_empty: bool) -> Result<&'a str> {
-    match given(node) {
-        None => at.fail("missing"),
-        Some(Node::String(s)) if non_empty && s.is_empty() => at.fail("empty"),
-        Some(Node::String(s)) => utf8(s, at),
-        Some(_) => at.fail("type"),
-    }
+    jsonb::string_field(node, non_empty).or_else(|reason| at.fail(reason))
 }
 
 /// An optional integer `>= min`; absent or null is `None`.
 fn integer(node: Option<Node<'_>>, at: At<'_>, min: i64) -> Result<Option<i64>> {
-    match given(node) {
-        None => Ok(None),
-        Some(Node::Number(n)) => match readable(numeric_integer(n))? {
-            Integer::Safe(v) if v >= min => Ok(Some(v)),
-            Integer::Safe(_) | Integer::Unsafe => at.fail("range"),
-            Integer::Fractional => at.fail("type"),
-        },
-        Some(_) => at.fail("type"),
-    }
+    jsonb::integer_field(node, (min, crate::limits::MAX_SAFE)).or_else(|reason| at.fail(reason))
 }
 
 type Scopes<'a> = (Vec<(&'a str, &'a str)>, RawJsonb<'a>);
@@ -248,36 +230,7 @@ pub fn with_commit<R>(
     document: Option<JsonbArg>,
     body: impl FnOnce(&Commit<'_>) -> Result<R>,
 ) -> Result<R> {
-    let document = args::required("commit", document)?;
-    let root = read_root(&document)?;
-    let reparsed;
-    let root = match root {
-        Node::String(text) => match std::str::from_utf8(text).ok().and_then(args::json_text) {
-            Some(text) => {
-                reparsed = JsonbArg::parse(text)
-                    .ok_or_else(|| Error::invalid_argument("commit", "type"))?;
-                read_root(&reparsed)?
-            }
-            None => root,
-        },
-        _ => root,
-    };
-    body(&decode(root)?)
-}
-
-fn read_root(document: &JsonbArg) -> Result<Node<'_>> {
-    if document.over_limits() {
-        return Err(Error::invalid_argument("commit", "too_large"));
-    }
-    let unreadable = |_| Error::invalid_argument("commit", "type");
-    let container = document.container().map_err(unreadable)?;
-    if container
-        .nests_deeper_than(jsonb::MAX_DEPTH)
-        .map_err(unreadable)?
-    {
-        return Err(Error::invalid_argument("commit", "too_deep"));
-    }
-    container.root().map_err(unreadable)
+    args::with_jsonb("commit", document, |root| body(&decode(root)?))
 }
 
 #[cfg(any(test, feature = "pg_test"))]

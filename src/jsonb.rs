@@ -40,8 +40,8 @@ pub struct Container<'a> {
 #[derive(Clone, Copy)]
 pub enum Node<'a> {
     Null,
-    /// `true` or `false` (no caller needs which).
-    Bool,
+    /// `true` or `false`.
+    Bool(bool),
     /// A `numeric` varlena (header included).
     Number(&'a [u8]),
     /// The string's bytes in the database encoding.
@@ -115,7 +115,8 @@ impl<'a> Container<'a> {
         Ok(match entry & JENTRY_TYPEMASK {
             JENTRY_ISSTRING => Node::String(slice(start)?),
             JENTRY_ISNUMERIC => Node::Number(slice(int_align(start))?),
-            JENTRY_ISBOOL_FALSE | JENTRY_ISBOOL_TRUE => Node::Bool,
+            JENTRY_ISBOOL_FALSE => Node::Bool(false),
+            JENTRY_ISBOOL_TRUE => Node::Bool(true),
             JENTRY_ISNULL => Node::Null,
             JENTRY_ISCONTAINER => {
                 let inner = Container::new(slice(int_align(start))?)?;
@@ -219,6 +220,136 @@ impl<'a> Container<'a> {
     /// `JsonbValueToJsonb` makes of a binary sub-value).
     pub fn to_jsonb(self) -> RawJsonb<'a> {
         RawJsonb(self.bytes)
+    }
+}
+
+/// Why a member of a JSON argument is refused: a `reason` of docs/API.md §Errors.
+pub type Reason = &'static str;
+
+/// A present, non-null value.
+pub fn given(node: Option<Node<'_>>) -> Option<Node<'_>> {
+    node.filter(|n| !matches!(n, Node::Null))
+}
+
+/// A required string member: `missing` (absent or null), `empty` (when `non_empty`), `type`.
+pub fn string_field(node: Option<Node<'_>>, non_empty: bool) -> std::result::Result<&str, Reason> {
+    match given(node) {
+        None => Err("missing"),
+        Some(Node::String(s)) if non_empty && s.is_empty() => Err("empty"),
+        Some(Node::String(s)) => std::str::from_utf8(s).map_err(|_| "type"),
+        Some(_) => Err("type"),
+    }
+}
+
+/// An integer member in `min..=max`, `None` when absent or null: `range` (outside, or not a
+/// safe integer), `type` (not a number, or fractional).
+pub fn integer_field(
+    node: Option<Node<'_>>,
+    (min, max): (i64, i64),
+) -> std::result::Result<Option<i64>, Reason> {
+    match given(node) {
+        None => Ok(None),
+        Some(Node::Number(n)) => match numeric_integer(n).map_err(|_| "type")? {
+            Integer::Safe(v) if (min..=max).contains(&v) => Ok(Some(v)),
+            Integer::Safe(_) | Integer::Unsafe => Err("range"),
+            Integer::Fractional => Err("type"),
+        },
+        Some(_) => Err("type"),
+    }
+}
+
+/// What [`bounds`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Bounds {
+    Within,
+    /// The compact text is longer than allowed.
+    TooLarge,
+    /// A value sits deeper than allowed.
+    TooDeep,
+}
+
+/// Size and depth of a stored JSON document (docs/API.md, `enqueue_reactions`): its compact
+/// text — PostgreSQL's jsonb output without the blank after each `:` and `,` — over
+/// `max_bytes` is `TooLarge` (checked first); a value at depth over `max_depth` (the document
+/// itself at 0) is `TooDeep`. Computed from the binary form, without printing it.
+/// The recursion is bounded by the depth check of the whole argument ([`read_argument`]).
+pub fn bounds(node: Node<'_>, max_bytes: usize, max_depth: usize) -> Read<Bounds> {
+    let mut size = 0usize;
+    let mut deepest = 0usize;
+    walk(node, 0, &mut size, &mut deepest, max_bytes)?;
+    Ok(if size > max_bytes {
+        Bounds::TooLarge
+    } else if deepest > max_depth {
+        Bounds::TooDeep
+    } else {
+        Bounds::Within
+    })
+}
+
+/// Adds `node`'s compact text length to `size` (stopping once over `cap`) and records the
+/// deepest depth seen.
+fn walk(
+    node: Node<'_>,
+    depth: usize,
+    size: &mut usize,
+    deepest: &mut usize,
+    cap: usize,
+) -> Read<()> {
+    *deepest = (*deepest).max(depth);
+    let (container, object) = match node {
+        Node::Array(c) => (c, false),
+        Node::Object(c) => (c, true),
+        scalar => {
+            *size += match scalar {
+                Node::Null | Node::Bool(true) => 4,
+                Node::Bool(false) => 5,
+                Node::Number(n) => numeric_text_len(n)?,
+                Node::String(s) => escaped_len(s),
+                Node::Array(_) | Node::Object(_) => 0,
+            };
+            return Ok(());
+        }
+    };
+    // Brackets, and a separator between entries: `,` between elements or pairs, `:` in pairs.
+    let n = container.len();
+    *size += 2 + n.saturating_sub(1) + if object { n } else { 0 };
+    for child in container.children() {
+        if *size > cap {
+            return Ok(());
+        }
+        let child = child?;
+        // An object's keys come first; they sit at the object's own depth plus one, as its values.
+        walk(child, depth + 1, size, deepest, cap)?;
+    }
+    Ok(())
+}
+
+/// Length of a string as `escape_json` prints it (quotes included).
+fn escaped_len(s: &[u8]) -> usize {
+    2 + s
+        .iter()
+        .map(|&b| match b {
+            b'"' | b'\\' | 0x08 | 0x0C | b'\n' | b'\r' | b'\t' => 2,
+            0..=0x1F => 6,
+            _ => 1,
+        })
+        .sum::<usize>()
+}
+
+/// Length of a `numeric`'s text (`numeric_out`).
+fn numeric_text_len(varlena: &[u8]) -> Read<usize> {
+    // SAFETY: `varlena` is a complete numeric varlena (header included, 4-byte aligned as jsonb
+    // stores numerics) inside a detoasted jsonb datum PostgreSQL built, alive for the call;
+    // `numeric_out` detoasts its argument and returns a palloc'd C string, freed with the
+    // call's memory context.
+    unsafe {
+        let text: *const std::ffi::c_char = pgrx::direct_function_call_as_datum(
+            pg_sys::numeric_out,
+            &[Some(pg_sys::Datum::from(varlena.as_ptr()))],
+        )
+        .ok_or(Malformed)?
+        .cast_mut_ptr();
+        Ok(std::ffi::CStr::from_ptr(text).to_bytes().len())
     }
 }
 
@@ -510,5 +641,82 @@ unsafe impl pgrx::callconv::BoxRet for OwnedJsonb {
             Some(datum) => unsafe { fcinfo.return_raw_datum(datum) },
             None => fcinfo.return_null(),
         }
+    }
+}
+
+/// In-backend tests (`cargo pgrx test`): the readers run on real `jsonb` values.
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::*;
+    use pgrx::prelude::*;
+
+    /// PostgreSQL's output of `text` as jsonb, without the blank after each `:` and `,` outside
+    /// strings: the compact text [`bounds`] measures.
+    fn compact(text: &str) -> String {
+        let printed = Spi::get_one_with_args::<String>("SELECT $1::jsonb::text", &[text.into()])
+            .unwrap()
+            .unwrap();
+        let (mut out, mut in_string, mut escaped, mut skip) = (String::new(), false, false, false);
+        for c in printed.chars() {
+            if skip && c == ' ' {
+                skip = false;
+                continue;
+            }
+            skip = false;
+            if in_string {
+                in_string = c != '"' || escaped;
+                escaped = c == '\\' && !escaped;
+            } else if c == '"' {
+                in_string = true;
+            } else if c == ':' || c == ',' {
+                skip = true;
+            }
+            out.push(c);
+        }
+        out
+    }
+
+    fn measured(text: &str, max_bytes: usize, max_depth: usize) -> Bounds {
+        let arg = JsonbArg::parse(text).expect("valid jsonb");
+        let root = arg.container().and_then(|c| c.root()).expect("readable");
+        bounds(root, max_bytes, max_depth).expect("bounded")
+    }
+
+    /// The size of every document is its compact text's, to the byte: at the limit it is
+    /// within, one byte less is too large. Strings with every escape, numbers as `numeric`
+    /// prints them (scale kept, huge and tiny magnitudes), keys, empty containers.
+    #[pg_test]
+    fn bounds_measure_the_compact_text() {
+        let docs = [
+            r#"{}"#,
+            r#"[]"#,
+            r#"[null, true, false]"#,
+            r#"{"a": 1, "bb": [1.10, -0, 0.000001, 1e-7, 12345678901234567890123]}"#,
+            r#"[1e400]"#,
+            r#"{"s": "quote \" backslash \\ slash / \b\f\n\r\t \u0001 \u001f é 😀 \u2028"}"#,
+            r#"{"k \" \\ \n": {"": [[], {}, [{}]]}}"#,
+            r#"[[[[[[1]]]]], "x", {"y": {"z": null}}]"#,
+            r#"{"a": {"a": {"a": {"a": 1}}}, "b": [1, [2, [3, [4]]]]}"#,
+        ];
+        for doc in docs {
+            let size = compact(doc).len();
+            assert_eq!(measured(doc, size, 64), Bounds::Within, "{doc}");
+            assert_eq!(measured(doc, size - 1, 64), Bounds::TooLarge, "{doc}");
+        }
+    }
+
+    /// Depth as upstream counts it: the document is at depth 0, each value inside a container
+    /// one deeper; a too large document is reported as such even when also too deep.
+    #[pg_test]
+    fn bounds_measure_depth() {
+        let nested = |n: usize, inner: &str| "[".repeat(n) + inner + &"]".repeat(n);
+        assert_eq!(measured(&nested(16, "1"), 1000, 16), Bounds::Within);
+        assert_eq!(measured(&nested(17, "1"), 1000, 16), Bounds::TooDeep);
+        assert_eq!(measured(&nested(17, ""), 1000, 16), Bounds::Within);
+        assert_eq!(measured(&nested(18, ""), 1000, 16), Bounds::TooDeep);
+        let objects = r#"{"a":"#.repeat(17) + "1" + &"}".repeat(17);
+        assert_eq!(measured(&objects, 1000, 16), Bounds::TooDeep);
+        assert_eq!(measured(&objects, 10, 16), Bounds::TooLarge);
     }
 }

@@ -6,14 +6,17 @@
 use crate::args::{self, MAX_SAFE};
 use crate::db;
 use crate::error::{self, Code, Error, Result};
-use crate::jsonb::OwnedJsonb;
+use crate::jsonb::{self, Bounds, JsonbArg, Node, OwnedJsonb, RawJsonb, Reason};
 use crate::limits;
 use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 use pgrx::spi::SpiTupleTable;
 use pgrx::JsonB;
+use pgrx::PgSqlErrorCode;
 use serde_json::{json, Value};
 use std::collections::HashSet;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
 const MAX_PAYLOAD_BYTES: usize = 65_536;
 const MAX_DETAILS_BYTES: usize = 8_192;
@@ -108,128 +111,183 @@ fn valid_type(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || "._:-".contains(c))
 }
 
-/// One validated reaction, as its columns.
-struct NewReaction {
-    key: String,
-    kind: String,
+/// One validated reaction, as its columns, borrowed from the argument.
+struct NewReaction<'a> {
+    key: &'a str,
+    kind: &'a str,
     version: i32,
-    /// The payload's compact JSON text.
-    payload: String,
-    source_client: String,
-    source_commit: String,
+    /// The payload's binary form: stored as it came, never printed and parsed again.
+    payload: RawJsonb<'a>,
+    source_client: &'a str,
+    source_commit: &'a str,
     source_seq: i64,
     created: i64,
     max_attempts: i32,
 }
 
-/// Validates one reaction (keys in the order of docs/API.md, `enqueue_reactions`).
-fn reaction(value: &Value, i: usize) -> Result<NewReaction> {
-    let at = |key: &str| format!("reactions[{i}].{key}");
-    let Value::Object(obj) = value else {
-        return Err(Error::invalid_argument(&format!("reactions[{i}]"), "type"));
+/// The members of a reaction, in the order they are checked (docs/API.md, `enqueue_reactions`).
+const REACTION_KEYS: [&str; 9] = [
+    "idempotencyKey",
+    "type",
+    "version",
+    "payload",
+    "sourceClientId",
+    "sourceClientCommitId",
+    "sourceCommitSeq",
+    "createdAtMs",
+    "maxAttempts",
+];
+
+/// Validates one reaction of the binary argument: the first offending key in the table's order
+/// (docs/API.md, `enqueue_reactions`).
+fn reaction(node: Node<'_>, i: usize) -> Result<NewReaction<'_>> {
+    let at = |key: &str, reason: Reason| {
+        Error::invalid_argument(&format!("reactions[{i}].{key}"), reason)
     };
-    let key = args::json_string_field(obj, "idempotencyKey", &at("idempotencyKey"))?;
-    if key.is_empty() {
-        return Err(Error::invalid_argument(&at("idempotencyKey"), "empty"));
-    }
-    let kind = args::json_string_field(obj, "type", &at("type"))?;
-    if !valid_type(&kind) {
-        return Err(Error::invalid_argument(&at("type"), "shape"));
+    let element = |_| Error::invalid_argument(&format!("reactions[{i}]"), "type");
+    let Node::Object(obj) = node else {
+        return Err(element(()));
+    };
+    let [key, kind, version, payload, client, commit, seq, created, attempts] =
+        obj.fields(REACTION_KEYS).map_err(|_| element(()))?;
+    let string = |node, name, non_empty| {
+        jsonb::string_field(node, non_empty).map_err(|reason| at(name, reason))
+    };
+    let integer = |node, name, bounds, default: Option<i64>| {
+        jsonb::integer_field(node, bounds)
+            .map_err(|reason| at(name, reason))?
+            .or(default)
+            .ok_or_else(|| at(name, "missing"))
+    };
+    let key = string(key, "idempotencyKey", true)?;
+    let kind = string(kind, "type", false)?;
+    if !valid_type(kind) {
+        return Err(at("type", "shape"));
     }
     if kind.len() > MAX_TYPE_BYTES {
-        return Err(Error::invalid_argument(&at("type"), "too_large"));
+        return Err(at("type", "too_large"));
     }
-    let version = args::json_int_field(obj, "version", &at("version"), (1, i32::MAX as i64), None)?;
-    let payload = match obj.get("payload") {
-        None | Some(Value::Null) => return Err(Error::invalid_argument(&at("payload"), "missing")),
-        Some(p @ (Value::Object(_) | Value::Array(_))) => p,
-        Some(_) => return Err(Error::invalid_argument(&at("payload"), "type")),
+    let version = integer(version, "version", (1, i32::MAX as i64), None)?;
+    let payload = match jsonb::given(payload) {
+        None => return Err(at("payload", "missing")),
+        Some(p @ (Node::Object(_) | Node::Array(_))) => p,
+        Some(_) => return Err(at("payload", "type")),
     };
-    let payload = bounded(payload, &at("payload"), MAX_PAYLOAD_BYTES)?;
-    let source_client = args::json_string_field(obj, "sourceClientId", &at("sourceClientId"))?;
-    let source_commit =
-        args::json_string_field(obj, "sourceClientCommitId", &at("sourceClientCommitId"))?;
-    let source_seq = args::json_int_field(
-        obj,
-        "sourceCommitSeq",
-        &at("sourceCommitSeq"),
-        (0, MAX_SAFE),
-        None,
-    )?;
-    let created =
-        args::json_int_field(obj, "createdAtMs", &at("createdAtMs"), (0, MAX_SAFE), None)?;
-    let max_attempts =
-        args::json_int_field(obj, "maxAttempts", &at("maxAttempts"), (1, 100), Some(10))?;
+    match jsonb::bounds(payload, MAX_PAYLOAD_BYTES, MAX_DEPTH).map_err(|_| element(()))? {
+        Bounds::Within => {}
+        Bounds::TooLarge => return Err(at("payload", "too_large")),
+        Bounds::TooDeep => return Err(at("payload", "too_deep")),
+    }
+    let (Node::Object(payload) | Node::Array(payload)) = payload else {
+        return Err(at("payload", "type"));
+    };
     Ok(NewReaction {
         key,
         kind,
         version: version as i32,
-        payload,
-        source_client,
-        source_commit,
-        source_seq,
-        created,
-        max_attempts: max_attempts as i32,
+        payload: payload.to_jsonb(),
+        source_client: string(client, "sourceClientId", false)?,
+        source_commit: string(commit, "sourceClientCommitId", false)?,
+        source_seq: integer(seq, "sourceCommitSeq", (0, MAX_SAFE), None)?,
+        created: integer(created, "createdAtMs", (0, MAX_SAFE), None)?,
+        max_attempts: integer(attempts, "maxAttempts", (1, 100), Some(10))? as i32,
     })
+}
+
+/// The key a unique violation of `sync_reactions`' primary key reports, among `keys`. Its
+/// DETAIL renders the key as `(partition, idempotency_key)=(<partition>, <key>)` (PostgreSQL's
+/// index value description, built without translation). Another key's rendering can occur in
+/// it only inside the reported one (a key that contains `=(<partition>, <other>)`), so the
+/// longest key whose rendering it contains is the reported one. Anything else (another error,
+/// no DETAIL) is not ours to rename.
+fn existing_key<'k>(
+    panic: &(dyn std::any::Any + Send),
+    partition: &str,
+    keys: &[&'k str],
+) -> Option<&'k str> {
+    let Some(CaughtError::PostgresError(report)) = panic.downcast_ref::<CaughtError>() else {
+        return None;
+    };
+    if report.sql_error_code() != PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION {
+        return None;
+    }
+    let detail = report.detail()?;
+    keys.iter()
+        .filter(|key| detail.contains(&format!("=({partition}, {key})")))
+        .max_by_key(|key| key.len())
+        .copied()
 }
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn enqueue_reactions(partition: Option<&str>, reactions: Option<args::JsonArg>) -> i32 {
+fn enqueue_reactions(partition: Option<&str>, reactions: Option<JsonbArg>) -> i32 {
     error::run(|| {
         let partition = args::text("partition", partition)?;
-        let Value::Array(items) = args::json("reactions", reactions)? else {
-            return Err(Error::invalid_argument("reactions", "type"));
-        };
-        let rows = items
-            .iter()
-            .enumerate()
-            .map(|(i, r)| reaction(r, i))
-            .collect::<Result<Vec<_>>>()?;
-        drop(items);
-        let duplicate =
-            |key: &str| Error::new(Code::ReactionDuplicate, json!({ "idempotencyKey": key }));
-        let mut seen = HashSet::new();
-        if let Some(r) = rows.iter().find(|r| !seen.insert(r.key.as_str())) {
-            return Err(duplicate(&r.key));
-        }
-        let count = rows.len();
-        // One array per column: each payload's text goes to `jsonb_in` once (docs/DESIGN.md §8).
-        let mut keys = Vec::with_capacity(count);
-        let (mut kinds, mut versions, mut payloads) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut clients, mut commits, mut seqs) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut created, mut max_attempts) = (Vec::new(), Vec::new());
-        for r in rows {
-            keys.push(r.key);
-            kinds.push(r.kind);
-            versions.push(r.version);
-            payloads.push(r.payload);
-            clients.push(r.source_client);
-            commits.push(r.source_commit);
-            seqs.push(r.source_seq);
-            created.push(r.created);
-            max_attempts.push(r.max_attempts);
-        }
+        args::with_jsonb("reactions", reactions, |root| enqueue(&partition, root))
+    })
+}
+
+/// `enqueue_reactions` on the argument's binary form: each payload goes to the table as the
+/// jsonb bytes it came in (docs/DESIGN.md §8, "Enqueue").
+fn enqueue(partition: &str, root: Node<'_>) -> Result<i32> {
+    let Node::Array(items) = root else {
+        return Err(Error::invalid_argument("reactions", "type"));
+    };
+    let rows = items
+        .children()
+        .enumerate()
+        .map(|(i, item)| {
+            reaction(
+                item.map_err(|_| Error::invalid_argument("reactions", "type"))?,
+                i,
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let duplicate =
+        |key: &str| Error::new(Code::ReactionDuplicate, json!({ "idempotencyKey": key }));
+    let mut seen = HashSet::new();
+    if let Some(r) = rows.iter().find(|r| !seen.insert(r.key)) {
+        return Err(duplicate(r.key));
+    }
+    let count = rows.len();
+    // One array per column, bound once.
+    let mut keys = Vec::with_capacity(count);
+    let (mut kinds, mut versions, mut payloads) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut clients, mut commits, mut seqs) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut created, mut max_attempts) = (Vec::new(), Vec::new());
+    for r in rows {
+        keys.push(r.key);
+        kinds.push(r.kind);
+        versions.push(r.version);
+        payloads.push(r.payload);
+        clients.push(r.source_client);
+        commits.push(r.source_commit);
+        seqs.push(r.source_seq);
+        created.push(r.created);
+        max_attempts.push(r.max_attempts);
+    }
+    // A plain INSERT, rows in array order (the set-returning functions of the select list
+    // run in lockstep, one row each per call): the unique check waits for an uncommitted
+    // insert of the same key by another transaction and then fails at the first element
+    // whose key exists, which is the one to name. ON CONFLICT DO NOTHING would find it too,
+    // at about a third of the statement's time (docs/DESIGN.md §8, "Enqueue").
+    let inserted = catch_unwind(AssertUnwindSafe(|| {
         db::with_spi(|client| {
-            let inserted: HashSet<String> = db::write(
+            db::write_generic(
                 client,
                 "INSERT INTO syncular.sync_reactions
                    (partition, idempotency_key, type, version, payload, source_client_id,
-                    source_client_commit_id, source_commit_seq, created_at_ms, available_at_ms,
-                    status, attempts, max_attempts)
-                 SELECT $1, r.key, r.type, r.version, r.payload::jsonb, r.client, r.commit,
-                        r.seq, r.created, r.created, 'pending', 0, r.max_attempts
-                   FROM ROWS FROM (pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]),
-                        pg_catalog.unnest($4::integer[]), pg_catalog.unnest($5::text[]),
+                    source_client_commit_id, source_commit_seq, created_at_ms,
+                    available_at_ms, status, attempts, max_attempts)
+                 SELECT $1, pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]),
+                        pg_catalog.unnest($4::integer[]),
+                        pg_catalog.unnest($5::jsonb[]),
                         pg_catalog.unnest($6::text[]), pg_catalog.unnest($7::text[]),
                         pg_catalog.unnest($8::bigint[]), pg_catalog.unnest($9::bigint[]),
-                        pg_catalog.unnest($10::integer[]))
-                        AS r(key, type, version, payload, client, commit, seq, created,
-                             max_attempts)
-                 ON CONFLICT DO NOTHING
-                 RETURNING idempotency_key",
+                        pg_catalog.unnest($9::bigint[]), 'pending', 0,
+                        pg_catalog.unnest($10::integer[])",
                 &[
-                    DatumWithOid::from(partition.as_str()),
+                    DatumWithOid::from(partition),
                     DatumWithOid::from(keys.clone()),
                     DatumWithOid::from(kinds),
                     DatumWithOid::from(versions),
@@ -240,16 +298,18 @@ fn enqueue_reactions(partition: Option<&str>, reactions: Option<args::JsonArg>) 
                     DatumWithOid::from(created),
                     DatumWithOid::from(max_attempts),
                 ],
-            )?
-            .map(|row| Ok(row.get::<String>(1)?.unwrap_or_default()))
-            .collect::<Result<_>>()?;
-            // The first element (array order) whose key already existed: the call fails whole.
-            if let Some(existing) = keys.iter().find(|k| !inserted.contains(*k)) {
-                return Err(duplicate(existing));
-            }
-            Ok(count as i32)
+            )
+            .map(|_| ())
         })
-    })
+    }));
+    match inserted {
+        Ok(done) => done.map(|()| count as i32),
+        Err(panic) => match existing_key(panic.as_ref(), partition, &keys) {
+            // The transaction is aborting: nothing more is read, the error is replaced.
+            Some(key) => Err(duplicate(key)),
+            None => resume_unwind(panic),
+        },
+    }
 }
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]

@@ -508,3 +508,88 @@ fn rxn_15_documents_of_every_row_shape() {
     );
     assert_eq!(claimed, docs(&claimable));
 }
+
+fn enqueue_keys(c: &mut postgres::Client, p: &str, keys: &[&str]) -> Result<i32, postgres::Error> {
+    let list: Vec<Value> = keys.iter().map(|k| reaction(1, k)).collect();
+    try_one(
+        c,
+        "SELECT syncular.enqueue_reactions($1, $2)",
+        &[&p, &Value::Array(list)],
+    )
+}
+
+fn duplicate_of(result: Result<i32, postgres::Error>, key: &str) {
+    expect_error(
+        result,
+        "SY050",
+        "sync.storage.reaction_duplicate",
+        Some(json!({ "idempotencyKey": key })),
+    );
+}
+
+/// RXN-16: a duplicate names the first element (array order) whose key exists — also when keys
+/// and partition hold the characters PostgreSQL's key description uses (`, ` and `)`), and when
+/// one key's description contains another's — and writes nothing.
+#[test]
+fn rxn_16_duplicates_name_the_first_existing_key() {
+    let db = TestDb::new("rxn16");
+    let mut c = db.connect();
+    let p = "part, 2)";
+    assert_eq!(
+        enqueue_keys(&mut c, p, &[RKEY, "k)", "e1", "e2"]).unwrap(),
+        4
+    );
+    duplicate_of(enqueue_keys(&mut c, p, &["n1", "e2", "e1"]), "e2");
+    duplicate_of(enqueue_keys(&mut c, p, &["n1", RKEY]), RKEY);
+    // "k" is new and inserted first; "k)"'s description `=(part, 2), k))` contains "k"'s.
+    duplicate_of(enqueue_keys(&mut c, p, &["k", "k)"]), "k)");
+    duplicate_of(enqueue_keys(&mut c, P, &["n1", "n1"]), "n1");
+    assert_eq!(
+        count(
+            &mut c,
+            "syncular.sync_reactions WHERE idempotency_key IN ('n1', 'k')"
+        ),
+        0
+    );
+    assert_eq!(count(&mut c, "syncular.sync_reactions"), 4);
+}
+
+/// RXN-16 [MS]: an uncommitted insert of a key by another transaction is waited for: its commit
+/// makes the waiting call a duplicate of that key with nothing inserted; its rollback lets the
+/// waiting call insert everything.
+#[test]
+fn rxn_16_an_uncommitted_key_is_waited_for() {
+    let db = TestDb::new("rxn16ms");
+    for commit in [true, false] {
+        let mut s1 = db.connect();
+        let mut tx = s1.transaction().unwrap();
+        let held = if commit { "held-c" } else { "held-r" };
+        let fresh = if commit { "fresh-c" } else { "fresh-r" };
+        let _: i32 = tx
+            .query_one(
+                "SELECT syncular.enqueue_reactions($1, $2)",
+                &[&P, &json!([reaction(1, held)])],
+            )
+            .unwrap()
+            .get(0);
+        let mut s2 = db.connect();
+        let pid = backend_pid(&mut s2);
+        let waiter = thread::spawn(move || enqueue_keys(&mut s2, P, &[fresh, held]));
+        let mut observer = db.connect();
+        wait_until_blocked(&mut observer, pid);
+        if commit {
+            tx.commit().unwrap();
+            duplicate_of(waiter.join().unwrap(), held);
+        } else {
+            tx.rollback().unwrap();
+            assert_eq!(waiter.join().unwrap().unwrap(), 2);
+        }
+    }
+    let mut c = db.connect();
+    let keys = column::<String>(
+        &mut c,
+        "SELECT idempotency_key FROM syncular.sync_reactions ORDER BY 1",
+        &[],
+    );
+    assert_eq!(keys, ["fresh-r", "held-c", "held-r"]);
+}
