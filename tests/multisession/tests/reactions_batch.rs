@@ -507,6 +507,25 @@ fn rxn_15_documents_of_every_row_shape() {
         &[&P, &now],
     );
     assert_eq!(claimed, docs(&claimable));
+    // Enqueued payloads are stored as the jsonb they came in: numbers keep their digits.
+    let _: i32 = one(
+        &mut c,
+        r#"SELECT syncular.enqueue_reactions('num', jsonb_build_array(
+             jsonb_build_object('idempotencyKey', 'n', 'type', 'email.send', 'version', 1,
+               'payload', '{"n": 1.10, "big": 12345678901234567890123, "e": 1e2}'::jsonb,
+               'sourceClientId', 'c1', 'sourceClientCommitId', 'commit-1',
+               'sourceCommitSeq', 1, 'createdAtMs', 1750000000000)))"#,
+        &[],
+    );
+    let payload: String = one(
+        &mut c,
+        "SELECT (syncular.get_reaction('num', 'n') -> 'payload')::text",
+        &[],
+    );
+    assert_eq!(
+        payload,
+        r#"{"e": 100, "n": 1.10, "big": 12345678901234567890123}"#
+    );
 }
 
 fn enqueue_keys(c: &mut postgres::Client, p: &str, keys: &[&str]) -> Result<i32, postgres::Error> {
