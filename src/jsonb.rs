@@ -324,16 +324,44 @@ fn walk(
     Ok(())
 }
 
-/// Length of a string as `escape_json` prints it (quotes included).
+/// The two-character escape `escape_json` prints for `c`, if it has one.
+fn short_escape(c: char) -> Option<&'static str> {
+    Some(match c {
+        '"' => "\\\"",
+        '\\' => "\\\\",
+        '\u{08}' => "\\b",
+        '\u{0C}' => "\\f",
+        '\n' => "\\n",
+        '\r' => "\\r",
+        '\t' => "\\t",
+        _ => return None,
+    })
+}
+
+/// Length of a string as `escape_json` prints it (quotes included): the short escapes, `\u00XX`
+/// for the other control characters, everything else as it is.
 fn escaped_len(s: &[u8]) -> usize {
     2 + s
         .iter()
-        .map(|&b| match b {
-            b'"' | b'\\' | 0x08 | 0x0C | b'\n' | b'\r' | b'\t' => 2,
-            0..=0x1F => 6,
-            _ => 1,
+        .map(|&b| match short_escape(b as char) {
+            Some(_) => 2,
+            None if b < 0x20 => 6,
+            None => 1,
         })
         .sum::<usize>()
+}
+
+/// Appends `s` as a JSON string literal, escaped as `escape_json` does (see [`escaped_len`]).
+pub fn push_escaped(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match short_escape(c) {
+            Some(escape) => out.push_str(escape),
+            None if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            None => out.push(c),
+        }
+    }
+    out.push('"');
 }
 
 /// Length of a `numeric`'s text (`numeric_out`).
@@ -584,6 +612,21 @@ impl IntoDatum for RawJsonb<'_> {
 pub struct OwnedJsonb(Vec<u8>);
 
 impl OwnedJsonb {
+    /// The binary form of a JSON text (`jsonb_in`, which raises on text that is not JSON: the
+    /// callers pass text they wrote); `None` if the text holds a NUL.
+    pub fn from_text(text: &str) -> Option<OwnedJsonb> {
+        let text = std::ffi::CString::new(text).ok()?;
+        // SAFETY: `jsonb_in` takes one NUL-terminated C string, which `text` is and outlives
+        // the call; its result is a palloc'd jsonb datum, copied out right away.
+        unsafe {
+            let datum = pgrx::direct_function_call_as_datum(
+                pg_sys::jsonb_in,
+                &[Some(pg_sys::Datum::from(text.as_ptr()))],
+            )?;
+            OwnedJsonb::from_polymorphic_datum(datum, false, pg_sys::JSONBOID)
+        }
+    }
+
     /// `[]`: an array container with no elements (its header alone).
     pub fn empty_array() -> OwnedJsonb {
         OwnedJsonb(JB_FARRAY.to_ne_bytes().to_vec())
@@ -703,6 +746,30 @@ mod tests {
             let size = compact(doc).len();
             assert_eq!(measured(doc, size, 64), Bounds::Within, "{doc}");
             assert_eq!(measured(doc, size - 1, 64), Bounds::TooLarge, "{doc}");
+        }
+    }
+
+    /// Every string survives [`push_escaped`] and `jsonb_in` unchanged, and is measured as
+    /// PostgreSQL prints it.
+    #[pg_test]
+    fn escaped_strings_round_trip() {
+        let controls: String = (1u8..0x20).map(char::from).collect();
+        for s in [
+            "",
+            "plain",
+            "quote \" back \\ slash /",
+            "é 😀 \u{2028} \u{7f}",
+            &controls,
+        ] {
+            let mut text = String::new();
+            push_escaped(&mut text, s);
+            let parsed = OwnedJsonb::from_text(&text).expect("parses");
+            let root = parsed.container().and_then(|c| c.root()).expect("readable");
+            let Node::String(back) = root else {
+                panic!("{text}")
+            };
+            assert_eq!(back, s.as_bytes(), "{text}");
+            assert_eq!(escaped_len(back), compact(&text).len(), "{text}");
         }
     }
 

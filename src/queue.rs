@@ -11,7 +11,7 @@ use crate::limits;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
-use pgrx::spi::SpiTupleTable;
+use pgrx::spi::{SpiHeapTupleData, SpiTupleTable};
 use pgrx::JsonB;
 use pgrx::PgSqlErrorCode;
 use serde_json::{json, Value};
@@ -23,61 +23,132 @@ const MAX_DETAILS_BYTES: usize = 8_192;
 const MAX_DEPTH: usize = 16;
 const MAX_TYPE_BYTES: usize = 128;
 
-/// A reaction's document (docs/API.md §Reactions), built by SQL from the row `r` as stored:
-/// the payload and failure stay binary jsonb (no text round trip), NULL columns are absent keys.
-macro_rules! reaction_document {
+/// The columns [`documents`] reads, in its order; the JSON columns as jsonb's text output.
+macro_rules! reaction_columns {
     () => {
-        "pg_catalog.jsonb_build_object(
-           'idempotencyKey', r.idempotency_key, 'type', r.type, 'version', r.version,
-           'payload', r.payload, 'sourceClientId', r.source_client_id,
-           'sourceClientCommitId', r.source_client_commit_id,
-           'sourceCommitSeq', r.source_commit_seq, 'createdAtMs', r.created_at_ms,
-           'availableAtMs', r.available_at_ms, 'status', r.status, 'attempts', r.attempts,
-           'maxAttempts', r.max_attempts)
-         || pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
-              'leaseOwner', r.lease_owner, 'leaseExpiresAtMs', r.lease_expires_at_ms,
-              'completedAtMs', r.completed_at_ms))
-         || CASE WHEN r.last_failure IS NULL THEN '{}'::jsonb
-                 ELSE pg_catalog.jsonb_build_object('lastFailure', r.last_failure) END"
+        "r.idempotency_key, r.type, r.version, r.payload::text, r.source_client_id,
+         r.source_client_commit_id, r.source_commit_seq, r.created_at_ms, r.available_at_ms,
+         r.status, r.attempts, r.max_attempts, r.lease_owner, r.lease_expires_at_ms,
+         r.completed_at_ms, r.last_failure::text"
     };
 }
 
-/// Whether the row `r` holds a JSON value as a jsonb string (written by a 0.24 host through a
-/// driver that binds JSON as text): then the document is unwrapped in Rust ([`documents`]).
-macro_rules! reaction_wrapped {
-    () => {
-        "(pg_catalog.jsonb_typeof(r.payload) = 'string'
-          OR pg_catalog.jsonb_typeof(r.last_failure) = 'string')"
-    };
+/// The documents (docs/API.md §Reactions) of rows of [`reaction_columns!`], as one jsonb array.
+/// The JSON text is written here and parsed once by `jsonb_in`: the payload and failure go in
+/// as jsonb printed them, never through a parsed value; NULL columns are absent keys. Building
+/// the documents in SQL instead (`jsonb_build_object`, `jsonb_agg`) costs about twenty
+/// microseconds a document on PostgreSQL 15, which looks up every argument's output function
+/// for every value (docs/DESIGN.md §8, "Reading reactions").
+fn documents(table: SpiTupleTable<'_>) -> Result<OwnedJsonb> {
+    let mut text = String::with_capacity(512 * table.len() + 2);
+    text.push('[');
+    for row in table {
+        if text.len() > 1 {
+            text.push(',');
+        }
+        write_document(&mut text, &row)?;
+    }
+    text.push(']');
+    parsed(&text)
 }
 
-/// The one row of a statement selecting a reaction document (or an array of them) and whether
-/// any of them is string-wrapped. Unwrapped rows — every row the extension wrote — are returned
-/// as SQL built them; a wrapped one is parsed and its `payload` / `lastFailure` unwrapped as
-/// every reader does (data model invariant 15, [`args::unwrap_json_text`]).
-fn documents(table: SpiTupleTable<'_>) -> Result<Option<OwnedJsonb>> {
-    if table.is_empty() {
-        return Ok(None);
-    }
-    let row = table.first();
-    if !row.get::<bool>(2)?.unwrap_or(false) {
-        return Ok(row.get::<OwnedJsonb>(1)?);
-    }
-    let Some(JsonB(mut value)) = row.get::<JsonB>(1)? else {
+/// The document of the first row, if any (see [`documents`]).
+fn document(table: SpiTupleTable<'_>) -> Result<Option<OwnedJsonb>> {
+    let Some(row) = table.into_iter().next() else {
         return Ok(None);
     };
-    let unwrap = |doc: &mut Value| {
-        for key in ["payload", "lastFailure"] {
-            if let Some(v) = doc.get_mut(key) {
-                *v = args::unwrap_json_text(v.take());
+    let mut text = String::with_capacity(512);
+    write_document(&mut text, &row)?;
+    parsed(&text).map(Some)
+}
+
+fn parsed(text: &str) -> Result<OwnedJsonb> {
+    OwnedJsonb::from_text(text)
+        .ok_or_else(|| Error::Internal("syncular: a reaction document did not parse".into()))
+}
+
+/// Appends one row's document as JSON text.
+fn write_document(text: &mut String, row: &SpiHeapTupleData<'_>) -> Result<()> {
+    let string = |at: usize| -> Result<String> { Ok(row.get::<String>(at)?.unwrap_or_default()) };
+    let int = |at: usize| -> Result<Option<i64>> { Ok(row.get::<i64>(at)?) };
+    let int4 = |at: usize| -> Result<i64> { Ok(row.get::<i32>(at)?.unwrap_or_default().into()) };
+    text.push('{');
+    push_member(text, "idempotencyKey", Member::Text(&string(1)?));
+    push_member(text, "type", Member::Text(&string(2)?));
+    push_member(text, "version", Member::Int(int4(3)?));
+    push_member(text, "payload", Member::Json(&string(4)?));
+    push_member(text, "sourceClientId", Member::Text(&string(5)?));
+    push_member(text, "sourceClientCommitId", Member::Text(&string(6)?));
+    push_member(
+        text,
+        "sourceCommitSeq",
+        Member::Int(int(7)?.unwrap_or_default()),
+    );
+    push_member(
+        text,
+        "createdAtMs",
+        Member::Int(int(8)?.unwrap_or_default()),
+    );
+    push_member(
+        text,
+        "availableAtMs",
+        Member::Int(int(9)?.unwrap_or_default()),
+    );
+    push_member(text, "status", Member::Text(&string(10)?));
+    push_member(text, "attempts", Member::Int(int4(11)?));
+    push_member(text, "maxAttempts", Member::Int(int4(12)?));
+    if let Some(owner) = row.get::<String>(13)? {
+        push_member(text, "leaseOwner", Member::Text(&owner));
+    }
+    if let Some(at) = int(14)? {
+        push_member(text, "leaseExpiresAtMs", Member::Int(at));
+    }
+    if let Some(at) = int(15)? {
+        push_member(text, "completedAtMs", Member::Int(at));
+    }
+    if let Some(failure) = row.get::<String>(16)? {
+        push_member(text, "lastFailure", Member::Json(&failure));
+    }
+    text.push('}');
+    Ok(())
+}
+
+/// Appends `"key":value` to an object being written (a `,` first unless it is the first).
+fn push_member(text: &mut String, key: &str, value: Member<'_>) {
+    if !text.ends_with('{') {
+        text.push(',');
+    }
+    text.push('"');
+    text.push_str(key);
+    text.push_str("\":");
+    match value {
+        Member::Text(v) => jsonb::push_escaped(text, v),
+        Member::Int(v) => text.push_str(&v.to_string()),
+        Member::Json(v) => push_unwrapped(text, v),
+    }
+}
+
+/// A member value of a reaction document.
+enum Member<'a> {
+    Text(&'a str),
+    Int(i64),
+    /// A stored JSON value as jsonb printed it.
+    Json(&'a str),
+}
+
+/// Appends a stored JSON value; a jsonb string holding the text of an object or array (written
+/// by a 0.24 host whose driver bound JSON as text) is appended as that text, as every reader
+/// unwraps it (data model invariant 15, [`args::unwrap_json_text`]).
+fn push_unwrapped(out: &mut String, printed: &str) {
+    if printed.starts_with('"') {
+        if let Ok(inner) = serde_json::from_str::<String>(printed) {
+            if let Some(inner) = args::json_text(&inner) {
+                out.push_str(inner);
+                return;
             }
         }
-    };
-    match &mut value {
-        Value::Array(docs) => docs.iter_mut().for_each(unwrap),
-        doc => unwrap(doc),
     }
-    Ok(OwnedJsonb::from_value(JsonB(value)))
+    out.push_str(printed);
 }
 
 /// Nesting depth as upstream counts it: the value itself is at depth 0.
@@ -363,11 +434,9 @@ fn claim_reactions(
                            FOR UPDATE SKIP LOCKED))
                        RETURNING r.*
                      )
-                     SELECT pg_catalog.jsonb_agg(",
-                    reaction_document!(),
-                    " ORDER BY r.created_at_ms, r.idempotency_key), pg_catalog.bool_or(",
-                    reaction_wrapped!(),
-                    ") FROM claimed r"
+                     SELECT ",
+                    reaction_columns!(),
+                    " FROM claimed r ORDER BY r.created_at_ms, r.idempotency_key"
                 ),
                 &[
                     DatumWithOid::from(partition.as_str()),
@@ -378,7 +447,7 @@ fn claim_reactions(
                     DatumWithOid::from(lim as i64),
                 ],
             )?)?;
-            Ok(claimed.unwrap_or_else(OwnedJsonb::empty_array))
+            Ok(claimed)
         })
     })
 }
@@ -719,13 +788,11 @@ fn get_reaction(partition: Option<&str>, idempotency_key: Option<&str>) -> Optio
         let partition = args::text("partition", partition)?;
         let key = args::text("idempotency_key", idempotency_key)?;
         db::with_spi(|client| {
-            documents(db::read(
+            document(db::read(
                 client,
                 concat!(
                     "SELECT ",
-                    reaction_document!(),
-                    ", ",
-                    reaction_wrapped!(),
+                    reaction_columns!(),
                     " FROM syncular.sync_reactions r
                          WHERE r.partition = $1 AND r.idempotency_key = $2"
                 ),
@@ -760,16 +827,14 @@ fn list_reactions(
             let list = documents(db::read(
                 client,
                 concat!(
-                    "SELECT pg_catalog.jsonb_agg(",
-                    reaction_document!(),
-                    " ORDER BY r.created_at_ms DESC, r.idempotency_key DESC), pg_catalog.bool_or(",
-                    reaction_wrapped!(),
-                    ") FROM (SELECT * FROM syncular.sync_reactions
+                    "SELECT ",
+                    reaction_columns!(),
+                    " FROM syncular.sync_reactions r
                          WHERE partition = $1
                            AND ($2::text[] IS NULL OR status = ANY($2))
                            AND ($3::text[] IS NULL OR type = ANY($3))
                          ORDER BY created_at_ms DESC, idempotency_key DESC
-                         LIMIT $4) r"
+                         LIMIT $4"
                 ),
                 &[
                     partition.as_str().into(),
@@ -778,7 +843,7 @@ fn list_reactions(
                     (lim as i64).into(),
                 ],
             )?)?;
-            Ok(list.unwrap_or_else(OwnedJsonb::empty_array))
+            Ok(list)
         })
     })
 }
