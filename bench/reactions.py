@@ -179,7 +179,7 @@ def section(result):
              "claiming 1 or 10 and completing them (`claim_reactions` + `complete_reaction` / `complete_reactions` vs "
              "`pgmq.read` + `pgmq.delete`), each round from a backlog of 10^5 due messages per side (refilled and "
              "vacuumed between rounds); payloads of 100 bytes; pgbench `-M prepared` over loopback TCP, "
-             f"{os.environ.get('BENCH_ROUNDS', '3')} interleaved rounds of {os.environ.get('BENCH_SECONDS', '3')} s per side, "
+             f"{os.environ.get('BENCH_TARGET_ROUNDS', '5')} interleaved rounds of {os.environ.get('BENCH_SECONDS', '3')} s per side, "
              "fsync and autovacuum off (docs/BENCHMARKS.md, settings); tps of each side's median round.", "",
              "| workload | clients | pgmq tps | pgmq ms | syncular tps | syncular ms | syncular / pgmq |",
              "|---|---|---|---|---|---|---|"]

@@ -27,7 +27,7 @@ SECONDS = int(os.environ.get("BENCH_SECONDS", "3"))
 # …); the table shows the median round of each side. A single run on a shared 2-core VM moves by
 # ±10–30 %, more than several of the effects measured here.
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
-# The one-client push and the append rotations carry the issue's targets: more rounds.
+# The one-client push, the append and the reaction rotations carry the issues' targets: more rounds.
 TARGET_ROUNDS = int(os.environ.get("BENCH_TARGET_ROUNDS", "5"))
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -435,7 +435,7 @@ def main():
     pull_only = os.environ.get("BENCH_PULL_ONLY") == "1"
     if os.environ.get("BENCH_REACTIONS_ONLY") == "1":
         # Only the reactions next to pgmq (bench/reactions.py): its section alone is replaced.
-        splice_section("Reactions", reactions.section(reactions.run(psql, psql_file, pgbench, write_script, ROUNDS, WORK)))
+        splice_section("Reactions", reactions.section(reactions.run(psql, psql_file, pgbench, write_script, TARGET_ROUNDS, WORK)))
         return
     if not pull_only:
         print("setting up (bulk-loading 10^4 and 10^6 commits for the window workload into window_db)...", flush=True)
@@ -539,7 +539,7 @@ def main():
     # g) the reaction outbox next to pgmq (bench/reactions.py); BENCH_SKIP_REACTIONS=1 leaves it
     #    out (about 5 minutes).
     if os.environ.get("BENCH_SKIP_REACTIONS") != "1" and not only:
-        REACTIONS_SECTION.extend(reactions.section(reactions.run(psql, psql_file, pgbench, write_script, ROUNDS, WORK)))
+        REACTIONS_SECTION.extend(reactions.section(reactions.run(psql, psql_file, pgbench, write_script, TARGET_ROUNDS, WORK)))
     # e) fence overhead: interleaved rounds, best of three per variant (the effect is smaller
     #    than the noise of a shared 2-core machine; the best round is the least disturbed).
     variants = {

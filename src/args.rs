@@ -359,15 +359,6 @@ pub fn json_int_field(
     }
 }
 
-/// A required string member of a JSON object argument (it may be empty).
-pub fn json_string_field(obj: &Map<String, Value>, key: &str, at: &str) -> Result<String> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Err(Error::invalid_argument(at, "missing")),
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(_) => Err(Error::invalid_argument(at, "type")),
-    }
-}
-
 /// A required, non-empty string member of a JSON object argument.
 pub fn json_text_field(obj: &Map<String, Value>, key: &str, path: &str) -> Result<String> {
     match obj.get(key) {

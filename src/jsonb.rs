@@ -586,6 +586,28 @@ impl FromDatum for JsonbArg {
 #[derive(Clone, Copy)]
 pub struct RawJsonb<'a>(&'a [u8]);
 
+impl RawJsonb<'_> {
+    /// The value's text, as `jsonb_out` prints it.
+    pub fn printed(self) -> String {
+        let Some(datum) = self.into_datum() else {
+            return String::new();
+        };
+        // SAFETY: `datum` is the jsonb varlena just built in the current memory context;
+        // `jsonb_out` returns a palloc'd NUL-terminated string, copied out before the call's
+        // memory context frees it.
+        unsafe {
+            pgrx::direct_function_call_as_datum(pg_sys::jsonb_out, &[Some(datum)]).map_or_else(
+                String::new,
+                |text| {
+                    std::ffi::CStr::from_ptr(text.cast_mut_ptr::<std::ffi::c_char>())
+                        .to_string_lossy()
+                        .into_owned()
+                },
+            )
+        }
+    }
+}
+
 impl IntoDatum for RawJsonb<'_> {
     fn into_datum(self) -> Option<pg_sys::Datum> {
         let size = self.0.len() + pg_sys::VARHDRSZ;

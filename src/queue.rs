@@ -14,7 +14,7 @@ use pgrx::prelude::*;
 use pgrx::spi::{SpiHeapTupleData, SpiTupleTable};
 use pgrx::JsonB;
 use pgrx::PgSqlErrorCode;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::HashSet;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
@@ -148,31 +148,6 @@ fn push_unwrapped(out: &mut String, printed: &str) {
         }
     }
     out.push_str(printed);
-}
-
-/// Nesting depth as upstream counts it: the value itself is at depth 0.
-fn too_deep(value: &Value, depth: usize) -> bool {
-    if depth > MAX_DEPTH {
-        return true;
-    }
-    match value {
-        Value::Array(items) => items.iter().any(|v| too_deep(v, depth + 1)),
-        Value::Object(map) => map.values().any(|v| too_deep(v, depth + 1)),
-        _ => false,
-    }
-}
-
-/// Size and depth bounds of a stored JSON document (payloads, failure details); returns its
-/// compact text, which is what gets stored (parsed once by `jsonb_in`, never re-encoded).
-fn bounded(value: &Value, at: &str, max_bytes: usize) -> Result<String> {
-    let text = serde_json::to_string(value).map_err(|_| Error::invalid_argument(at, "type"))?;
-    if text.len() > max_bytes {
-        return Err(Error::invalid_argument(at, "too_large"));
-    }
-    if too_deep(value, 0) {
-        return Err(Error::invalid_argument(at, "too_deep"));
-    }
-    Ok(text)
 }
 
 fn valid_type(name: &str) -> bool {
@@ -518,26 +493,42 @@ fn extend_reaction_lease(
     })
 }
 
-/// Validates a failure object (argument path `at`) and keeps exactly `code`, `atMs` and (when
-/// given) `details`.
-fn decode_failure(value: &Value, at: &str) -> Result<(Value, i64)> {
-    let Value::Object(obj) = value else {
-        return Err(Error::invalid_argument(at, "type"));
+/// A failure object (docs/API.md §Reactions, `fail_reaction`) from its binary form: `code` (a
+/// non-empty string), `atMs` (integer 0 … 2^53−1) and optional `details` (an object within the
+/// payload's caps: `MAX_DETAILS_BYTES` of compact text, depth 16, measured as for payloads);
+/// other keys are dropped. Returns the kept object's JSON text and `atMs`.
+fn decode_failure(node: Option<Node<'_>>, at: &str) -> Result<(String, i64)> {
+    let fail = |key: &str, reason: Reason| Error::invalid_argument(&format!("{at}.{key}"), reason);
+    let obj = match node {
+        None => return Err(Error::invalid_argument(at, "missing")),
+        Some(Node::Object(obj)) => obj,
+        Some(_) => return Err(Error::invalid_argument(at, "type")),
     };
-    let code = args::json_string_field(obj, "code", &format!("{at}.code"))?;
-    if code.is_empty() {
-        return Err(Error::invalid_argument(&format!("{at}.code"), "empty"));
-    }
-    let at_ms = args::json_int_field(obj, "atMs", &format!("{at}.atMs"), (0, MAX_SAFE), None)?;
-    let mut kept = json!({"code": code, "atMs": at_ms});
-    match obj.get("details") {
-        None | Some(Value::Null) => {}
-        Some(details @ Value::Object(_)) => {
-            bounded(details, &format!("{at}.details"), MAX_DETAILS_BYTES)?;
-            kept["details"] = details.clone();
+    let unreadable = |_| Error::invalid_argument(at, "type");
+    let [code, at_ms, details] = obj
+        .fields(["code", "atMs", "details"])
+        .map_err(unreadable)?;
+    let code = jsonb::string_field(code, true).map_err(|reason| fail("code", reason))?;
+    let at_ms = jsonb::integer_field(at_ms, (0, MAX_SAFE))
+        .map_err(|reason| fail("atMs", reason))?
+        .ok_or_else(|| fail("atMs", "missing"))?;
+    let mut kept = String::from("{\"code\":");
+    jsonb::push_escaped(&mut kept, code);
+    kept.push_str(&format!(",\"atMs\":{at_ms}"));
+    match jsonb::given(details) {
+        None => {}
+        Some(details @ Node::Object(container)) => {
+            match jsonb::bounds(details, MAX_DETAILS_BYTES, MAX_DEPTH).map_err(unreadable)? {
+                Bounds::Within => {}
+                Bounds::TooLarge => return Err(fail("details", "too_large")),
+                Bounds::TooDeep => return Err(fail("details", "too_deep")),
+            }
+            kept.push_str(",\"details\":");
+            kept.push_str(&container.to_jsonb().printed());
         }
-        Some(_) => return Err(Error::invalid_argument(&format!("{at}.details"), "type")),
+        Some(_) => return Err(fail("details", "type")),
     }
+    kept.push('}');
     Ok((kept, at_ms))
 }
 
@@ -547,12 +538,14 @@ fn fail_reaction(
     partition: Option<&str>,
     idempotency_key: Option<&str>,
     lease_owner: Option<&str>,
-    failure: Option<args::JsonArg>,
+    failure: Option<JsonbArg>,
     retry_at_ms: default!(Option<i64>, "NULL"),
 ) -> bool {
     error::run(|| {
         let (partition, key, owner) = lease_args(partition, idempotency_key, lease_owner)?;
-        let (failure, at) = decode_failure(&args::json("failure", failure)?, "failure")?;
+        let (failure, at) = args::with_jsonb("failure", failure, |root| {
+            decode_failure(Some(root), "failure")
+        })?;
         let retry = retry_at_ms
             .map(|r| args::count("retry_at_ms", Some(r)))
             .transpose()?;
@@ -560,7 +553,7 @@ fn fail_reaction(
             "UPDATE syncular.sync_reactions
                 SET status = CASE WHEN $5::bigint IS NULL THEN 'dead-letter' ELSE 'pending' END,
                     available_at_ms = coalesce($5::bigint, $6),
-                    last_failure = $4, lease_owner = NULL, lease_expires_at_ms = NULL
+                    last_failure = $4::jsonb, lease_owner = NULL, lease_expires_at_ms = NULL
               WHERE partition = $1 AND idempotency_key = $2 AND status = 'leased'
                 AND lease_owner = $3
              RETURNING 1",
@@ -568,7 +561,7 @@ fn fail_reaction(
                 partition.as_str().into(),
                 key.as_str().into(),
                 owner.as_str().into(),
-                JsonB(failure).into(),
+                failure.as_str().into(),
                 retry.into(),
                 at.into(),
             ],
@@ -639,32 +632,23 @@ struct Failure {
     retry: Option<i64>,
 }
 
-fn failure_item(value: &Value, i: usize) -> Result<Failure> {
+fn failure_item(node: Node<'_>, i: usize) -> Result<Failure> {
     let at = |key: &str| format!("failures[{i}].{key}");
-    let Value::Object(obj) = value else {
-        return Err(Error::invalid_argument(&format!("failures[{i}]"), "type"));
+    let element = || Error::invalid_argument(&format!("failures[{i}]"), "type");
+    let Node::Object(obj) = node else {
+        return Err(element());
     };
-    let key = args::json_string_field(obj, "idempotencyKey", &at("idempotencyKey"))?;
-    if key.is_empty() {
-        return Err(Error::invalid_argument(&at("idempotencyKey"), "empty"));
-    }
-    let Some(failure) = obj.get("failure") else {
-        return Err(Error::invalid_argument(&at("failure"), "missing"));
-    };
+    let [key, failure, retry] = obj
+        .fields(["idempotencyKey", "failure", "retryAtMs"])
+        .map_err(|_| element())?;
+    let key = jsonb::string_field(key, true)
+        .map_err(|reason| Error::invalid_argument(&at("idempotencyKey"), reason))?;
     let (failure, at_ms) = decode_failure(failure, &at("failure"))?;
-    let retry = match obj.get("retryAtMs") {
-        None | Some(Value::Null) => None,
-        Some(_) => Some(args::json_int_field(
-            obj,
-            "retryAtMs",
-            &at("retryAtMs"),
-            (0, MAX_SAFE),
-            None,
-        )?),
-    };
+    let retry = jsonb::integer_field(retry, (0, MAX_SAFE))
+        .map_err(|reason| Error::invalid_argument(&at("retryAtMs"), reason))?;
     Ok(Failure {
-        key,
-        failure: failure.to_string(),
+        key: key.to_string(),
+        failure,
         at: at_ms,
         retry,
     })
@@ -680,22 +664,29 @@ fn failure_item(value: &Value, i: usize) -> Result<Failure> {
 fn fail_reactions(
     partition: Option<&str>,
     lease_owner: Option<&str>,
-    failures: Option<args::JsonArg>,
+    failures: Option<JsonbArg>,
 ) -> JsonB {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let owner = args::text("lease_owner", lease_owner)?;
-        let Value::Array(items) = args::json("failures", failures)? else {
-            return Err(Error::invalid_argument("failures", "type"));
-        };
-        if items.len() > limits::ARRAY_ELEMENTS {
-            return Err(Error::invalid_argument("failures", "too_large"));
-        }
-        let items = items
-            .iter()
-            .enumerate()
-            .map(|(i, f)| failure_item(f, i))
-            .collect::<Result<Vec<_>>>()?;
+        let items = args::with_jsonb("failures", failures, |root| {
+            let Node::Array(items) = root else {
+                return Err(Error::invalid_argument("failures", "type"));
+            };
+            if items.len() > limits::ARRAY_ELEMENTS {
+                return Err(Error::invalid_argument("failures", "too_large"));
+            }
+            items
+                .children()
+                .enumerate()
+                .map(|(i, f)| {
+                    failure_item(
+                        f.map_err(|_| Error::invalid_argument("failures", "type"))?,
+                        i,
+                    )
+                })
+                .collect::<Result<Vec<_>>>()
+        })?;
         let mut seen = HashSet::new();
         if let Some(i) = items.iter().position(|f| !seen.insert(f.key.as_str())) {
             return Err(Error::invalid_argument(
