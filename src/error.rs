@@ -249,6 +249,17 @@ pub fn run<T>(body: impl FnOnce() -> Result<T>) -> T {
     raise(sqlstate, message, detail, hint)
 }
 
+/// The PostgreSQL error a caught panic carries (pgrx turns an ERROR raised under SPI into a
+/// [`CaughtError`] panic), if it is one.
+pub fn postgres_report(
+    panic: &(dyn std::any::Any + Send),
+) -> Option<&pgrx::pg_sys::panic::ErrorReportWithLevel> {
+    match panic.downcast_ref::<CaughtError>() {
+        Some(CaughtError::PostgresError(report)) => Some(report),
+        _ => None,
+    }
+}
+
 /// Where [`raise`] says an error comes from. PostgreSQL keeps the file and function name of
 /// every error it reports; SQL (`RAISE`) cannot set them, so only errors of this crate carry
 /// these, and only those are re-coded by [`run`] (a host trigger raising a message that equals a

@@ -296,20 +296,18 @@ fn walk(
     cap: usize,
 ) -> Read<()> {
     *deepest = (*deepest).max(depth);
-    let (container, object) = match node {
-        Node::Array(c) => (c, false),
-        Node::Object(c) => (c, true),
-        scalar => {
-            *size += match scalar {
-                Node::Null | Node::Bool(true) => 4,
-                Node::Bool(false) => 5,
-                Node::Number(n) => numeric_text_len(n)?,
-                Node::String(s) => escaped_len(s),
-                Node::Array(_) | Node::Object(_) => 0,
-            };
-            return Ok(());
-        }
+    // A scalar's text; a container's brackets and separators are counted below.
+    *size += match node {
+        Node::Array(_) | Node::Object(_) => 0,
+        Node::Null | Node::Bool(true) => 4,
+        Node::Bool(false) => 5,
+        Node::Number(n) => numeric_text_len(n)?,
+        Node::String(s) => escaped_len(s),
     };
+    let (Node::Array(container) | Node::Object(container)) = node else {
+        return Ok(());
+    };
+    let object = matches!(node, Node::Object(_));
     // Brackets, and a separator between entries: `,` between elements or pairs, `:` in pairs.
     let n = container.len();
     *size += 2 + n.saturating_sub(1) + if object { n } else { 0 };
@@ -513,6 +511,20 @@ unsafe fn container_bytes<'a>(datum: pg_sys::Datum) -> &'a [u8] {
     }
 }
 
+/// `jsonb_in` of `text`: a palloc'd jsonb datum in the current memory context (`None` if the
+/// text holds a NUL). Raises on text that is not JSON.
+fn jsonb_in(text: &str) -> Option<pg_sys::Datum> {
+    let text = std::ffi::CString::new(text).ok()?;
+    // SAFETY: `jsonb_in` takes one NUL-terminated C string, which `text` is and outlives the
+    // call; its result is a palloc'd jsonb datum.
+    unsafe {
+        pgrx::direct_function_call_as_datum(
+            pg_sys::jsonb_in,
+            &[Some(pg_sys::Datum::from(text.as_ptr()))],
+        )
+    }
+}
+
 /// A `jsonb` argument, detoasted but not parsed.
 pub struct JsonbArg {
     /// The container bytes, past the varlena header. Palloc'd in the call's memory context (or
@@ -546,17 +558,9 @@ impl JsonbArg {
     }
 
     /// A new argument from the text of a JSON document (for documents bound as a jsonb string).
+    /// The caller only passes text it already knows parses ([`jsonb_in`] raises otherwise).
     pub fn parse(text: &str) -> Option<JsonbArg> {
-        let text = std::ffi::CString::new(text).ok()?;
-        // jsonb_in raises on invalid input; the caller only passes text it already knows parses.
-        // SAFETY: `jsonb_in` takes one NUL-terminated C string, which `text` is and outlives
-        // the call; its result is a palloc'd jsonb datum.
-        let datum = unsafe {
-            pgrx::direct_function_call_as_datum(
-                pg_sys::jsonb_in,
-                &[Some(pg_sys::Datum::from(text.as_ptr()))],
-            )?
-        };
+        let datum = jsonb_in(text)?;
         // SAFETY: `datum` is the non-NULL jsonb just built in the current memory context.
         unsafe { JsonbArg::from_polymorphic_datum(datum, false, pg_sys::JSONBOID) }
     }
@@ -637,16 +641,10 @@ impl OwnedJsonb {
     /// The binary form of a JSON text (`jsonb_in`, which raises on text that is not JSON: the
     /// callers pass text they wrote); `None` if the text holds a NUL.
     pub fn from_text(text: &str) -> Option<OwnedJsonb> {
-        let text = std::ffi::CString::new(text).ok()?;
-        // SAFETY: `jsonb_in` takes one NUL-terminated C string, which `text` is and outlives
-        // the call; its result is a palloc'd jsonb datum, copied out right away.
-        unsafe {
-            let datum = pgrx::direct_function_call_as_datum(
-                pg_sys::jsonb_in,
-                &[Some(pg_sys::Datum::from(text.as_ptr()))],
-            )?;
-            OwnedJsonb::from_polymorphic_datum(datum, false, pg_sys::JSONBOID)
-        }
+        let datum = jsonb_in(text)?;
+        // SAFETY: `datum` is the non-NULL jsonb just built in the current memory context; its
+        // bytes are copied out.
+        unsafe { OwnedJsonb::from_polymorphic_datum(datum, false, pg_sys::JSONBOID) }
     }
 
     /// `[]`: an array container with no elements (its header alone).

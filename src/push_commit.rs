@@ -34,7 +34,6 @@ use crate::rows;
 use crate::tables::{self, AppRelation, StoredRow};
 use base64::Engine;
 use pgrx::datum::{Array, DatumWithOid};
-use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::JsonB;
@@ -1105,7 +1104,7 @@ fn integrity_violation(panic: &(dyn std::any::Any + Send)) -> bool {
 
 /// Whether a caught PostgreSQL error is of the SQLSTATE class of `class` (`"23000"`: 23).
 fn in_class(panic: &(dyn std::any::Any + Send), class: &str) -> bool {
-    let Some(CaughtError::PostgresError(report)) = panic.downcast_ref::<CaughtError>() else {
+    let Some(report) = error::postgres_report(panic) else {
         return false;
     };
     let class = crate::port::make_sqlstate(class);
@@ -1269,10 +1268,8 @@ fn open_tables(
 fn failure<R>(outcome: &std::thread::Result<Result<R>>) -> String {
     match outcome {
         Ok(Err(e)) => format!("{e:?}"),
-        Err(panic) => match panic.downcast_ref::<CaughtError>() {
-            Some(CaughtError::PostgresError(report)) => report.message().to_string(),
-            _ => "a panic".into(),
-        },
+        Err(panic) => error::postgres_report(panic.as_ref())
+            .map_or_else(|| "a panic".into(), |report| report.message().to_string()),
         Ok(Ok(_)) => String::new(),
     }
 }

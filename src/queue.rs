@@ -9,7 +9,6 @@ use crate::error::{self, Code, Error, Result};
 use crate::jsonb::{self, Bounds, JsonbArg, Node, OwnedJsonb, RawJsonb, Reason};
 use crate::limits;
 use pgrx::datum::DatumWithOid;
-use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 use pgrx::spi::{SpiHeapTupleData, SpiTupleTable};
 use pgrx::JsonB;
@@ -189,12 +188,12 @@ fn reaction(node: Node<'_>, i: usize) -> Result<NewReaction<'_>> {
     let at = |key: &str, reason: Reason| {
         Error::invalid_argument(&format!("reactions[{i}].{key}"), reason)
     };
-    let element = |_| Error::invalid_argument(&format!("reactions[{i}]"), "type");
+    let element = || Error::invalid_argument(&format!("reactions[{i}]"), "type");
     let Node::Object(obj) = node else {
-        return Err(element(()));
+        return Err(element());
     };
     let [key, kind, version, payload, client, commit, seq, created, attempts] =
-        obj.fields(REACTION_KEYS).map_err(|_| element(()))?;
+        obj.fields(REACTION_KEYS).map_err(|_| element())?;
     let string = |node, name, non_empty| {
         jsonb::string_field(node, non_empty).map_err(|reason| at(name, reason))
     };
@@ -213,24 +212,21 @@ fn reaction(node: Node<'_>, i: usize) -> Result<NewReaction<'_>> {
         return Err(at("type", "too_large"));
     }
     let version = integer(version, "version", (1, i32::MAX as i64), None)?;
-    let payload = match jsonb::given(payload) {
+    let (payload, container) = match jsonb::given(payload) {
         None => return Err(at("payload", "missing")),
-        Some(p @ (Node::Object(_) | Node::Array(_))) => p,
+        Some(p @ (Node::Object(c) | Node::Array(c))) => (p, c),
         Some(_) => return Err(at("payload", "type")),
     };
-    match jsonb::bounds(payload, MAX_PAYLOAD_BYTES, MAX_DEPTH).map_err(|_| element(()))? {
+    match jsonb::bounds(payload, MAX_PAYLOAD_BYTES, MAX_DEPTH).map_err(|_| element())? {
         Bounds::Within => {}
         Bounds::TooLarge => return Err(at("payload", "too_large")),
         Bounds::TooDeep => return Err(at("payload", "too_deep")),
     }
-    let (Node::Object(payload) | Node::Array(payload)) = payload else {
-        return Err(at("payload", "type"));
-    };
     Ok(NewReaction {
         key,
         kind,
         version: version as i32,
-        payload: payload.to_jsonb(),
+        payload: container.to_jsonb(),
         source_client: string(client, "sourceClientId", false)?,
         source_commit: string(commit, "sourceClientCommitId", false)?,
         source_seq: integer(seq, "sourceCommitSeq", (0, MAX_SAFE), None)?,
@@ -250,9 +246,7 @@ fn existing_key<'k>(
     partition: &str,
     keys: &[&'k str],
 ) -> Option<&'k str> {
-    let Some(CaughtError::PostgresError(report)) = panic.downcast_ref::<CaughtError>() else {
-        return None;
-    };
+    let report = error::postgres_report(panic)?;
     if report.sql_error_code() != PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION {
         return None;
     }
