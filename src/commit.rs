@@ -482,28 +482,8 @@ mod tests {
     /// Hostile documents: any JSON value, and near-valid documents with one field replaced by
     /// an arbitrary value. Decoding never panics; it returns a commit or `invalid_commit` with a
     /// `path` and a `reason` from the fixed set.
+    use crate::testing::{any_json, run_cases};
     use proptest::prelude::*;
-    use proptest::test_runner::{Config, TestRunner};
-
-    fn any_json() -> impl Strategy<Value = Value> {
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::from),
-            any::<i64>().prop_map(Value::from),
-            any::<f64>()
-                .prop_filter("finite", |f| f.is_finite())
-                .prop_map(Value::from),
-            "[^\u{0}]{0,12}".prop_map(Value::from),
-            "[A-Za-z0-9+/=%]{0,16}".prop_map(Value::from),
-        ];
-        leaf.prop_recursive(6, 64, 8, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-                prop::collection::btree_map("[a-zA-Z]{1,12}", inner, 0..6)
-                    .prop_map(|m| Value::Object(m.into_iter().collect())),
-            ]
-        })
-    }
 
     const REASONS: &[&str] = &["missing", "type", "range", "empty", "reserved", "base64"];
 
@@ -533,23 +513,9 @@ mod tests {
         })
     }
 
-    fn run<S: Strategy>(
-        strategy: S,
-        test: impl Fn(S::Value) -> std::result::Result<(), TestCaseError>,
-    ) {
-        let config = Config {
-            cases: 2000,
-            failure_persistence: None,
-            ..Config::default()
-        };
-        TestRunner::new(config)
-            .run(&strategy, test)
-            .unwrap_or_else(|e| panic!("{e}"));
-    }
-
     #[pg_test]
     fn any_value_is_decoded_or_refused() {
-        run(any_json(), |doc| check(&doc));
+        run_cases(2000, any_json(), |doc| check(&doc));
     }
 
     #[pg_test]
@@ -560,7 +526,7 @@ mod tests {
             any_json(),
             any::<bool>(),
         );
-        run(strategy, |(key, change_key, value, in_change)| {
+        run_cases(2000, strategy, |(key, change_key, value, in_change)| {
             let mut d = doc(
                 json!([{"table":"tasks","rowId":"t1","op":"upsert","rowVersion":1,
                                     "scopes":{"project_id":"p1"},"payload":"AQID"}]),

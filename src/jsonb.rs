@@ -216,6 +216,11 @@ impl<'a> Container<'a> {
         Ok(false)
     }
 
+    /// The container's bytes (header, entries, data), position independent.
+    pub fn as_bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
     /// This container as a `jsonb` value of its own (a copy of its bytes, as
     /// `JsonbValueToJsonb` makes of a binary sub-value).
     pub fn to_jsonb(self) -> RawJsonb<'a> {
@@ -645,6 +650,11 @@ impl OwnedJsonb {
         // SAFETY: `datum` is the non-NULL jsonb just built in the current memory context; its
         // bytes are copied out.
         unsafe { OwnedJsonb::from_polymorphic_datum(datum, false, pg_sys::JSONBOID) }
+    }
+
+    /// A document from its root container's bytes ([`crate::jsonb_write::Writer`] builds them).
+    pub fn from_container(bytes: Vec<u8>) -> OwnedJsonb {
+        OwnedJsonb(bytes)
     }
 
     /// `[]`: an array container with no elements (its header alone).

@@ -57,6 +57,7 @@ mod gate;
 mod grants;
 mod heap;
 mod jsonb;
+mod jsonb_write;
 mod limits;
 mod log;
 mod notify;

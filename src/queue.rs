@@ -7,6 +7,7 @@ use crate::args::{self, MAX_SAFE};
 use crate::db;
 use crate::error::{self, Code, Error, Result};
 use crate::jsonb::{self, Bounds, JsonbArg, Node, OwnedJsonb, RawJsonb, Reason};
+use crate::jsonb_write::{Value, Writer};
 use crate::limits;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
@@ -22,32 +23,30 @@ const MAX_DETAILS_BYTES: usize = 8_192;
 const MAX_DEPTH: usize = 16;
 const MAX_TYPE_BYTES: usize = 128;
 
-/// The columns [`documents`] reads, in its order; the JSON columns as jsonb's text output.
+/// The columns [`Reaction::read`] reads, in its order.
 macro_rules! reaction_columns {
     () => {
-        "r.idempotency_key, r.type, r.version, r.payload::text, r.source_client_id,
+        "r.idempotency_key, r.type, r.version, r.payload, r.source_client_id,
          r.source_client_commit_id, r.source_commit_seq, r.created_at_ms, r.available_at_ms,
          r.status, r.attempts, r.max_attempts, r.lease_owner, r.lease_expires_at_ms,
-         r.completed_at_ms, r.last_failure::text"
+         r.completed_at_ms, r.last_failure"
     };
 }
 
-/// The documents (docs/API.md §Reactions) of rows of [`reaction_columns!`], as one jsonb array.
-/// The JSON text is written here and parsed once by `jsonb_in`: the payload and failure go in
-/// as jsonb printed them, never through a parsed value; NULL columns are absent keys. Building
-/// the documents in SQL instead (`jsonb_build_object`, `jsonb_agg`) measured about 25 µs a
-/// document more on PostgreSQL 15 (docs/DESIGN.md §8, "Reading reactions").
+/// The documents (docs/API.md §Reactions) of rows of [`reaction_columns!`], as one jsonb array
+/// written in jsonb's binary form ([`jsonb_write`]): no JSON text, no `jsonb_in`; the payload
+/// and failure go in as the stored containers' bytes. Building the documents in SQL instead
+/// (`jsonb_build_object`, `jsonb_agg`) measured about 25 µs a document more on PostgreSQL 15,
+/// and writing their text for `jsonb_in` was the largest cost of a claim of ten outside its
+/// statement (docs/DESIGN.md §8, "Reading reactions").
 fn documents(table: SpiTupleTable<'_>) -> Result<OwnedJsonb> {
-    let mut text = String::with_capacity(512 * table.len() + 2);
-    text.push('[');
-    for row in table {
-        if text.len() > 1 {
-            text.push(',');
-        }
-        write_document(&mut text, &row)?;
-    }
-    text.push(']');
-    parsed(&text)
+    let rows = table
+        .map(|row| Reaction::read(&row))
+        .collect::<Result<Vec<_>>>()?;
+    let mut w = Writer::with_capacity(512 * rows.len() + 8);
+    w.array(rows.len(), |w, i| rows[i].write(w))
+        .map_err(unreadable)?;
+    Ok(w.finish())
 }
 
 /// The document of the first row, if any (see [`documents`]).
@@ -55,98 +54,115 @@ fn document(table: SpiTupleTable<'_>) -> Result<Option<OwnedJsonb>> {
     let Some(row) = table.into_iter().next() else {
         return Ok(None);
     };
-    let mut text = String::with_capacity(512);
-    write_document(&mut text, &row)?;
-    parsed(&text).map(Some)
+    let reaction = Reaction::read(&row)?;
+    let mut w = Writer::with_capacity(512);
+    reaction.write(&mut w).map_err(unreadable)?;
+    Ok(Some(w.finish()))
 }
 
-fn parsed(text: &str) -> Result<OwnedJsonb> {
-    OwnedJsonb::from_text(text)
-        .ok_or_else(|| Error::Internal("syncular: a reaction document did not parse".into()))
+fn unreadable(_: jsonb::Malformed) -> Error {
+    Error::Internal("syncular: a stored reaction's JSON is not readable jsonb".into())
 }
 
-/// Appends one row's document as JSON text.
-fn write_document(text: &mut String, row: &SpiHeapTupleData<'_>) -> Result<()> {
-    let string = |at: usize| -> Result<String> { Ok(row.get::<String>(at)?.unwrap_or_default()) };
-    let int = |at: usize| -> Result<Option<i64>> { Ok(row.get::<i64>(at)?) };
-    let int4 = |at: usize| -> Result<i64> { Ok(row.get::<i32>(at)?.unwrap_or_default().into()) };
-    text.push('{');
-    push_member(text, "idempotencyKey", Member::Text(&string(1)?));
-    push_member(text, "type", Member::Text(&string(2)?));
-    push_member(text, "version", Member::Int(int4(3)?));
-    push_member(text, "payload", Member::Json(&string(4)?));
-    push_member(text, "sourceClientId", Member::Text(&string(5)?));
-    push_member(text, "sourceClientCommitId", Member::Text(&string(6)?));
-    push_member(
-        text,
-        "sourceCommitSeq",
-        Member::Int(int(7)?.unwrap_or_default()),
-    );
-    push_member(
-        text,
-        "createdAtMs",
-        Member::Int(int(8)?.unwrap_or_default()),
-    );
-    push_member(
-        text,
-        "availableAtMs",
-        Member::Int(int(9)?.unwrap_or_default()),
-    );
-    push_member(text, "status", Member::Text(&string(10)?));
-    push_member(text, "attempts", Member::Int(int4(11)?));
-    push_member(text, "maxAttempts", Member::Int(int4(12)?));
-    if let Some(owner) = row.get::<String>(13)? {
-        push_member(text, "leaseOwner", Member::Text(&owner));
-    }
-    if let Some(at) = int(14)? {
-        push_member(text, "leaseExpiresAtMs", Member::Int(at));
-    }
-    if let Some(at) = int(15)? {
-        push_member(text, "completedAtMs", Member::Int(at));
-    }
-    if let Some(failure) = row.get::<String>(16)? {
-        push_member(text, "lastFailure", Member::Json(&failure));
-    }
-    text.push('}');
-    Ok(())
+/// One row of [`reaction_columns!`].
+struct Reaction {
+    key: String,
+    kind: String,
+    version: i32,
+    payload: OwnedJsonb,
+    source_client_id: String,
+    source_client_commit_id: String,
+    source_commit_seq: i64,
+    created_at_ms: i64,
+    available_at_ms: i64,
+    status: String,
+    attempts: i32,
+    max_attempts: i32,
+    lease_owner: Option<String>,
+    lease_expires_at_ms: Option<i64>,
+    completed_at_ms: Option<i64>,
+    last_failure: Option<OwnedJsonb>,
 }
 
-/// Appends `"key":value` to an object being written (a `,` first unless it is the first).
-fn push_member(text: &mut String, key: &str, value: Member<'_>) {
-    if !text.ends_with('{') {
-        text.push(',');
+impl Reaction {
+    fn read(row: &SpiHeapTupleData<'_>) -> Result<Reaction> {
+        let string =
+            |at: usize| -> Result<String> { Ok(row.get::<String>(at)?.unwrap_or_default()) };
+        let int = |at: usize| -> Result<i64> { Ok(row.get::<i64>(at)?.unwrap_or_default()) };
+        let int4 = |at: usize| -> Result<i32> { Ok(row.get::<i32>(at)?.unwrap_or_default()) };
+        let json = |at: usize| -> Result<Option<OwnedJsonb>> {
+            row.get::<OwnedJsonb>(at)?.map(unwrapped).transpose()
+        };
+        Ok(Reaction {
+            key: string(1)?,
+            kind: string(2)?,
+            version: int4(3)?,
+            payload: json(4)?.unwrap_or_else(OwnedJsonb::empty_array),
+            source_client_id: string(5)?,
+            source_client_commit_id: string(6)?,
+            source_commit_seq: int(7)?,
+            created_at_ms: int(8)?,
+            available_at_ms: int(9)?,
+            status: string(10)?,
+            attempts: int4(11)?,
+            max_attempts: int4(12)?,
+            lease_owner: row.get::<String>(13)?,
+            lease_expires_at_ms: row.get::<i64>(14)?,
+            completed_at_ms: row.get::<i64>(15)?,
+            last_failure: json(16)?,
+        })
     }
-    text.push('"');
-    text.push_str(key);
-    text.push_str("\":");
-    match value {
-        Member::Text(v) => jsonb::push_escaped(text, v),
-        Member::Int(v) => text.push_str(&v.to_string()),
-        Member::Json(v) => push_unwrapped(text, v),
+
+    /// Writes the document; absent columns (NULL) are absent keys.
+    fn write(&self, w: &mut Writer) -> std::result::Result<u32, jsonb::Malformed> {
+        fn root(doc: &OwnedJsonb) -> std::result::Result<Node<'_>, jsonb::Malformed> {
+            doc.container().and_then(|c| c.root())
+        }
+        fn text(s: &str) -> Value<'_> {
+            Value::String(s.as_bytes())
+        }
+        let mut pairs = Vec::with_capacity(16);
+        pairs.extend([
+            ("idempotencyKey", text(&self.key)),
+            ("type", text(&self.kind)),
+            ("version", Value::Int(self.version.into())),
+            ("payload", Value::Node(root(&self.payload)?)),
+            ("sourceClientId", text(&self.source_client_id)),
+            ("sourceClientCommitId", text(&self.source_client_commit_id)),
+            ("sourceCommitSeq", Value::Int(self.source_commit_seq)),
+            ("createdAtMs", Value::Int(self.created_at_ms)),
+            ("availableAtMs", Value::Int(self.available_at_ms)),
+            ("status", text(&self.status)),
+            ("attempts", Value::Int(self.attempts.into())),
+            ("maxAttempts", Value::Int(self.max_attempts.into())),
+        ]);
+        if let Some(owner) = &self.lease_owner {
+            pairs.push(("leaseOwner", text(owner)));
+        }
+        if let Some(at) = self.lease_expires_at_ms {
+            pairs.push(("leaseExpiresAtMs", Value::Int(at)));
+        }
+        if let Some(at) = self.completed_at_ms {
+            pairs.push(("completedAtMs", Value::Int(at)));
+        }
+        if let Some(failure) = &self.last_failure {
+            pairs.push(("lastFailure", Value::Node(root(failure)?)));
+        }
+        w.object(&mut pairs)
     }
 }
 
-/// A member value of a reaction document.
-enum Member<'a> {
-    Text(&'a str),
-    Int(i64),
-    /// A stored JSON value as jsonb printed it.
-    Json(&'a str),
-}
-
-/// Appends a stored JSON value; a jsonb string holding the text of an object or array (written
-/// by a 0.24 host whose driver bound JSON as text) is appended as that text, as every reader
-/// unwraps it (data model invariant 15, [`args::unwrap_json_text`]).
-fn push_unwrapped(out: &mut String, printed: &str) {
-    if printed.starts_with('"') {
-        if let Ok(inner) = serde_json::from_str::<String>(printed) {
-            if let Some(inner) = args::json_text(&inner) {
-                out.push_str(inner);
-                return;
-            }
+/// A stored JSON value as readers see it: a jsonb string holding the text of an object or
+/// array (written by a 0.24 host whose driver bound JSON as text) is that object or array, as
+/// every reader unwraps it (data model invariant 15, [`args::unwrap_json_text`]).
+fn unwrapped(stored: OwnedJsonb) -> Result<OwnedJsonb> {
+    if let Ok(Node::String(text)) = stored.container().and_then(|c| c.root()) {
+        if let Some(inner) = std::str::from_utf8(text).ok().and_then(args::json_text) {
+            return OwnedJsonb::from_text(inner)
+                .ok_or_else(|| Error::Internal("syncular: a stored JSON text holds NUL".into()));
         }
     }
-    out.push_str(printed);
+    Ok(stored)
 }
 
 fn valid_type(name: &str) -> bool {

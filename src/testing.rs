@@ -11,3 +11,44 @@ pub fn bigint(sql: &str) -> i64 {
 pub const COMMIT: &str = r#"'{"clientId":"c1","clientCommitId":"k","actorId":"a1","createdAtMs":1,
     "writerVersion":2,"changes":[{"table":"tasks","rowId":"t1","op":"upsert",
     "scopes":{"project_id":"p1"},"payload":"AQID"}]}'"#;
+
+/// Any JSON value (nested up to six levels, strings without U+0000, which jsonb refuses): the
+/// generator of the in-backend property tests.
+pub fn any_json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+    use proptest::prelude::*;
+    use serde_json::Value;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(Value::from),
+        "[^\u{0}]{0,12}".prop_map(Value::from),
+        "[A-Za-z0-9+/=%]{0,16}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(6, 64, 8, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::btree_map("[a-zA-Z]{1,12}", inner, 0..6)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// Runs `test` on `cases` values of `strategy` (no persisted failures: a failure prints its
+/// minimal case and panics, which fails the `#[pg_test]`).
+pub fn run_cases<S: proptest::strategy::Strategy>(
+    cases: u32,
+    strategy: S,
+    test: impl Fn(S::Value) -> Result<(), proptest::test_runner::TestCaseError>,
+) {
+    let config = proptest::test_runner::Config {
+        cases,
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    };
+    proptest::test_runner::TestRunner::new(config)
+        .run(&strategy, test)
+        .unwrap_or_else(|e| panic!("{e}"));
+}
