@@ -235,12 +235,16 @@ def section(result):
               "where pgmq's delete only marks the row. Index insertions are 17 % of syncular's samples, 5 % of "
               "pgmq's. Per consumed reaction syncular writes two row versions and four index entries, pgmq one and "
               "two. The archive row compares the same consume with `pgmq.archive`, which also keeps the message.",
-              "- Enqueue reads its argument in jsonb's binary form and stores each payload as the bytes it came in; the "
-              "rows go in with one plain `INSERT` (no `ON CONFLICT`: the primary key's unique check finds a duplicate "
-              "and the error is renamed). At four clients the largest shares are the index insertions (primary key "
-              "and claim index, 22 % of the samples), `jsonb_in` of the argument in the calling statement (12 %: a "
-              "reaction carries its key, type, version and source next to the payload) and executor start-up with "
-              "the table's CHECK constraint compiled again for every statement (8 % and 4 %).",
+              "- Enqueue reads its argument in jsonb's binary form, stores each payload as the bytes it came in and "
+              "writes the rows below SQL (heap insert and index entries per row, the CHECK constraint evaluated; no "
+              "statement, so no executor start-up; no `ON CONFLICT`: the primary key's unique check finds a duplicate "
+              "and the error is renamed). Server time per call of 10 at four clients, measured while writing this: "
+              "0.29 ms against 0.39 ms for `pgmq.send_batch` (each including the calling statement's `jsonb_in` of "
+              "its argument; a reaction carries its key, type, version and source next to the payload). What remains "
+              "heavier is the index work: syncular's two indexes take a random-position key (the idempotency key, "
+              "unique) and a key shared by every partition, each insert a descent from the root; pgmq's two "
+              "indexes (a sequence and a timestamp, in a table per queue) grow at their right edge, where PostgreSQL "
+              "skips the descent.",
               "- Claims, gets and lists write their documents directly in jsonb's binary layout (src/jsonb_write.rs), "
               "with no JSON text and no `jsonb_in`.",
               "",

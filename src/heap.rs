@@ -6,8 +6,10 @@
 //! plumbing); those were the measured gap to a hand-written one-statement floor
 //! (docs/BENCHMARKS.md). The rows here are the extension's own, validated in Rust, into tables
 //! it created; [`DirectInsert::open`] refuses (and the caller falls back to SQL) whenever the
-//! table is not exactly as created: other columns, triggers, rules, CHECK constraints, forced row
-//! security, generated columns. So a DBA's audit trigger on `sync_changes` still fires.
+//! table is not exactly as created: other columns, triggers, rules, forced row security,
+//! generated columns. So a DBA's audit trigger on `sync_changes` still fires. CHECK constraints
+//! (the data model's own on `sync_reactions.status`, or one a DBA adds) are evaluated on every
+//! row, as `COPY FROM` evaluates them (`ExecConstraints`).
 
 use crate::error::{Error, Result};
 use crate::jsonb::RawJsonb;
@@ -24,9 +26,10 @@ pub enum SyncTable {
     SchemaMeta = 1,
     Changes = 2,
     ChangeScopes = 3,
+    Reactions = 4,
 }
 
-const TABLES: usize = 4;
+const TABLES: usize = 5;
 
 impl SyncTable {
     pub fn name(self) -> &'static CStr {
@@ -35,6 +38,7 @@ impl SyncTable {
             SyncTable::SchemaMeta => c"sync_schema_meta",
             SyncTable::Changes => c"sync_changes",
             SyncTable::ChangeScopes => c"sync_change_scopes",
+            SyncTable::Reactions => c"sync_reactions",
         }
     }
 }
@@ -151,8 +155,8 @@ pub unsafe fn bigint_by_key(
     }
 }
 
-/// The widest table inserted directly (`sync_changes` has 9 columns).
-const MAX_COLUMNS: usize = 16;
+/// The widest table inserted directly (`sync_reactions` has 17 columns).
+const MAX_COLUMNS: usize = 20;
 
 const ROW_EXCLUSIVE: pg_sys::LOCKMODE = pg_sys::RowExclusiveLock as pg_sys::LOCKMODE;
 
@@ -167,6 +171,8 @@ pub struct DirectInsert {
     info: *mut pg_sys::ResultRelInfo,
     estate: *mut pg_sys::EState,
     slot: *mut pg_sys::TupleTableSlot,
+    /// The table has CHECK constraints: every row is checked before it is written.
+    checks: bool,
 }
 
 /// One value of a directly inserted row, typed, so that [`DirectInsert::insert`] can check it
@@ -227,16 +233,24 @@ impl DirectInsert {
             let info = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>())
                 as *mut pg_sys::ResultRelInfo;
             (*info).type_ = pg_sys::NodeTag::T_ResultRelInfo;
-            pg_sys::InitResultRelInfo(info, relation, 1, std::ptr::null_mut(), 0);
+            // Range table index 0: the relation is in no range table (there is no statement),
+            // which is what the executor's error paths check before looking one up — a CHECK
+            // or NOT NULL violation describes the failing row with the inserted columns, and
+            // `ExecGetInsertedCols` answers "none" for index 0 (the row is then shown as the
+            // owner may read it, as the statement shows it).
+            pg_sys::InitResultRelInfo(info, relation, 0, std::ptr::null_mut(), 0);
             pg_sys::ExecOpenIndices(info, false);
             port::set_result_relation(estate, info);
             let slot = pg_sys::MakeSingleTupleTableSlot((*relation).rd_att, &pg_sys::TTSOpsVirtual);
+            let constraints = (*(*relation).rd_att).constr;
+            let checks = !constraints.is_null() && (*constraints).num_check > 0;
             Ok(Some(DirectInsert {
                 relation,
                 columns,
                 info,
                 estate,
                 slot,
+                checks,
             }))
         }
     }
@@ -290,6 +304,11 @@ impl DirectInsert {
             std::ptr::copy_nonoverlapping(values.as_ptr(), (*slot).tts_values, values.len());
             std::ptr::copy_nonoverlapping(nulls.as_ptr(), (*slot).tts_isnull, nulls.len());
             pg_sys::ExecStoreVirtualTuple(slot);
+            if self.checks {
+                // Raises a check violation (23514) naming the constraint, as an INSERT does;
+                // the expressions are prepared once, on the first row, in the executor state.
+                pg_sys::ExecConstraints(self.info, slot, self.estate);
+            }
             pg_sys::simple_table_tuple_insert(self.relation, slot);
             let recheck = port::exec_insert_index_tuples(self.info, slot, self.estate);
             pg_sys::list_free(recheck);
@@ -321,8 +340,9 @@ impl Drop for DirectInsert {
 }
 
 /// Whether `relation` is a plain table with exactly `columns` and nothing a statement would run
-/// on insert: no triggers, rules, CHECK constraints, generated columns or forced row security
-/// (the extension's functions run as the owner, who is exempt from row security unless forced).
+/// on insert that [`DirectInsert::insert`] does not: no triggers, rules, generated columns or
+/// forced row security (the extension's functions run as the owner, who is exempt from row
+/// security unless forced). CHECK constraints are evaluated by the insert itself.
 ///
 /// # Safety
 /// `relation` is an open relation.
@@ -340,7 +360,8 @@ unsafe fn is_plain(relation: pg_sys::Relation, columns: &[(&CStr, pg_sys::Oid)])
         let descriptor = (*relation).rd_att;
         let constraints = (*descriptor).constr;
         if !constraints.is_null()
-            && ((*constraints).num_check > 0 || (*constraints).has_generated_stored)
+            && ((*constraints).has_generated_stored
+                || ((*constraints).num_check > 0 && !port::CHECKS_BELOW_SQL))
         {
             return false;
         }

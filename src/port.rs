@@ -118,6 +118,13 @@ pub unsafe fn set_result_relation(estate: *mut pg_sys::EState, info: *mut pg_sys
     let _ = (estate, info);
 }
 
+/// Whether a row inserted below SQL ([`crate::heap::DirectInsert`]) can have its CHECK
+/// constraints evaluated by `ExecConstraints`. Its error path looks the inserted columns up in
+/// the range table: PostgreSQL 14 and later (`ExecGetInsertedCols`) answer "none" for a result
+/// relation outside any range table, 13 (`GetInsertedColumns`) reads the range table
+/// unconditionally. On 13 a table with CHECK constraints is written by a statement instead.
+pub const CHECKS_BELOW_SQL: bool = cfg!(not(feature = "pg13"));
+
 /// `RelationGetPrimaryKeyIndex(relation)` (`src/backend/utils/cache/relcache.c`); PostgreSQL 18
 /// added `deferrable_ok` (we want only immediate primary keys, the old behaviour).
 ///
