@@ -184,7 +184,7 @@ fn push_finish(
                 let appended = push_append::append(client, &header, changes)?;
                 let reactions = sourced(reactions, &header, appended.seq)?;
                 if reactions.as_array().is_some_and(|r| !r.is_empty()) {
-                    // The queue's own validation, caps and duplicate rule (src/queue.rs).
+                    // The queue's own validation, caps and duplicate rule (src/queue/enqueue.rs).
                     db::write(
                         client,
                         "SELECT syncular.enqueue_reactions($1, $2)",
