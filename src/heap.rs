@@ -284,7 +284,10 @@ impl DirectInsert {
         // SAFETY: `open` checked that the relation has exactly `self.columns` (names, types,
         // order) and nothing else; every value was just checked to be of its column's type, so
         // the slot receives a well-formed virtual tuple. The slot, estate and index info were
-        // made for this relation by `open` and live until `drop`.
+        // made for this relation by `open` and live until `drop`; `ExecConstraints` evaluates the
+        // relation's own CHECK constraints on that slot in that executor state, its error path
+        // safe for a relation outside any range table on the majors where it runs
+        // (`port::CHECKS_BELOW_SQL`).
         unsafe {
             let slot = self.slot;
             let attributes = pgrx::PgTupleDesc::from_pg_unchecked((*self.relation).rd_att);

@@ -119,10 +119,12 @@ pub unsafe fn set_result_relation(estate: *mut pg_sys::EState, info: *mut pg_sys
 }
 
 /// Whether a row inserted below SQL ([`crate::heap::DirectInsert`]) can have its CHECK
-/// constraints evaluated by `ExecConstraints`. Its error path looks the inserted columns up in
-/// the range table: PostgreSQL 14 and later (`ExecGetInsertedCols`) answer "none" for a result
-/// relation outside any range table, 13 (`GetInsertedColumns`) reads the range table
-/// unconditionally. On 13 a table with CHECK constraints is written by a statement instead.
+/// constraints evaluated by `ExecConstraints`. Its error path asks `ExecGetInsertedCols` for the
+/// inserted columns: from PostgreSQL 14 on, a result relation outside any range table (index 0,
+/// as `ExecGetTriggerResultRel` makes them) gets "none"; 13 takes such a relation for a partition
+/// routed from a parent and follows a root it does not have. On 13 (declared, not tested) a table
+/// with CHECK constraints is written by a statement instead. Tested on 15 and 18: a violation
+/// below SQL (the queue's `check_constraints_hold_below_sql`).
 pub const CHECKS_BELOW_SQL: bool = cfg!(not(feature = "pg13"));
 
 /// `RelationGetPrimaryKeyIndex(relation)` (`src/backend/utils/cache/relcache.c`); PostgreSQL 18
