@@ -234,6 +234,8 @@ fn insert_direct(
 /// The rows inserted by one statement, when the table carries something only a statement runs
 /// (a trigger, a rule: [`DirectInsert::open`]): one array per column, a plain `INSERT … SELECT
 /// unnest(…)` whose set-returning functions run in lockstep, one row per element in array order.
+/// Every column is given, as [`insert_direct`] gives it, so a column default set later changes
+/// neither path.
 fn insert_statement<'a>(partition: &str, rows: &[NewReaction<'a>]) -> Result<()> {
     let column = |f: fn(&NewReaction<'a>) -> &'a str| rows.iter().map(f).collect::<Vec<_>>();
     db::with_spi(|client| {
@@ -242,14 +244,15 @@ fn insert_statement<'a>(partition: &str, rows: &[NewReaction<'a>]) -> Result<()>
             "INSERT INTO syncular.sync_reactions
                (partition, idempotency_key, type, version, payload, source_client_id,
                 source_client_commit_id, source_commit_seq, created_at_ms,
-                available_at_ms, status, attempts, max_attempts)
+                available_at_ms, status, attempts, max_attempts, lease_owner,
+                lease_expires_at_ms, completed_at_ms, last_failure)
              SELECT $1, pg_catalog.unnest($2::text[]), pg_catalog.unnest($3::text[]),
                     pg_catalog.unnest($4::integer[]),
                     pg_catalog.unnest($5::jsonb[]),
                     pg_catalog.unnest($6::text[]), pg_catalog.unnest($7::text[]),
                     pg_catalog.unnest($8::bigint[]), pg_catalog.unnest($9::bigint[]),
                     pg_catalog.unnest($9::bigint[]), 'pending', 0,
-                    pg_catalog.unnest($10::integer[])",
+                    pg_catalog.unnest($10::integer[]), NULL, NULL, NULL, NULL",
             &[
                 DatumWithOid::from(partition),
                 DatumWithOid::from(column(|r| r.key)),
