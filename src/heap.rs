@@ -214,7 +214,9 @@ impl Value<'_> {
 
 impl DirectInsert {
     /// Opens `table` for direct inserts of rows with exactly `columns` (name, type), or `None`
-    /// when the table has anything a statement would have to run (see the module comment).
+    /// when the table has anything a statement would have to run or check (see the module
+    /// comment), or the transaction is read-only: a heap insert does not check that, the
+    /// statement refuses it (25006), so the caller's statement does the refusing.
     pub fn open(
         table: SyncTable,
         columns: &'static [(&'static CStr, pg_sys::Oid)],
@@ -223,6 +225,9 @@ impl DirectInsert {
         // slot are made for it as `CopyFrom` makes them, and are released in `drop` (or by the
         // transaction's abort after an error).
         unsafe {
+            if pg_sys::XactReadOnly {
+                return Ok(None);
+            }
             let relation = open(table, ROW_EXCLUSIVE)?;
             if !is_plain(relation, columns) {
                 // Keep the lock: the statement that writes instead takes it anyway.
@@ -234,8 +239,8 @@ impl DirectInsert {
                 as *mut pg_sys::ResultRelInfo;
             (*info).type_ = pg_sys::NodeTag::T_ResultRelInfo;
             // Range table index 0: the relation is in no range table (there is no statement),
-            // which is what the executor's error paths check before looking one up — a CHECK
-            // or NOT NULL violation describes the failing row with the inserted columns, and
+            // which is what the executor's error path checks before looking one up — a CHECK
+            // violation describes the failing row with the inserted columns, and
             // `ExecGetInsertedCols` answers "none" for index 0 (the row is then shown as the
             // owner may read it, as the statement shows it).
             pg_sys::InitResultRelInfo(info, relation, 0, std::ptr::null_mut(), 0);
@@ -297,8 +302,10 @@ impl DirectInsert {
                         ERROR,
                         pgrx::PgSqlErrorCode::ERRCODE_NOT_NULL_VIOLATION,
                         format!(
-                            "null value in column \"{}\" violates not-null constraint",
-                            CStr::from_ptr(attribute.attname.data.as_ptr()).to_string_lossy()
+                            "null value in column \"{}\" of relation \"{}\" violates not-null constraint",
+                            CStr::from_ptr(attribute.attname.data.as_ptr()).to_string_lossy(),
+                            CStr::from_ptr((*(*self.relation).rd_rel).relname.data.as_ptr())
+                                .to_string_lossy()
                         )
                     );
                 }
@@ -343,9 +350,11 @@ impl Drop for DirectInsert {
 }
 
 /// Whether `relation` is a plain table with exactly `columns` and nothing a statement would run
-/// on insert that [`DirectInsert::insert`] does not: no triggers, rules, generated columns or
-/// forced row security (the extension's functions run as the owner, who is exempt from row
-/// security unless forced). CHECK constraints are evaluated by the insert itself.
+/// or check on insert that [`DirectInsert::insert`] does not: owned by the current user (the
+/// extension's functions run as the owner, who needs no privilege check and is exempt from row
+/// security unless it is forced), not a partition (whose partition constraint a statement
+/// checks), no triggers, rules, generated columns or forced row security. CHECK constraints are
+/// evaluated by the insert itself.
 ///
 /// # Safety
 /// `relation` is an open relation.
@@ -354,6 +363,8 @@ unsafe fn is_plain(relation: pg_sys::Relation, columns: &[(&CStr, pg_sys::Oid)])
     unsafe {
         let form = &*(*relation).rd_rel;
         if form.relkind != pg_sys::RELKIND_RELATION as std::ffi::c_char
+            || form.relowner != pg_sys::GetUserId()
+            || form.relispartition
             || !(*relation).trigdesc.is_null()
             || !(*relation).rd_rules.is_null()
             || (form.relrowsecurity && form.relforcerowsecurity)

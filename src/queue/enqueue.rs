@@ -338,12 +338,9 @@ mod tests {
         })
     }
 
-    /// Fifteen hundred generated arrays enqueued twice: below SQL, then by the statement (a
-    /// trigger on the table makes `DirectInsert::open` refuse it). Every call ends alike (count,
-    /// or the same error: a duplicate names the same first stored key) and the stored rows are
-    /// equal column by column.
-    #[pg_test]
-    fn direct_and_statement_enqueues_agree() {
+    /// `public.syncular_test_try_enqueue(partition, reactions)`: [`outcome`]'s subtransaction;
+    /// `public.syncular_test_rows()`: a trigger function that sends rows through the statement.
+    fn test_functions() {
         Spi::run(
             "CREATE FUNCTION public.syncular_test_try_enqueue(p text, r jsonb) RETURNS text
              LANGUAGE plpgsql AS $$
@@ -359,6 +356,41 @@ mod tests {
              BEGIN RETURN NEW; END $$",
         )
         .unwrap();
+    }
+
+    fn direct_open() -> bool {
+        DirectInsert::open(SyncTable::Reactions, REACTION_COLUMNS)
+            .unwrap()
+            .is_some()
+    }
+
+    /// From here on, rows go through the statement.
+    fn add_trigger() {
+        Spi::run(
+            "CREATE TRIGGER syncular_test_rows BEFORE INSERT ON syncular.sync_reactions
+             FOR EACH ROW EXECUTE FUNCTION public.syncular_test_rows()",
+        )
+        .unwrap();
+        assert!(
+            !direct_open(),
+            "a trigger sends the rows through the statement"
+        );
+    }
+
+    fn one(key: &str, kind: &str) -> String {
+        json!([{ "idempotencyKey": key, "type": kind, "version": 1, "payload": {},
+            "sourceClientId": "c1", "sourceClientCommitId": "k", "sourceCommitSeq": 1,
+            "createdAtMs": 1 }])
+        .to_string()
+    }
+
+    /// Fifteen hundred generated arrays enqueued twice: below SQL, then by the statement (a
+    /// trigger on the table makes `DirectInsert::open` refuse it). Every call ends alike (count,
+    /// or the same error: a duplicate names the same first stored key) and the stored rows are
+    /// equal column by column.
+    #[pg_test]
+    fn direct_and_statement_enqueues_agree() {
+        test_functions();
         let mut runner = TestRunner::deterministic();
         let strategy = reactions();
         let docs: Vec<String> = (0..1500)
@@ -370,25 +402,12 @@ mod tests {
                     .to_string()
             })
             .collect();
-        let direct_open = || {
-            DirectInsert::open(SyncTable::Reactions, REACTION_COLUMNS)
-                .unwrap()
-                .is_some()
-        };
         assert!(
             direct_open(),
             "the data model's table is inserted below SQL"
         );
         let direct: Vec<String> = docs.iter().map(|d| outcome("direct", d)).collect();
-        Spi::run(
-            "CREATE TRIGGER syncular_test_rows BEFORE INSERT ON syncular.sync_reactions
-             FOR EACH ROW EXECUTE FUNCTION public.syncular_test_rows()",
-        )
-        .unwrap();
-        assert!(
-            !direct_open(),
-            "a trigger sends the rows through the statement"
-        );
+        add_trigger();
         let statement: Vec<String> = docs.iter().map(|d| outcome("statement", d)).collect();
         for (i, (d, s)) in direct.iter().zip(&statement).enumerate() {
             assert_eq!(d, s, "array {i}: {}", docs[i]);
@@ -403,48 +422,47 @@ mod tests {
         assert_eq!(rows, stored("statement"));
     }
 
-    /// A CHECK constraint a DBA adds is enforced below SQL as by the statement (23514, nothing
-    /// of the array kept).
+    /// A CHECK constraint a DBA adds is enforced below SQL as by the statement: the same
+    /// SQLSTATE (23514), message and DETAIL (the failing row), nothing of the array kept.
     #[pg_test]
     fn check_constraints_hold_below_sql() {
+        test_functions();
         Spi::run(
             "ALTER TABLE syncular.sync_reactions
                ADD CONSTRAINT syncular_test_short_types CHECK (length(type) < 6)",
         )
         .unwrap();
-        let doc = |kind: &str| {
-            json!([{ "idempotencyKey": format!("c-{kind}"), "type": kind, "version": 1,
-                "payload": {}, "sourceClientId": "c1", "sourceClientCommitId": "k",
-                "sourceCommitSeq": 1, "createdAtMs": 1 }])
-            .to_string()
-        };
-        assert!(DirectInsert::open(SyncTable::Reactions, REACTION_COLUMNS)
-            .unwrap()
-            .is_some());
-        let ok = Spi::get_one_with_args::<i32>(
-            "SELECT syncular.enqueue_reactions('c', $1::jsonb)",
-            &[doc("short").into()],
-        );
-        assert_eq!(ok, Ok(Some(1)));
-        let refused = PgTryBuilder::new(|| {
-            Spi::get_one_with_args::<i32>(
-                "SELECT syncular.enqueue_reactions('c', $1::jsonb)",
-                &[doc("longer").into()],
-            )
-            .map(|_| "inserted".to_string())
-            .unwrap_or_else(|e| e.to_string())
-        })
-        .catch_others(|e| match e {
-            pg_sys::panic::CaughtError::PostgresError(report) => {
-                format!("{:?} {}", report.sql_error_code(), report.message())
-            }
-            _ => "other".into(),
-        })
-        .execute();
+        assert!(direct_open(), "CHECK constraints are evaluated below SQL");
+        assert_eq!(outcome("d", &one("a", "short")), "1");
+        let direct = outcome("d", &one("b", "longer"));
+        add_trigger();
+        assert_eq!(outcome("s", &one("a", "short")), "1");
+        let statement = outcome("d", &one("b", "longer"));
         assert!(
-            refused.contains("ERRCODE_CHECK_VIOLATION")
-                && refused.contains("syncular_test_short_types"),
-            "{refused}"
+            direct.starts_with("23514 ") && direct.contains("syncular_test_short_types"),
+            "{direct}"
         );
+        // The DETAIL's first line: with RUST_BACKTRACE set, pgrx appends the Rust stack to a
+        // PostgreSQL error it carried, which differs between the two paths.
+        let first = |outcome: &str| outcome.lines().next().unwrap_or_default().to_string();
+        assert!(
+            first(&direct).contains("Failing row contains (d, b, longer"),
+            "{direct}"
+        );
+        assert_eq!(first(&direct), first(&statement));
+    }
+
+    /// In a read-only transaction the rows are not written below SQL: the statement refuses
+    /// them (25006), as it always did.
+    #[pg_test]
+    fn read_only_transactions_refuse_the_enqueue() {
+        test_functions();
+        Spi::run("SET LOCAL transaction_read_only = on").unwrap();
+        assert!(
+            !direct_open(),
+            "no direct insert in a read-only transaction"
+        );
+        let refused = outcome("r", &one("a", "email"));
+        assert!(refused.starts_with("25006 "), "{refused}");
     }
 }
