@@ -192,6 +192,16 @@ pub fn json_text(text: &str) -> Option<&str> {
     (container && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()).then_some(text)
 }
 
+/// The text of a jsonb string node that holds the text of an object or array (a document bound
+/// as a jsonb string by a 0.24 host's driver; data model invariant 15): what every reader of a
+/// binary document reads instead of the string.
+pub fn wrapped_json(node: crate::jsonb::Node<'_>) -> Option<&str> {
+    match node {
+        crate::jsonb::Node::String(text) => std::str::from_utf8(text).ok().and_then(json_text),
+        _ => None,
+    }
+}
+
 /// Runs `body` on the root of the required jsonb argument `name`, read in its binary form
 /// ([`crate::jsonb`]): over the argument caps → `too_large`, nested deeper than
 /// [`crate::jsonb::MAX_DEPTH`] → `too_deep`. A document bound as a jsonb string holding the text
@@ -201,20 +211,17 @@ pub fn with_jsonb<R>(
     document: Option<crate::jsonb::JsonbArg>,
     body: impl FnOnce(crate::jsonb::Node<'_>) -> Result<R>,
 ) -> Result<R> {
-    use crate::jsonb::{JsonbArg, Node};
+    use crate::jsonb::JsonbArg;
     let document = required(name, document)?;
     let root = jsonb_root(name, &document)?;
     let reparsed;
-    let root = match root {
-        Node::String(text) => match std::str::from_utf8(text).ok().and_then(json_text) {
-            Some(text) => {
-                reparsed =
-                    JsonbArg::parse(text).ok_or_else(|| Error::invalid_argument(name, "type"))?;
-                jsonb_root(name, &reparsed)?
-            }
-            None => root,
-        },
-        _ => root,
+    let root = match wrapped_json(root) {
+        Some(text) => {
+            reparsed =
+                JsonbArg::parse(text).ok_or_else(|| Error::invalid_argument(name, "type"))?;
+            jsonb_root(name, &reparsed)?
+        }
+        None => root,
     };
     body(root)
 }

@@ -398,13 +398,7 @@ pub enum Integer {
 /// Reads a `numeric` varlena (`src/backend/utils/adt/numeric.c`): base-10000 digits with a
 /// weight, short or long header. `2.0` is integral (jsonb keeps the scale).
 pub fn numeric_integer(varlena: &[u8]) -> Read<Integer> {
-    const NUMERIC_SIGN_MASK: u16 = 0xC000;
-    const NUMERIC_NEG: u16 = 0x4000;
-    const NUMERIC_SHORT: u16 = 0x8000;
-    const NUMERIC_SPECIAL: u16 = 0xC000;
-    const SHORT_SIGN: u16 = 0x2000;
-    const SHORT_WEIGHT_SIGN: u16 = 0x0040;
-    const SHORT_WEIGHT_MASK: u16 = 0x003F;
+    use crate::port::numeric::*;
     let first = *varlena.first().ok_or(Malformed)?;
     // 1-byte varlena header (VARATT_IS_1B) or 4-byte uncompressed (the only two jsonb stores).
     let (header_len, total) = if first & 0x01 == 0x01 {
@@ -452,7 +446,7 @@ pub fn numeric_integer(varlena: &[u8]) -> Read<Integer> {
             unsafe_magnitude = true;
             continue;
         }
-        value += digit * 10_000i128.pow(exponent as u32);
+        value += digit * (NBASE as i128).pow(exponent as u32);
     }
     let max = crate::limits::MAX_SAFE as i128;
     if unsafe_magnitude || value > max {

@@ -164,10 +164,7 @@ impl Writer {
 /// `make_result`): a 4-byte varlena header, the short header word (sign, display scale 0,
 /// weight), the base-10000 digits without leading or trailing zero digits; zero has none.
 fn push_numeric(out: &mut Vec<u8>, n: i64) {
-    const NBASE: u64 = 10_000;
-    const NUMERIC_SHORT: u16 = 0x8000;
-    const SHORT_SIGN: u16 = 0x2000;
-    const SHORT_WEIGHT_MASK: u16 = 0x003F;
+    use crate::port::numeric::{NBASE, NUMERIC_SHORT, SHORT_SIGN, SHORT_WEIGHT_MASK};
     let mut magnitude = n.unsigned_abs();
     // Digits, least significant first: at most five for a 64-bit value.
     let mut digits = [0u16; 5];

@@ -118,6 +118,20 @@ pub unsafe fn set_result_relation(estate: *mut pg_sys::EState, info: *mut pg_sys
     let _ = (estate, info);
 }
 
+/// The `numeric` varlena's header word (`src/backend/utils/adt/numeric.c`): sign and format bits,
+/// the short format's sign, weight sign and weight; digits are base `NBASE`. Read by
+/// [`crate::jsonb`], written by [`crate::jsonb_write`].
+pub mod numeric {
+    pub const NBASE: u64 = 10_000;
+    pub const NUMERIC_SIGN_MASK: u16 = 0xC000;
+    pub const NUMERIC_NEG: u16 = 0x4000;
+    pub const NUMERIC_SHORT: u16 = 0x8000;
+    pub const NUMERIC_SPECIAL: u16 = 0xC000;
+    pub const SHORT_SIGN: u16 = 0x2000;
+    pub const SHORT_WEIGHT_SIGN: u16 = 0x0040;
+    pub const SHORT_WEIGHT_MASK: u16 = 0x003F;
+}
+
 /// Whether a row inserted below SQL ([`crate::heap::DirectInsert`]) can have its CHECK
 /// constraints evaluated by `ExecConstraints`. Its error path asks `ExecGetInsertedCols` for the
 /// inserted columns: from PostgreSQL 14 on, a result relation outside any range table (index 0,

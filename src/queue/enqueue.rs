@@ -104,7 +104,7 @@ fn reaction(node: Node<'_>, i: usize) -> Result<NewReaction<'_>> {
     })
 }
 
-/// The key a unique violation of `sync_reactions`' primary key reports, among `keys`. Its
+/// The key a unique violation of `sync_reactions`' primary key reports, among `rows`' keys. Its
 /// DETAIL renders the key as `(partition, idempotency_key)=(<partition>, <key>)` (PostgreSQL's
 /// index value description, built without translation). Another key's rendering can occur in
 /// it only inside the reported one (a key that contains `=(<partition>, <other>)`), so the
@@ -113,17 +113,17 @@ fn reaction(node: Node<'_>, i: usize) -> Result<NewReaction<'_>> {
 fn existing_key<'k>(
     panic: &(dyn std::any::Any + Send),
     partition: &str,
-    keys: &[&'k str],
+    rows: &[NewReaction<'k>],
 ) -> Option<&'k str> {
     let report = error::postgres_report(panic)?;
     if report.sql_error_code() != PgSqlErrorCode::ERRCODE_UNIQUE_VIOLATION {
         return None;
     }
     let detail = report.detail()?;
-    keys.iter()
+    rows.iter()
+        .map(|r| r.key)
         .filter(|key| detail.contains(&format!("=({partition}, {key})")))
         .max_by_key(|key| key.len())
-        .copied()
 }
 
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
@@ -158,7 +158,6 @@ fn enqueue(partition: &str, root: Node<'_>) -> Result<i32> {
         return Err(duplicate(r.key));
     }
     let count = rows.len();
-    let keys: Vec<&str> = rows.iter().map(|r| r.key).collect();
     // Rows in array order either way: the unique check waits for an uncommitted insert of the
     // same key by another transaction and then fails at the first element whose key exists,
     // which is the one to name (docs/DESIGN.md §8, "Enqueue").
@@ -170,7 +169,7 @@ fn enqueue(partition: &str, root: Node<'_>) -> Result<i32> {
     }));
     match inserted {
         Ok(done) => done.map(|()| count as i32),
-        Err(panic) => match existing_key(panic.as_ref(), partition, &keys) {
+        Err(panic) => match existing_key(panic.as_ref(), partition, &rows) {
             // The transaction is aborting: nothing more is read, the error is replaced.
             Some(key) => Err(duplicate(key)),
             None => resume_unwind(panic),

@@ -146,13 +146,12 @@ impl Reaction {
 /// array (written by a 0.24 host whose driver bound JSON as text) is that object or array, as
 /// every reader unwraps it (data model invariant 15, [`args::unwrap_json_text`]).
 fn unwrapped(stored: OwnedJsonb) -> Result<OwnedJsonb> {
-    if let Ok(Node::String(text)) = stored.container().and_then(|c| c.root()) {
-        if let Some(inner) = std::str::from_utf8(text).ok().and_then(args::json_text) {
-            return OwnedJsonb::from_text(inner)
-                .ok_or_else(|| Error::Internal("syncular: a stored JSON text holds NUL".into()));
-        }
+    let root = stored.container().and_then(|c| c.root());
+    match root.ok().and_then(args::wrapped_json) {
+        Some(inner) => OwnedJsonb::from_text(inner)
+            .ok_or_else(|| Error::Internal("syncular: a stored JSON text holds NUL".into())),
+        None => Ok(stored),
     }
-    Ok(stored)
 }
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
