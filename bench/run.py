@@ -21,7 +21,7 @@ import reactions  # noqa: E402  (bench/reactions.py)
 # The PostgreSQL major under test (bench/run.sh sets both from scripts/pg.sh).
 BIN = os.environ.get("BENCH_PG_BIN", "/usr/lib/postgresql/15/bin")
 MAJOR = os.environ.get("BENCH_PG_MAJOR", "15")
-PORT = os.environ.get("BENCH_PORT", "55437")
+PORT = os.environ.get("BENCH_PORT", "25437")
 SECONDS = int(os.environ.get("BENCH_SECONDS", "3"))
 # Each workload runs ROUNDS times per side, the sides interleaved (baseline, syncular, baseline,
 # …); the table shows the median round of each side. A single run on a shared 2-core VM moves by

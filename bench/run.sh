@@ -14,7 +14,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 export BENCH_PG_MAJOR=${BENCH_PG_MAJOR:-15}
 export BENCH_PG_BIN=$(pg_bindir "$BENCH_PG_MAJOR") SYNCULAR_PG_MAJOR=$BENCH_PG_MAJOR
 DIR=${BENCH_DIR:-/tmp/syncular-bench-cluster}
-PORT=${BENCH_PORT:-55437}
+PORT=${BENCH_PORT:-25437}
 echo "== building and installing the release build"
 cargo pgrx install --release --pg-config "$(pg_config_of "$BENCH_PG_MAJOR")" >/dev/null
 trap 'scripts/cluster.sh stop "$DIR"' EXIT

@@ -28,9 +28,20 @@ max_connections = 100
 shared_preload_libraries = ''
 CONF
     fi
+    # A port taken by any other process (the machine's own client connections use 32768-60999,
+    # which is why the scripts' defaults lie below it) is named here rather than left to
+    # pg_ctl's "could not start server".
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "cluster.sh: port $port on 127.0.0.1 is already in use; choose another (SYNCULAR_TEST_PORT, SYNCULAR_DEMO_PORT, BENCH_PORT)" >&2
+      exit 1
+    fi
     limit=${SYNCULAR_CLUSTER_MEMORY_KB:-unlimited}
-    as_postgres bash -c 'ulimit -v "$1" && exec "$2" -D "$3" -l "$3/server.log" -w -t 60 start' \
-      _ "$limit" "$BIN/pg_ctl" "$dir" >/dev/null
+    if ! as_postgres bash -c 'ulimit -v "$1" && exec "$2" -D "$3" -l "$3/server.log" -w -t 60 start' \
+      _ "$limit" "$BIN/pg_ctl" "$dir" >/dev/null; then
+      echo "cluster.sh: the server in $dir did not start on port $port; its log is $dir/server.log, ending:" >&2
+      tail -n 20 "$dir/server.log" >&2 || true
+      exit 1
+    fi
     ;;
   stop)
     if [ -f "$dir/postmaster.pid" ]; then

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 DIR=${SYNCULAR_DEMO_DIR:-/tmp/syncular-demo}
-PORT=${SYNCULAR_DEMO_PORT:-55438}
+PORT=${SYNCULAR_DEMO_PORT:-25438}
 echo "== building and installing the extension"
 cargo pgrx install --release --pg-config /usr/lib/postgresql/15/bin/pg_config >/dev/null
 trap 'scripts/cluster.sh stop "$DIR"' EXIT

@@ -18,7 +18,7 @@ scripts/setup.sh
 . scripts/pg.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 WORK=${SYNCULAR_TEST_DIR:-/tmp/syncular-test}
-BASE_PORT=${SYNCULAR_TEST_PORT:-55439}
+BASE_PORT=${SYNCULAR_TEST_PORT:-25439}
 MAJORS=${SYNCULAR_TEST_MAJORS:-$SYNCULAR_MAJORS}
 
 mkdir -p "$WORK"

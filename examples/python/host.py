@@ -26,8 +26,8 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 ADMIN_URL = os.environ.get("SYNCULAR_EXAMPLE_ADMIN_URL",
-                           "host=127.0.0.1 port=55439 user=app_migrator dbname=example_python")
-HOST_URL = os.environ.get("SYNCULAR_EXAMPLE_URL", "host=127.0.0.1 port=55439 user=app_server dbname=example_python")
+                           "host=127.0.0.1 port=25439 user=app_migrator dbname=example_python")
+HOST_URL = os.environ.get("SYNCULAR_EXAMPLE_URL", "host=127.0.0.1 port=25439 user=app_server dbname=example_python")
 PARTITION = "acme"
 VERSION = 1
 NOW = 1_750_000_000_000

@@ -12,8 +12,8 @@ import { isDeepStrictEqual as same } from "node:util";
 import pg from "pg";
 import { listenForCommits, type CommitNotice } from "./listen.js";
 
-const ADMIN_URL = process.env.SYNCULAR_EXAMPLE_ADMIN_URL ?? "postgres://app_migrator@127.0.0.1:55439/example_node";
-const HOST_URL = process.env.SYNCULAR_EXAMPLE_URL ?? "postgres://app_server@127.0.0.1:55439/example_node";
+const ADMIN_URL = process.env.SYNCULAR_EXAMPLE_ADMIN_URL ?? "postgres://app_migrator@127.0.0.1:25439/example_node";
+const HOST_URL = process.env.SYNCULAR_EXAMPLE_URL ?? "postgres://app_server@127.0.0.1:25439/example_node";
 const PARTITION = "acme";
 const VERSION = 1;
 const NOW = 1_750_000_000_000;

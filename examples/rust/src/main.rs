@@ -725,12 +725,12 @@ async fn connect(variable: &str, default: &str) -> Client {
 async fn main() {
     let admin = connect(
         "SYNCULAR_EXAMPLE_ADMIN_URL",
-        "host=127.0.0.1 port=55439 user=app_migrator dbname=example_rust",
+        "host=127.0.0.1 port=25439 user=app_migrator dbname=example_rust",
     )
     .await;
     let host = connect(
         "SYNCULAR_EXAMPLE_URL",
-        "host=127.0.0.1 port=55439 user=app_server dbname=example_rust",
+        "host=127.0.0.1 port=25439 user=app_server dbname=example_rust",
     )
     .await;
     match run(&admin, &host).await {

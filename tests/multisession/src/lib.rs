@@ -24,7 +24,7 @@ const TEMPLATE: &str = "syncular_fixture";
 /// The connection parameters of the test cluster, without a database name (`SYNCULAR_TEST_PG`).
 pub fn cluster() -> String {
     std::env::var("SYNCULAR_TEST_PG")
-        .unwrap_or_else(|_| "host=127.0.0.1 port=55439 user=postgres".to_string())
+        .unwrap_or_else(|_| "host=127.0.0.1 port=25439 user=postgres".to_string())
 }
 
 /// A connection to database `db` of the test cluster as its superuser.
