@@ -2,9 +2,11 @@
 //!
 //! The rule of docs/SECURITY.md in code: the extension owner's rights are only ever used for
 //! statements over the extension's own `sync_*` tables; a host relation is touched only as its
-//! owner in a *restricted security context* (as PostgreSQL's own `ANALYZE` and
+//! owner (or the caller) in a *restricted security context* (as PostgreSQL's own `ANALYZE` and
 //! `REFRESH MATERIALIZED VIEW` do), so whatever code the host attached to it (policies,
 //! triggers, functions in defaults) runs with its author's rights and cannot change role.
+//!
+//! The switches themselves, and the settings they pin and discard, are [`crate::sandbox`]'s.
 //!
 //! Functions that need the caller's identity (to check its privileges) are declared
 //! `SECURITY INVOKER` and switch to the owner themselves with [`as_extension_owner`]: inside a
@@ -12,6 +14,7 @@
 
 use crate::db;
 use crate::error::{Error, Result};
+use crate::sandbox;
 use crate::txn_local::{self, Key};
 use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
@@ -60,48 +63,11 @@ pub fn require_operator(client: &SpiClient<'_>, argument: &str) -> Result<()> {
     }
 }
 
-/// Runs `body` as `role` with the given extra security-context flags, and switches back. An
-/// error aborts the (sub)transaction, which restores user and context as well.
-fn as_role<R>(role: pg_sys::Oid, flags: u32, body: impl FnOnce() -> Result<R>) -> Result<R> {
-    let (mut user, mut context) = (pg_sys::InvalidOid, 0);
-    // SAFETY: the documented pair of miscinit.c; the saved values are restored below on every
-    // Rust return path, and PostgreSQL's abort processing restores them on an ERROR.
-    unsafe {
-        pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
-        pg_sys::SetUserIdAndSecContext(role, context | flags as i32);
-    }
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
-    // SAFETY: as above.
-    unsafe { pg_sys::SetUserIdAndSecContext(user, context) };
-    match outcome {
-        Ok(result) => result,
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
-}
-
-/// Runs `body` with the extension owner's rights, for statements over `sync_*` tables only.
+/// Runs `body` with the extension owner's rights, for statements over `sync_*` tables only, under
+/// the pinned `search_path` ([`sandbox::as_owner`]).
 pub fn as_extension_owner<R>(
     client: &SpiClient<'_>,
     body: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
-    let owner = extension_owner(client)?;
-    as_role(owner, pg_sys::SECURITY_LOCAL_USERID_CHANGE, body)
-}
-
-/// Runs `body` as `owner` (a host relation's owner) in a restricted security context: code the
-/// host attached to its relation runs with the host's own rights and cannot `SET ROLE`, create
-/// temporary objects or otherwise leave that context.
-pub fn as_relation_owner<R>(owner: pg_sys::Oid, body: impl FnOnce() -> Result<R>) -> Result<R> {
-    as_restricted(owner, body)
-}
-
-/// Runs `body` as `role` in a restricted security context: the one-call push reads and writes
-/// app rows as its caller this way (docs/SECURITY.md, rule 10), from inside the extension
-/// owner's rights.
-pub fn as_restricted<R>(role: pg_sys::Oid, body: impl FnOnce() -> Result<R>) -> Result<R> {
-    as_role(
-        role,
-        pg_sys::SECURITY_LOCAL_USERID_CHANGE | pg_sys::SECURITY_RESTRICTED_OPERATION,
-        body,
-    )
+    sandbox::as_owner(extension_owner(client)?, body)
 }

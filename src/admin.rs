@@ -8,7 +8,6 @@ use crate::tables;
 use pgrx::prelude::*;
 use pgrx::JsonB;
 use serde_json::{json, Value};
-use std::collections::HashMap;
 
 /// SECURITY INVOKER: the references are read with the extension's rights, each referencing
 /// table as its owner in a restricted security context, and only for a caller that holds `SELECT`
@@ -51,22 +50,7 @@ fn rows_referencing_blob(partition: Option<&str>, blob_id: Option<&str>) -> Json
                         )));
                 }
                 let row_ids: Vec<&str> = group.iter().map(|r| r.1.as_str()).collect();
-                let sql = format!(
-                    "SELECT a.\"_sync_row_id\", a.\"_sync_scopes\"
-                       FROM unnest($2::text[]) AS k(row_id)
-                       JOIN {} a ON a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = k.row_id",
-                    relation.qualified()
-                );
-                let mut scopes: HashMap<String, Option<Value>> = relation.as_owner(|| {
-                    db::read_dynamic(client, &sql, &[partition.as_str().into(), row_ids.into()])?
-                        .map(|row| {
-                            Ok((
-                                row.get::<String>(1)?.unwrap_or_default(),
-                                row.get::<JsonB>(2)?.map(|j| args::unwrap_json_text(j.0)),
-                            ))
-                        })
-                        .collect()
-                })?;
+                let mut scopes = relation.scopes_of_rows(client, &partition, row_ids)?;
                 for (_, row_id) in group {
                     if let Some(scopes) = scopes.remove(row_id) {
                         out.push(json!({"table": tbl, "rowId": row_id, "scopes": scopes}));

@@ -90,7 +90,7 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'encode_row_wrapper';
 "#
 )]
 fn encode_row(tbl: Option<&str>, values: Option<JsonArg>, sparse: Option<bool>) -> Vec<u8> {
-    error::run(|| {
+    error::run_in_host_code(|| {
         let tbl = args::text("tbl", tbl)?;
         let Json::Object(values) = args::json("values", values)? else {
             return Err(Error::invalid_argument("values", "type"));
@@ -151,7 +151,7 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'decode_row_wrapper';
 "#
 )]
 fn decode_row(tbl: Option<&str>, payload: Option<&[u8]>, sparse: Option<bool>) -> JsonB {
-    error::run(|| {
+    error::run_in_host_code(|| {
         let tbl = args::text("tbl", tbl)?;
         let payload = args::bytes("payload", payload)?;
         let sparse = args::required("sparse", sparse)?;

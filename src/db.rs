@@ -19,14 +19,57 @@ use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiCursor, SpiTupleTable};
 use pgrx::Spi;
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::rc::Rc;
 
 thread_local! {
     /// Kept plans, keyed by their SQL text (always a `'static` literal of this crate).
     static PLANS: RefCell<HashMap<(&'static str, bool), &'static OwnedPreparedStatement>> =
         RefCell::new(HashMap::new());
     /// Kept plans of statements built per app table (quoted identifiers), keyed by their text.
-    static DYNAMIC_PLANS: RefCell<HashMap<(String, bool), &'static OwnedPreparedStatement>> =
-        RefCell::new(HashMap::new());
+    static DYNAMIC_PLANS: RefCell<DynamicPlans> = RefCell::new(DynamicPlans::default());
+}
+
+/// How many plans of statements built per app table a backend keeps. Their texts hold a
+/// relation's current name, so every rename (or a dropped table) leaves a text no call will use
+/// again: without a bound each one kept a plan for the backend's life (issue 25's finding: +57 MB
+/// after 5,000 renames). A handful of statements per registered table fit many times over.
+const DYNAMIC_PLANS_KEPT: usize = 512;
+
+/// The kept plans of statements built per app table, the least recently used freed first when
+/// [`DYNAMIC_PLANS_KEPT`] is reached.
+#[derive(Default)]
+struct DynamicPlans {
+    plans: HashMap<(String, bool), (Rc<OwnedPreparedStatement>, u64)>,
+    /// A counter of uses: the entry with the smallest stamp is the least recently used.
+    clock: u64,
+}
+
+impl DynamicPlans {
+    fn get(&mut self, key: &(String, bool)) -> Option<Rc<OwnedPreparedStatement>> {
+        self.clock += 1;
+        let clock = self.clock;
+        self.plans.get_mut(key).map(|(plan, used)| {
+            *used = clock;
+            Rc::clone(plan)
+        })
+    }
+
+    fn insert(&mut self, key: (String, bool), plan: Rc<OwnedPreparedStatement>) {
+        if self.plans.len() >= DYNAMIC_PLANS_KEPT {
+            // Dropping the last reference frees the plan (SPI_freeplan); a statement running
+            // with it holds its own reference until it ends.
+            if let Some(oldest) = self
+                .plans
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(k, _)| k.clone())
+            {
+                self.plans.remove(&oldest);
+            }
+        }
+        self.clock += 1;
+        self.plans.insert(key, (plan, self.clock));
+    }
 }
 
 fn plan(
@@ -130,7 +173,8 @@ pub fn read_cursor<'conn>(
 }
 
 /// Like [`read`], for a statement text built at run time around an app table's quoted name.
-/// One kept plan per distinct text (a handful per registered table).
+/// One kept plan per distinct text (a handful per registered table), at most
+/// [`DYNAMIC_PLANS_KEPT`] in all.
 pub fn read_dynamic<'conn>(
     client: &SpiClient<'conn>,
     sql: &str,
@@ -156,7 +200,7 @@ fn dynamic<'conn>(
     mutating: bool,
 ) -> Result<SpiTupleTable<'conn>> {
     let key = (sql.to_string(), mutating);
-    let cached = DYNAMIC_PLANS.with(|plans| plans.borrow().get(&key).copied());
+    let cached = DYNAMIC_PLANS.with(|plans| plans.borrow_mut().get(&key));
     let stmt = match cached {
         Some(kept) => kept,
         None => {
@@ -166,12 +210,13 @@ fn dynamic<'conn>(
             } else {
                 client.prepare(sql, &types)?
             };
-            let kept: &'static OwnedPreparedStatement = Box::leak(Box::new(prepared.keep()));
-            DYNAMIC_PLANS.with(|plans| plans.borrow_mut().insert(key, kept));
+            let kept = Rc::new(prepared.keep());
+            DYNAMIC_PLANS.with(|plans| plans.borrow_mut().insert(key, Rc::clone(&kept)));
             kept
         }
     };
-    Ok(client.select(stmt, None, args)?)
+    // The map is not borrowed while the statement runs: host code it fires may reach here again.
+    Ok(client.select(&*stmt, None, args)?)
 }
 
 /// Runs one guarded `UPDATE … RETURNING 1` in its own SPI connection; `true` iff a row changed.

@@ -216,7 +216,27 @@ impl From<pgrx::heap_tuple::PgHeapTupleError> for Error {
 /// Catalogue errors raised by nested statements of this crate (see the module comment) keep
 /// their SQLSTATE. Every other panic, including PostgreSQL errors caught by pgrx (40001, 40P01, 23505, …),
 /// continues to unwind to pgrx's own guard, which reports it unchanged.
+///
+/// A call made by host code that runs inside another call of the API (a trigger of an app table
+/// firing under `push_commit`, a policy read by `pull`) is refused with `42501` before anything
+/// is read ([`crate::sandbox`], docs/SECURITY.md rule 12).
 pub fn run<T>(body: impl FnOnce() -> Result<T>) -> T {
+    if let Err(message) = crate::sandbox::refuse_in_host_code() {
+        drop(body);
+        raise(
+            "42501",
+            message.to_string(),
+            None,
+            Some("a trigger, default, index expression, CHECK or policy of an app table runs inside the syncular call that reads or writes that table; call syncular from the host itself (for reactions of a one-call push, its reactionPlanner), docs/SECURITY.md".to_string()),
+        )
+    }
+    run_in_host_code(body)
+}
+
+/// [`run`] for the few functions host code may call inside a call of the API: the extension's
+/// own triggers (the row-meta trigger fires on the host writes of a one-call push) and the fence
+/// guard's internals, which only check or refuse, and the row codec, which only reads.
+pub fn run_in_host_code<T>(body: impl FnOnce() -> Result<T>) -> T {
     let outcome = catch_unwind(AssertUnwindSafe(body));
     type Raised = (&'static str, String, Option<String>, Option<String>);
     let (sqlstate, message, detail, hint): Raised = match outcome {

@@ -94,7 +94,7 @@ pub fn raise(
 fn writer_fence_trigger<'a>(
     trigger: &'a PgTrigger<'a>,
 ) -> std::result::Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgTriggerError> {
-    Ok(error::run(|| {
+    Ok(error::run_in_host_code(|| {
         let new = trigger
             .new()
             .ok_or_else(|| Error::Internal("writer fence fired without a new row".into()))?;

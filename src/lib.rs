@@ -4,7 +4,8 @@
 //! (docs/DESIGN.md):
 //! - [`error`]: the error catalogue and the one place that raises it;
 //! - [`port`]: Rust ports of PostgreSQL header code, each quoting what it ports;
-//! - [`access`]: the calling role, the extension owner, and the switches between them;
+//! - [`access`]: the calling role and the extension owner; [`sandbox`]: the one place that
+//!   switches between them and the host's roles, with the settings it pins and discards;
 //! - [`args`], [`limits`], [`db`]: argument decoding and the size caps, SPI with kept plans; [`heap`]: the extension's
 //!   tables below SQL (cached OIDs, direct inserts into the commit log);
 //! - [`fence`]: the writer-fence trigger and functions (docs/DESIGN.md §Writer fence);
@@ -20,7 +21,8 @@
 //!   (docs/DESIGN.md §Around the native parts);
 //! - [`scope`], [`pull`]: scope filters, the commit window and the bootstrap scan;
 //!   [`pull_request`]: the one-call pull of a whole request;
-//! - [`tables`], [`rows`]: the app-table registry and row metadata (scopes, blobs, tombstones);
+//! - [`tables`]: the app-table registry and the one module that touches host relations;
+//!   [`rows`]: row metadata (scopes, blobs, tombstones);
 //! - [`queue`]: the reaction outbox; [`clients`]: client records and cursors;
 //! - [`txn_local`]: transaction-local control state no session can set;
 //! - [`admin`]: blob-reference and admin reads; [`adopt`]: adoption of a 0.24 database;
@@ -76,6 +78,7 @@ mod queue;
 mod registry;
 mod repair;
 mod rows;
+mod sandbox;
 mod scope;
 mod tables;
 #[cfg(any(test, feature = "pg_test"))]
@@ -106,7 +109,7 @@ extension_sql_file!(
 extension_sql!(
     "ALTER FUNCTION syncular.row_meta_trigger() SECURITY DEFINER SET search_path = pg_catalog, pg_temp;",
     name = "row_meta_trigger_definer",
-    requires = [tables::row_meta_trigger]
+    requires = [tables::row_meta::row_meta_trigger]
 );
 // Privileges and comments: after everything else.
 extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);

@@ -13,11 +13,11 @@ use crate::error::{self, Error, Result};
 use crate::jsonb::OwnedJsonb;
 use crate::scope::{self, Filter};
 use crate::tables;
+pub use crate::tables::ScanRow;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::JsonB;
-use std::collections::HashMap;
 
 /// One page of the window in one statement, read through a cursor: the page's candidate commits
 /// (the distinct `commit_seq` above `$5`, ascending, at most `$6`: one bounded range of the
@@ -324,14 +324,6 @@ fn latest_scoped_change_seq(
 }
 
 /// One current row of a bootstrap page, as `scan_rows` returns it.
-pub struct ScanRow {
-    pub row_id: String,
-    pub server_version: i64,
-    pub scopes: JsonB,
-    pub payload: Vec<u8>,
-    pub column_versions: Option<Vec<u8>>,
-}
-
 impl ScanRow {
     fn into_columns(self) -> (String, i64, JsonB, Vec<u8>, Option<Vec<u8>>) {
         (
@@ -373,15 +365,6 @@ pub fn scan(
     let mut out: Vec<ScanRow> = Vec::new();
     // The candidates come from the extension's index (read with the extension's rights), the
     // rows from the host's table by its primary key (read as its owner, docs/SECURITY.md).
-    let rows_sql = format!(
-        "SELECT a.\"_sync_row_id\", a.\"_sync_server_version\",
-                CASE WHEN pg_catalog.jsonb_typeof(a.\"_sync_scopes\") = 'string'
-                     THEN (a.\"_sync_scopes\" #>> '{{}}')::jsonb ELSE a.\"_sync_scopes\" END,
-                a.\"_sync_payload\", a.\"_sync_column_versions\"
-           FROM unnest($2::text[]) AS k(row_id)
-           JOIN {rel} a ON a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = k.row_id",
-        rel = relation.qualified()
-    );
     loop {
         let candidates: Vec<String> = access::as_extension_owner(client, || {
             db::read(
@@ -402,28 +385,7 @@ pub fn scan(
         let Some(page_last) = candidates.last().cloned() else {
             break;
         };
-        let mut found: HashMap<String, ScanRow> = relation.as_owner(|| {
-            db::read_dynamic(
-                client,
-                &rows_sql,
-                &[
-                    DatumWithOid::from(partition),
-                    DatumWithOid::from(candidates.clone()),
-                ],
-            )?
-            .map(|row| {
-                let row_id = row.get::<String>(1)?.unwrap_or_default();
-                let scanned = ScanRow {
-                    row_id: row_id.clone(),
-                    server_version: row.get::<i64>(2)?.unwrap_or_default(),
-                    scopes: row.get::<JsonB>(3)?.unwrap_or(JsonB(serde_json::json!({}))),
-                    payload: row.get::<Vec<u8>>(4)?.unwrap_or_default(),
-                    column_versions: row.get::<Vec<u8>>(5)?,
-                };
-                Ok((row_id, scanned))
-            })
-            .collect()
-        })?;
+        let mut found = relation.scan_rows(client, partition, candidates.clone())?;
         // Candidate order; a row deleted since its entry was read is simply absent.
         for row_id in &candidates {
             let Some(row) = found.remove(row_id) else {

@@ -49,3 +49,38 @@ fn raising_errors_in_one_backend_does_not_grow_its_memory() {
         "the backend grew by {grown} kB over 50,000 errors"
     );
 }
+
+/// `renames` renames of the registered table `rn`, each followed by a read through the API that
+/// plans a statement naming the table (issue 25: kept plans were keyed by a text holding the
+/// current name, so every rename left one plan behind for the backend's life).
+fn rename_and_read(c: &mut postgres::Client, from: usize, renames: usize) {
+    for i in from..from + renames {
+        let (old, new) = (format!("rn_{i}"), format!("rn_{}", i + 1));
+        exec(c, &format!("ALTER TABLE public.{old} RENAME TO {new}"));
+        let _: Option<serde_json::Value> =
+            one(c, "SELECT syncular.get_row_scopes($1, 'rn', 'r1')", &[&P]);
+    }
+}
+
+#[test]
+fn renaming_an_app_table_does_not_grow_a_backend_by_a_plan_each_time() {
+    let db = TestDb::new("memory_renames");
+    let mut c = db.connect();
+    exec(&mut c, &app_table_sql("public.rn_0", ""));
+    exec(
+        &mut c,
+        r#"SELECT syncular.register_table('rn', 'public.rn_0');
+           INSERT INTO public.rn_0 VALUES ('part-1', 'r1', 1, '{}', '\x01', NULL);"#,
+    );
+    let pid = backend_pid(&mut c);
+    // Warm up past the number of plans a backend keeps (512, src/db.rs).
+    rename_and_read(&mut c, 0, 700);
+    let before = rss_kb(pid);
+    rename_and_read(&mut c, 700, 3_000);
+    let grown = rss_kb(pid) - before;
+    // One kept plan per rename took about 11 kB: 3,000 would be over 30 MB.
+    assert!(
+        grown < 8_192,
+        "the backend grew by {grown} kB over 3,000 renames"
+    );
+}

@@ -8,9 +8,14 @@
 //! partitioned table, permanent, without rewrite rules, with the meta columns of docs/DESIGN.md
 //! §App tables at their exact built-in types, still owned by a role the registrant holds the
 //! privileges of.
-//! Host rows are then read as the relation's owner in a restricted security context
-//! ([`access::as_relation_owner`]), never with the extension owner's rights, and only for a
-//! caller that holds `SELECT` on the relation. docs/SECURITY.md explains the rules.
+//! Host rows are then read as the relation's owner, or written as the caller, in the sandbox of
+//! [`crate::sandbox::host_code`] — every such statement is in [`statements`], the only code of
+//! the extension that can make host code run — never with the extension owner's rights, and
+//! read only for a caller that holds `SELECT` on the relation. docs/SECURITY.md explains the
+//! rules.
+//!
+//! - [`statements`]: every statement over a host relation's rows;
+//! - [`row_meta`]: the row-meta trigger that keeps row scopes in step with the host's writes.
 //!
 //! `register_table` and `retire_table` are SECURITY INVOKER: they check the calling role
 //! (ownership of the relation, the registrant's privileges for an existing registration), then
@@ -28,6 +33,11 @@ use pgrx::spi::{quote_identifier, quote_literal, SpiClient};
 use pgrx::JsonB;
 use serde_json::json;
 use std::ffi::CStr;
+
+pub mod row_meta;
+pub mod statements;
+
+pub use statements::{ScanRow, StoredRow};
 
 /// A registered app table's relation, checked and locked for this transaction.
 pub struct AppRelation {
@@ -48,11 +58,6 @@ impl AppRelation {
         &self.qualified
     }
 
-    /// Runs `body` (reads of host rows) as the relation's owner in a restricted security context.
-    pub fn as_owner<R>(&self, body: impl FnOnce() -> error::Result<R>) -> error::Result<R> {
-        access::as_relation_owner(self.owner, body)
-    }
-
     /// Whether `role` may read the relation: table-level `SELECT`, and no row-level security
     /// that would apply to it. The rows are read as the owner, so policies that would filter
     /// `role`'s reads cannot be honoured: such a caller is refused rather than shown more.
@@ -67,222 +72,6 @@ impl AppRelation {
             )
         };
         select && (!self.row_security || exempt || access::has_privileges_of(role, self.owner))
-    }
-}
-
-/// A stored app row's meta columns, as the one-call push reads them (step A3 of docs/DESIGN.md
-/// §Push path).
-pub struct StoredRow {
-    pub server_version: i64,
-    /// `_sync_scopes`, a legacy string-wrapped value unwrapped (docs/DESIGN.md, D15).
-    pub scopes: serde_json::Value,
-    pub payload: Vec<u8>,
-    pub column_versions: Option<Vec<u8>>,
-}
-
-impl StoredRow {
-    /// The four meta columns (`_sync_server_version`, `_sync_scopes`, `_sync_payload`,
-    /// `_sync_column_versions`) of a result row, starting at column `first` (1-based).
-    fn read(row: &pgrx::spi::SpiHeapTupleData<'_>, first: usize) -> error::Result<StoredRow> {
-        Ok(StoredRow {
-            server_version: row.get::<i64>(first)?.unwrap_or(0),
-            scopes: row
-                .get::<JsonB>(first + 1)?
-                .map(|j| args::unwrap_json_text(j.0))
-                .unwrap_or(json!({})),
-            payload: row.get::<Vec<u8>>(first + 2)?.unwrap_or_default(),
-            column_versions: row.get::<Vec<u8>>(first + 3)?,
-        })
-    }
-}
-
-/// The one-call push's statements over a registered relation. They run **as the calling role**
-/// in a restricted security context (docs/SECURITY.md, rules 1 and 10): the caller's privileges,
-/// row-level security and the host's triggers apply as if the host had written the row itself,
-/// and no host code runs with the extension owner's rights. Only identifiers quoted from the
-/// relation cache of the locked relation are spliced in.
-impl AppRelation {
-    /// A column name quoted for SQL.
-    fn column(name: &str) -> String {
-        quote_identifier(name)
-    }
-
-    /// The row `(partition, row_id)` as of this call's latest writes (a fresh snapshot, so an
-    /// earlier operation of the same commit is seen).
-    pub fn fetch_row_as(
-        &self,
-        client: &SpiClient<'_>,
-        caller: pg_sys::Oid,
-        partition: &str,
-        row_id: &str,
-    ) -> error::Result<Option<StoredRow>> {
-        let sql = format!(
-            "SELECT a.\"_sync_server_version\", a.\"_sync_scopes\", a.\"_sync_payload\",
-                    a.\"_sync_column_versions\"
-               FROM {} a WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = $2",
-            self.qualified
-        );
-        access::as_restricted(caller, || {
-            let table = db::write_dynamic(
-                client,
-                &sql,
-                &[DatumWithOid::from(partition), DatumWithOid::from(row_id)],
-            )?;
-            match table.into_iter().next() {
-                Some(row) => Ok(Some(StoredRow::read(&row, 1)?)),
-                None => Ok(None),
-            }
-        })
-    }
-
-    /// Deletes the row `(partition, row_id)` as the caller.
-    pub fn delete_row_as(
-        &self,
-        client: &SpiClient<'_>,
-        caller: pg_sys::Oid,
-        partition: &str,
-        row_id: &str,
-    ) -> error::Result<()> {
-        let sql = format!(
-            "DELETE FROM {} a WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = $2",
-            self.qualified
-        );
-        access::as_restricted(caller, || {
-            db::write_dynamic(
-                client,
-                &sql,
-                &[DatumWithOid::from(partition), DatumWithOid::from(row_id)],
-            )
-            .map(drop)
-        })
-    }
-
-    /// The upsert of one app row (upstream's `upsertSql`, one statement per operation):
-    /// parameters `$1`…`$6` are the meta columns in docs/DESIGN.md §App tables order, then one
-    /// per app column of `columns` (`(name, cast)`: `cast` is `jsonb` for json columns, bound as
-    /// text); every non-key column is overwritten on conflict, so host triggers fire as under
-    /// upstream.
-    pub fn upsert_sql(&self, columns: &[(&str, Option<&str>)]) -> String {
-        let mut names: Vec<String> = [
-            "_sync_partition",
-            "_sync_row_id",
-            "_sync_server_version",
-            "_sync_scopes",
-            "_sync_payload",
-            "_sync_column_versions",
-        ]
-        .iter()
-        .map(|c| Self::column(c))
-        .collect();
-        names.extend(columns.iter().map(|(c, _)| Self::column(c)));
-        let values: Vec<String> = (1..=names.len())
-            .map(|i| match columns.get(i.wrapping_sub(7)).and_then(|c| c.1) {
-                Some(cast) if i > 6 => format!("${i}::pg_catalog.{cast}"),
-                _ => format!("${i}"),
-            })
-            .collect();
-        let updates: Vec<String> = names[2..]
-            .iter()
-            .map(|c| format!("{c} = EXCLUDED.{c}"))
-            .collect();
-        format!(
-            "INSERT INTO {} ({}) VALUES ({})
-             ON CONFLICT (\"_sync_partition\", \"_sync_row_id\") DO UPDATE SET {}",
-            self.qualified,
-            names.join(", "),
-            values.join(", "),
-            updates.join(", ")
-        )
-    }
-
-    /// The rows of `row_ids` in one statement, as the caller (as [`AppRelation::fetch_row_as`]
-    /// reads one); rows that do not exist are absent from the map.
-    pub fn fetch_rows_as(
-        &self,
-        client: &SpiClient<'_>,
-        caller: pg_sys::Oid,
-        partition: &str,
-        row_ids: Vec<&str>,
-    ) -> error::Result<std::collections::HashMap<String, StoredRow>> {
-        let sql = format!(
-            "SELECT a.\"_sync_row_id\", a.\"_sync_server_version\", a.\"_sync_scopes\",
-                    a.\"_sync_payload\", a.\"_sync_column_versions\"
-               FROM {} a WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = ANY ($2)",
-            self.qualified
-        );
-        access::as_restricted(caller, || {
-            let table = db::write_dynamic(
-                client,
-                &sql,
-                &[DatumWithOid::from(partition), DatumWithOid::from(row_ids)],
-            )?;
-            let mut rows = std::collections::HashMap::new();
-            for row in table {
-                let id = row.get::<String>(1)?.unwrap_or_default();
-                rows.insert(id, StoredRow::read(&row, 2)?);
-            }
-            Ok(rows)
-        })
-    }
-
-    /// The upsert of many app rows in one statement: [`AppRelation::upsert_sql`]'s columns,
-    /// each bound as one array (`(name, element type, cast)`; the partition as `$1`), unnested
-    /// side by side in order (`ROWS FROM`: the multi-argument `unnest` cannot be
-    /// schema-qualified). Same writes as one upsert per row, for a triggerless table and distinct rows.
-    pub fn upsert_rows_sql(&self, columns: &[(&str, &str, Option<&str>)]) -> String {
-        let meta = [
-            ("_sync_row_id", "text", None),
-            ("_sync_server_version", "int8", None),
-            ("_sync_scopes", "text", Some("jsonb")),
-            ("_sync_payload", "bytea", None),
-            ("_sync_column_versions", "bytea", None),
-        ];
-        let all: Vec<(&str, &str, Option<&str>)> = meta
-            .iter()
-            .copied()
-            .chain(columns.iter().copied())
-            .collect();
-        let mut names = vec![Self::column("_sync_partition")];
-        names.extend(all.iter().map(|(c, _, _)| Self::column(c)));
-        let arrays: Vec<String> = all
-            .iter()
-            .enumerate()
-            .map(|(i, (_, ty, _))| format!("pg_catalog.unnest(${}::pg_catalog.{ty}[])", i + 2))
-            .collect();
-        let selected: Vec<String> = all
-            .iter()
-            .enumerate()
-            .map(|(i, (_, _, cast))| match cast {
-                Some(cast) => format!("u.c{i}::pg_catalog.{cast}"),
-                None => format!("u.c{i}"),
-            })
-            .collect();
-        let aliases: Vec<String> = (0..all.len()).map(|i| format!("c{i}")).collect();
-        let updates: Vec<String> = names[2..]
-            .iter()
-            .map(|c| format!("{c} = EXCLUDED.{c}"))
-            .collect();
-        format!(
-            "INSERT INTO {} ({}) SELECT $1, {} FROM ROWS FROM ({}) AS u({})
-             ON CONFLICT (\"_sync_partition\", \"_sync_row_id\") DO UPDATE SET {}",
-            self.qualified,
-            names.join(", "),
-            selected.join(", "),
-            arrays.join(", "),
-            aliases.join(", "),
-            updates.join(", ")
-        )
-    }
-
-    /// Runs an [`AppRelation::upsert_sql`] statement as the caller.
-    pub fn upsert_row_as(
-        &self,
-        client: &SpiClient<'_>,
-        caller: pg_sys::Oid,
-        sql: &str,
-        args: &[DatumWithOid<'_>],
-    ) -> error::Result<()> {
-        access::as_restricted(caller, || db::write_dynamic(client, sql, args).map(drop))
     }
 }
 
@@ -527,7 +316,7 @@ pub fn open_for_read(
 
 /// Reads the host's row: SECURITY INVOKER, because the caller must hold `SELECT` on the
 /// relation; the row is read as the relation's owner in a restricted security context
-/// ([`tables::open_for_read`], docs/SECURITY.md).
+/// ([`open_for_read`], [`statements`], docs/SECURITY.md).
 #[pg_extern(stable, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn get_row_scopes(
@@ -542,32 +331,7 @@ fn get_row_scopes(
         let caller = access::current_role();
         db::with_spi(|client| {
             let relation = open_for_read(client, &tbl, caller)?;
-            let sql = format!(
-                "SELECT a.\"_sync_server_version\", a.\"_sync_scopes\" FROM {} a
-                  WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = $2",
-                relation.qualified()
-            );
-            relation.as_owner(|| {
-                let table = db::read_dynamic(
-                    client,
-                    &sql,
-                    &[
-                        DatumWithOid::from(partition.as_str()),
-                        DatumWithOid::from(row_id.as_str()),
-                    ],
-                )?;
-                if table.is_empty() {
-                    return Ok(None);
-                }
-                let row = table.first();
-                let scopes = row
-                    .get::<JsonB>(2)?
-                    .map(|j| args::unwrap_json_text(j.0))
-                    .unwrap_or(json!({}));
-                Ok(Some(JsonB(
-                    json!({"serverVersion": row.get::<i64>(1)?, "scopes": scopes}),
-                )))
-            })
+            Ok(relation.row_scopes(client, &partition, &row_id)?.map(JsonB))
         })
     })
 }
@@ -803,76 +567,4 @@ fn retire_table(tbl: Option<&str>) -> JsonB {
             })
         })
     })
-}
-
-/// Whether the row-meta trigger firing on `relation` for `tbl` was installed by
-/// `register_table`: the registration names that relation and asked for the trigger. A trigger
-/// a host attached itself (with the function under another table's name) must not write that
-/// table's row metadata.
-fn trigger_is_registered(
-    client: &SpiClient<'_>,
-    tbl: &str,
-    relation: pg_sys::Oid,
-) -> error::Result<bool> {
-    Ok(db::first::<bool>(db::read(
-        client,
-        "SELECT a.relation::oid = $2 AND a.maintain_row_meta
-           FROM syncular.sync_app_tables a WHERE a.tbl = $1",
-        &[DatumWithOid::from(tbl), DatumWithOid::from(relation)],
-    )?)? == Some(true))
-}
-
-/// Keeps the row's scope entries (and, on delete, blob refs) in step with the host's writes.
-/// Installed per table by `register_table(…, maintain_row_meta => true)`; argument: `tbl`.
-#[pg_trigger]
-fn row_meta_trigger<'a>(
-    trigger: &'a PgTrigger<'a>,
-) -> std::result::Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgTriggerError> {
-    error::run(|| {
-        let tbl = trigger
-            .extra_args()
-            .ok()
-            .and_then(|a| a.into_iter().next())
-            .ok_or_else(|| Error::Internal("syncular_row_meta needs the table name".into()))?;
-        let key = |row: &PgHeapTuple<'_, AllocatedByPostgres>| -> error::Result<(String, String)> {
-            Ok((
-                row.get_by_name::<String>("_sync_partition")?
-                    .unwrap_or_default(),
-                row.get_by_name::<String>("_sync_row_id")?
-                    .unwrap_or_default(),
-            ))
-        };
-        let relation = trigger
-            .relation()
-            .map_err(|e| Error::Internal(format!("syncular_row_meta: {e}")))?
-            .oid();
-        db::with_spi(|client| {
-            if !trigger_is_registered(client, &tbl, relation)? {
-                return Err(Error::invalid_argument("tbl", "privilege").with_hint(
-                    "syncular_row_meta fired on a relation that is not registered for this table with maintain_row_meta",
-                ));
-            }
-            if let Some(old) = trigger.old() {
-                let old_key = key(&old)?;
-                let moved = match trigger.new() {
-                    Some(new) => key(&new)? != old_key,
-                    None => true,
-                };
-                if moved {
-                    rows::delete_meta(client, &old_key.0, &tbl, &old_key.1)?;
-                }
-            }
-            if let Some(new) = trigger.new() {
-                let (partition, row_id) = key(&new)?;
-                let scopes = new
-                    .get_by_name::<JsonB>("_sync_scopes")?
-                    .map(|j| j.0)
-                    .unwrap_or_default();
-                let scopes = crate::scope::stored("_sync_scopes", scopes)?;
-                rows::set_scopes(client, &partition, &tbl, &row_id, &scopes)?;
-            }
-            Ok(())
-        })
-    });
-    Ok(None)
 }

@@ -1,0 +1,357 @@
+//! Every statement over a host relation's rows: the only code of the extension that can make host
+//! code run (docs/SECURITY.md, rules 1, 10 and 12). Each runs in [`sandbox::host_code`]: as the
+//! relation's owner (the readers) or the calling role (the one-call push's writes), in a
+//! restricted security context and a GUC nest level with the pinned `search_path` that is
+//! discarded afterwards. Only identifiers quoted from the relation cache of the locked relation
+//! ([`super::open`]) are spliced into their text.
+
+// The one module allowed to call `sandbox::host_code` (clippy.toml forbids it everywhere else).
+#![allow(clippy::disallowed_methods)]
+
+use super::AppRelation;
+use crate::args;
+use crate::db;
+use crate::error;
+use crate::sandbox;
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys;
+use pgrx::spi::{quote_identifier, SpiClient};
+use pgrx::JsonB;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+
+/// A stored app row's meta columns, as the one-call push reads them (step A3 of docs/DESIGN.md
+/// §Push path).
+pub struct StoredRow {
+    pub server_version: i64,
+    /// `_sync_scopes`, a legacy string-wrapped value unwrapped (docs/DESIGN.md, D15).
+    pub scopes: serde_json::Value,
+    pub payload: Vec<u8>,
+    pub column_versions: Option<Vec<u8>>,
+}
+
+impl StoredRow {
+    /// The four meta columns (`_sync_server_version`, `_sync_scopes`, `_sync_payload`,
+    /// `_sync_column_versions`) of a result row, starting at column `first` (1-based).
+    fn read(row: &pgrx::spi::SpiHeapTupleData<'_>, first: usize) -> error::Result<StoredRow> {
+        Ok(StoredRow {
+            server_version: row.get::<i64>(first)?.unwrap_or(0),
+            scopes: row
+                .get::<JsonB>(first + 1)?
+                .map(|j| args::unwrap_json_text(j.0))
+                .unwrap_or(json!({})),
+            payload: row.get::<Vec<u8>>(first + 2)?.unwrap_or_default(),
+            column_versions: row.get::<Vec<u8>>(first + 3)?,
+        })
+    }
+}
+
+/// The one-call push's statements over a registered relation. They run **as the calling role**
+/// in a restricted security context (docs/SECURITY.md, rules 1 and 10): the caller's privileges,
+/// row-level security and the host's triggers apply as if the host had written the row itself,
+/// and no host code runs with the extension owner's rights. Only identifiers quoted from the
+/// relation cache of the locked relation are spliced in.
+impl AppRelation {
+    /// A column name quoted for SQL.
+    fn column(name: &str) -> String {
+        quote_identifier(name)
+    }
+
+    /// The row `(partition, row_id)` as of this call's latest writes (a fresh snapshot, so an
+    /// earlier operation of the same commit is seen).
+    pub fn fetch_row_as(
+        &self,
+        client: &SpiClient<'_>,
+        caller: pg_sys::Oid,
+        partition: &str,
+        row_id: &str,
+    ) -> error::Result<Option<StoredRow>> {
+        let sql = format!(
+            "SELECT a.\"_sync_server_version\", a.\"_sync_scopes\", a.\"_sync_payload\",
+                    a.\"_sync_column_versions\"
+               FROM {} a WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = $2",
+            self.qualified
+        );
+        sandbox::host_code(caller, || {
+            let table = db::write_dynamic(
+                client,
+                &sql,
+                &[DatumWithOid::from(partition), DatumWithOid::from(row_id)],
+            )?;
+            match table.into_iter().next() {
+                Some(row) => Ok(Some(StoredRow::read(&row, 1)?)),
+                None => Ok(None),
+            }
+        })
+    }
+
+    /// Deletes the row `(partition, row_id)` as the caller.
+    pub fn delete_row_as(
+        &self,
+        client: &SpiClient<'_>,
+        caller: pg_sys::Oid,
+        partition: &str,
+        row_id: &str,
+    ) -> error::Result<()> {
+        let sql = format!(
+            "DELETE FROM {} a WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = $2",
+            self.qualified
+        );
+        sandbox::host_code(caller, || {
+            db::write_dynamic(
+                client,
+                &sql,
+                &[DatumWithOid::from(partition), DatumWithOid::from(row_id)],
+            )
+            .map(drop)
+        })
+    }
+
+    /// The upsert of one app row (upstream's `upsertSql`, one statement per operation):
+    /// parameters `$1`…`$6` are the meta columns in docs/DESIGN.md §App tables order, then one
+    /// per app column of `columns` (`(name, cast)`: `cast` is `jsonb` for json columns, bound as
+    /// text); every non-key column is overwritten on conflict, so host triggers fire as under
+    /// upstream.
+    pub fn upsert_sql(&self, columns: &[(&str, Option<&str>)]) -> String {
+        let mut names: Vec<String> = [
+            "_sync_partition",
+            "_sync_row_id",
+            "_sync_server_version",
+            "_sync_scopes",
+            "_sync_payload",
+            "_sync_column_versions",
+        ]
+        .iter()
+        .map(|c| Self::column(c))
+        .collect();
+        names.extend(columns.iter().map(|(c, _)| Self::column(c)));
+        let values: Vec<String> = (1..=names.len())
+            .map(|i| match columns.get(i.wrapping_sub(7)).and_then(|c| c.1) {
+                Some(cast) if i > 6 => format!("${i}::pg_catalog.{cast}"),
+                _ => format!("${i}"),
+            })
+            .collect();
+        let updates: Vec<String> = names[2..]
+            .iter()
+            .map(|c| format!("{c} = EXCLUDED.{c}"))
+            .collect();
+        format!(
+            "INSERT INTO {} ({}) VALUES ({})
+             ON CONFLICT (\"_sync_partition\", \"_sync_row_id\") DO UPDATE SET {}",
+            self.qualified,
+            names.join(", "),
+            values.join(", "),
+            updates.join(", ")
+        )
+    }
+
+    /// The rows of `row_ids` in one statement, as the caller (as [`AppRelation::fetch_row_as`]
+    /// reads one); rows that do not exist are absent from the map.
+    pub fn fetch_rows_as(
+        &self,
+        client: &SpiClient<'_>,
+        caller: pg_sys::Oid,
+        partition: &str,
+        row_ids: Vec<&str>,
+    ) -> error::Result<std::collections::HashMap<String, StoredRow>> {
+        let sql = format!(
+            "SELECT a.\"_sync_row_id\", a.\"_sync_server_version\", a.\"_sync_scopes\",
+                    a.\"_sync_payload\", a.\"_sync_column_versions\"
+               FROM {} a WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = ANY ($2)",
+            self.qualified
+        );
+        sandbox::host_code(caller, || {
+            let table = db::write_dynamic(
+                client,
+                &sql,
+                &[DatumWithOid::from(partition), DatumWithOid::from(row_ids)],
+            )?;
+            let mut rows = std::collections::HashMap::new();
+            for row in table {
+                let id = row.get::<String>(1)?.unwrap_or_default();
+                rows.insert(id, StoredRow::read(&row, 2)?);
+            }
+            Ok(rows)
+        })
+    }
+
+    /// The upsert of many app rows in one statement: [`AppRelation::upsert_sql`]'s columns,
+    /// each bound as one array (`(name, element type, cast)`; the partition as `$1`), unnested
+    /// side by side in order (`ROWS FROM`: the multi-argument `unnest` cannot be
+    /// schema-qualified). Same writes as one upsert per row, for a triggerless table and distinct rows.
+    pub fn upsert_rows_sql(&self, columns: &[(&str, &str, Option<&str>)]) -> String {
+        let meta = [
+            ("_sync_row_id", "text", None),
+            ("_sync_server_version", "int8", None),
+            ("_sync_scopes", "text", Some("jsonb")),
+            ("_sync_payload", "bytea", None),
+            ("_sync_column_versions", "bytea", None),
+        ];
+        let all: Vec<(&str, &str, Option<&str>)> = meta
+            .iter()
+            .copied()
+            .chain(columns.iter().copied())
+            .collect();
+        let mut names = vec![Self::column("_sync_partition")];
+        names.extend(all.iter().map(|(c, _, _)| Self::column(c)));
+        let arrays: Vec<String> = all
+            .iter()
+            .enumerate()
+            .map(|(i, (_, ty, _))| format!("pg_catalog.unnest(${}::pg_catalog.{ty}[])", i + 2))
+            .collect();
+        let selected: Vec<String> = all
+            .iter()
+            .enumerate()
+            .map(|(i, (_, _, cast))| match cast {
+                Some(cast) => format!("u.c{i}::pg_catalog.{cast}"),
+                None => format!("u.c{i}"),
+            })
+            .collect();
+        let aliases: Vec<String> = (0..all.len()).map(|i| format!("c{i}")).collect();
+        let updates: Vec<String> = names[2..]
+            .iter()
+            .map(|c| format!("{c} = EXCLUDED.{c}"))
+            .collect();
+        format!(
+            "INSERT INTO {} ({}) SELECT $1, {} FROM ROWS FROM ({}) AS u({})
+             ON CONFLICT (\"_sync_partition\", \"_sync_row_id\") DO UPDATE SET {}",
+            self.qualified,
+            names.join(", "),
+            selected.join(", "),
+            arrays.join(", "),
+            aliases.join(", "),
+            updates.join(", ")
+        )
+    }
+
+    /// Runs an [`AppRelation::upsert_sql`] statement as the caller.
+    pub fn upsert_row_as(
+        &self,
+        client: &SpiClient<'_>,
+        caller: pg_sys::Oid,
+        sql: &str,
+        args: &[DatumWithOid<'_>],
+    ) -> error::Result<()> {
+        sandbox::host_code(caller, || db::write_dynamic(client, sql, args).map(drop))
+    }
+}
+
+/// A row of a bootstrap scan (`scan_rows`, `pull`): the meta columns, scopes unwrapped.
+pub struct ScanRow {
+    pub row_id: String,
+    pub server_version: i64,
+    pub scopes: JsonB,
+    pub payload: Vec<u8>,
+    pub column_versions: Option<Vec<u8>>,
+}
+
+/// The readers of host rows for the API's reads. They run **as the relation's owner** in a
+/// restricted security context: the caller's `SELECT` was checked by [`super::open_for_read`]
+/// (or [`AppRelation::readable_by`]); row-level security applies as it does for the owner.
+impl AppRelation {
+    /// Runs `body` as the relation's owner in [`sandbox::host_code`].
+    fn as_owner<R>(&self, body: impl FnOnce() -> error::Result<R>) -> error::Result<R> {
+        sandbox::host_code(self.owner, body)
+    }
+
+    /// `{serverVersion, scopes}` of the row `(partition, row_id)`, if it exists
+    /// (`get_row_scopes`).
+    pub fn row_scopes(
+        &self,
+        client: &SpiClient<'_>,
+        partition: &str,
+        row_id: &str,
+    ) -> error::Result<Option<Value>> {
+        let sql = format!(
+            "SELECT a.\"_sync_server_version\", a.\"_sync_scopes\" FROM {} a
+              WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = $2",
+            self.qualified
+        );
+        self.as_owner(|| {
+            let table = db::read_dynamic(
+                client,
+                &sql,
+                &[DatumWithOid::from(partition), DatumWithOid::from(row_id)],
+            )?;
+            if table.is_empty() {
+                return Ok(None);
+            }
+            let row = table.first();
+            let scopes = row
+                .get::<JsonB>(2)?
+                .map(|j| args::unwrap_json_text(j.0))
+                .unwrap_or(json!({}));
+            Ok(Some(
+                json!({"serverVersion": row.get::<i64>(1)?, "scopes": scopes}),
+            ))
+        })
+    }
+
+    /// The rows of `row_ids` (a bootstrap scan's page of candidates), by row id; rows deleted
+    /// since their index entry was read are absent.
+    pub fn scan_rows(
+        &self,
+        client: &SpiClient<'_>,
+        partition: &str,
+        row_ids: Vec<String>,
+    ) -> error::Result<HashMap<String, ScanRow>> {
+        let sql = format!(
+            "SELECT a.\"_sync_row_id\", a.\"_sync_server_version\",
+                    CASE WHEN pg_catalog.jsonb_typeof(a.\"_sync_scopes\") = 'string'
+                         THEN (a.\"_sync_scopes\" #>> '{{}}')::jsonb ELSE a.\"_sync_scopes\" END,
+                    a.\"_sync_payload\", a.\"_sync_column_versions\"
+               FROM unnest($2::text[]) AS k(row_id)
+               JOIN {} a ON a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = k.row_id",
+            self.qualified
+        );
+        self.as_owner(|| {
+            db::read_dynamic(
+                client,
+                &sql,
+                &[DatumWithOid::from(partition), DatumWithOid::from(row_ids)],
+            )?
+            .map(|row| {
+                let row_id = row.get::<String>(1)?.unwrap_or_default();
+                let scanned = ScanRow {
+                    row_id: row_id.clone(),
+                    server_version: row.get::<i64>(2)?.unwrap_or_default(),
+                    scopes: row.get::<JsonB>(3)?.unwrap_or(JsonB(json!({}))),
+                    payload: row.get::<Vec<u8>>(4)?.unwrap_or_default(),
+                    column_versions: row.get::<Vec<u8>>(5)?,
+                };
+                Ok((row_id, scanned))
+            })
+            .collect()
+        })
+    }
+
+    /// The scopes of the rows of `row_ids` (`rows_referencing_blob`), by row id; a row that
+    /// does not exist is absent, one with NULL scopes maps to `None`.
+    pub fn scopes_of_rows(
+        &self,
+        client: &SpiClient<'_>,
+        partition: &str,
+        row_ids: Vec<&str>,
+    ) -> error::Result<HashMap<String, Option<Value>>> {
+        let sql = format!(
+            "SELECT a.\"_sync_row_id\", a.\"_sync_scopes\"
+               FROM unnest($2::text[]) AS k(row_id)
+               JOIN {} a ON a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = k.row_id",
+            self.qualified
+        );
+        self.as_owner(|| {
+            db::read_dynamic(
+                client,
+                &sql,
+                &[DatumWithOid::from(partition), DatumWithOid::from(row_ids)],
+            )?
+            .map(|row| {
+                Ok((
+                    row.get::<String>(1)?.unwrap_or_default(),
+                    row.get::<JsonB>(2)?.map(|j| args::unwrap_json_text(j.0)),
+                ))
+            })
+            .collect()
+        })
+    }
+}

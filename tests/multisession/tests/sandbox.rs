@@ -1,0 +1,379 @@
+//! Host code runs in a sandbox (docs/SECURITY.md, rules 1, 10 and 12; issue 25's critical
+//! finding): with exactly the roles the docs prescribe — a migrator in `syncular_admin` that owns
+//! the app table, a server in `syncular_host` with DML on it — host code attached to the table
+//! calls `set_config('search_path', '<schema>, pg_catalog', false)` in the middle of a call of the
+//! API, having planted an operator `<schema>.=(text, text)`. Before the sandbox the setting
+//! outlived the host statement, the extension's next statement of the same call (run with the
+//! extension owner's rights) resolved its unqualified `=` to the planted operator, and the
+//! operator made the migrator superuser.
+//!
+//! One test per kind of host code: a trigger, a column default (one row and a batch), an index
+//! expression, a CHECK constraint, a domain's check, a row-level security policy (read by `pull`,
+//! `scan_rows`, `get_row_scopes`, `rows_referencing_blob`). Each asserts that the planted operator
+//! never ran with superuser rights, that nobody became superuser and that the session's
+//! `search_path` after the call is the one it had before (nothing host code set survives its
+//! statement). A last test shows host code cannot call the API from inside a call.
+
+use postgres::Client;
+use serde_json::{json, Value};
+use syncular_multisession::native_push::*;
+use syncular_multisession::*;
+
+/// The migrator (`<db>_m`, owner of schema and table `<db>_m.t`, registered as `<db>_m_t`, push
+/// schema version `V`) and the server (`<db>_s`, DML on the table), with the attack planted.
+struct Scene {
+    db: TestDb,
+    /// The superuser's connection.
+    c: Client,
+    migrator: String,
+    server: String,
+    tbl: String,
+}
+
+impl Scene {
+    fn new(test: &str) -> Scene {
+        let db = TestDb::new(test);
+        let mut c = db.connect();
+        let migrator = format!("{}_m", db.name);
+        let server = format!("{}_s", db.name);
+        let tbl = format!("{migrator}_t");
+        exec(
+            &mut c,
+            &format!(
+                "CREATE ROLE {migrator} LOGIN; GRANT syncular_admin TO {migrator};
+                 GRANT CREATE ON DATABASE {db} TO {migrator};
+                 CREATE ROLE {server} LOGIN; GRANT syncular_host TO {server};",
+                db = db.name
+            ),
+        );
+        let scene = Scene {
+            db,
+            c,
+            migrator,
+            server,
+            tbl,
+        };
+        let mut m = scene.db.connect_as(&scene.migrator);
+        exec(
+            &mut m,
+            &scene.sql(&format!(
+                "CREATE SCHEMA {{m}};
+                 {table}
+                 SELECT syncular.register_table('{{t}}', '{{m}}.t');
+                 GRANT USAGE ON SCHEMA {{m}} TO {{s}};
+                 GRANT SELECT, INSERT, UPDATE, DELETE ON {{m}}.t TO {{s}};
+                 -- What the planted operator saw: whose rights it ran with.
+                 CREATE TABLE {{m}}.seen (who text, superuser boolean);
+                 GRANT INSERT ON {{m}}.seen TO PUBLIC;
+                 CREATE FUNCTION {{m}}.eq(a text, b text) RETURNS boolean LANGUAGE plpgsql AS $$
+                 BEGIN
+                   INSERT INTO {{m}}.seen SELECT current_user, r.rolsuper FROM pg_catalog.pg_roles r
+                    WHERE r.rolname OPERATOR(pg_catalog.=) current_user;
+                   BEGIN
+                     ALTER ROLE {{m}} SUPERUSER;
+                   EXCEPTION WHEN insufficient_privilege THEN NULL;
+                   END;
+                   RETURN a OPERATOR(pg_catalog.=) b;
+                 END $$;
+                 CREATE OPERATOR {{m}}.= (LEFTARG = text, RIGHTARG = text, FUNCTION = {{m}}.eq);
+                 -- The host code's one move: a session-level search_path naming the operator.
+                 CREATE FUNCTION {{m}}.poison() RETURNS boolean LANGUAGE plpgsql AS $$
+                 BEGIN
+                   PERFORM pg_catalog.set_config('search_path', '{{m}}, pg_catalog', false);
+                   RETURN true;
+                 END $$;
+                 CREATE FUNCTION {{m}}.poison_text() RETURNS text LANGUAGE sql
+                   AS $$ SELECT CASE WHEN {{m}}.poison() THEN 'x' END $$;
+                 CREATE FUNCTION {{m}}.poison_key(t text) RETURNS text LANGUAGE plpgsql IMMUTABLE AS $$
+                 BEGIN
+                   PERFORM pg_catalog.set_config('search_path', '{{m}}, pg_catalog', false);
+                   RETURN t;
+                 END $$;",
+                table = app_table_sql("{m}.t", "id text, project_id text, title text,")
+            )),
+        );
+        let schema = json!({ &scene.tbl: scoped(
+            json!([col("id", "string", false), col("project_id", "string", false),
+                   col("title", "string", true)]),
+            project("project_id"))});
+        let n: i32 = one(
+            &mut m,
+            "SELECT syncular.set_push_schema($1, $2)",
+            &[&V, &schema],
+        );
+        assert_eq!(n, 1);
+        scene
+    }
+
+    /// `sql` with `{m}`, `{s}` and `{t}` standing for the migrator, the server and the table.
+    fn sql(&self, sql: &str) -> String {
+        sql.replace("{m}", &self.migrator)
+            .replace("{s}", &self.server)
+            .replace("{t}", &self.tbl)
+    }
+
+    /// Runs `sql` as the migrator (the host code's author).
+    fn as_migrator(&self, sql: &str) {
+        let mut m = self.db.connect_as(&self.migrator);
+        exec(&mut m, &self.sql(sql));
+    }
+
+    fn op(&mut self, id: &str, title: &str) -> Op {
+        let tbl = self.tbl.clone();
+        up(
+            &mut self.c,
+            &tbl,
+            id,
+            None,
+            json!({"id": id, "project_id": "p1", "title": title}),
+        )
+    }
+
+    /// Nobody was made superuser, the planted operator never ran with a superuser's rights.
+    #[track_caller]
+    fn assert_contained(&mut self) {
+        let superuser: bool = one(
+            &mut self.c,
+            "SELECT rolsuper FROM pg_roles WHERE rolname = $1",
+            &[&self.migrator],
+        );
+        assert!(!superuser, "the migrator became superuser");
+        let seen = self.sql("{m}.seen WHERE superuser");
+        let escalated = count(&mut self.c, &seen);
+        assert_eq!(escalated, 0, "the planted operator ran as a superuser");
+    }
+}
+
+/// `call` run on `conn`, then the session's search_path is still `path`: whatever host code set
+/// ended with its statement.
+#[track_caller]
+fn keeps_search_path<T>(conn: &mut Client, call: impl FnOnce(&mut Client) -> T) -> T {
+    let before: String = one(conn, "SELECT current_setting('search_path')", &[]);
+    let out = call(conn);
+    let after: String = one(conn, "SELECT current_setting('search_path')", &[]);
+    assert_eq!(
+        after, before,
+        "a setting made by host code outlived the call"
+    );
+    out
+}
+
+/// The server pushes `ops` with `push_commit`; the push applies.
+#[track_caller]
+fn server_pushes(scene: &mut Scene, key: &str, ops: &[Op]) {
+    let mut s = scene.db.connect_as(&scene.server);
+    let allowed = json!({"project_id": ["p1"]});
+    let out = keeps_search_path(&mut s, |s| {
+        try_push_as(s, P, "c1", key, ops, Some(&allowed), &json!({})).expect("the push runs")
+    });
+    assert_eq!(out["outcome"], "applied", "{out}");
+}
+
+#[test]
+fn a_trigger_cannot_leave_a_setting_behind_in_push_commit() {
+    let mut scene = Scene::new("sbx_trigger");
+    scene.as_migrator(
+        "CREATE FUNCTION {m}.trg() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM {m}.poison(); RETURN NEW; END $$;
+         CREATE TRIGGER poison BEFORE INSERT OR UPDATE ON {m}.t
+           FOR EACH ROW EXECUTE FUNCTION {m}.trg();",
+    );
+    let a = scene.op("r1", "a");
+    server_pushes(&mut scene, "k1", &[a]);
+    let b = scene.op("r1", "b");
+    let c = scene.op("r2", "c");
+    server_pushes(&mut scene, "k2", &[b, c]);
+    scene.assert_contained();
+}
+
+#[test]
+fn a_column_default_cannot_leave_a_setting_behind_one_row_or_a_batch() {
+    let mut scene = Scene::new("sbx_default");
+    scene.as_migrator("ALTER TABLE {m}.t ADD COLUMN note text DEFAULT {m}.poison_text()");
+    let a = scene.op("r1", "a");
+    server_pushes(&mut scene, "k1", &[a]);
+    // Two new rows of a triggerless table: the batched path (docs/DESIGN.md §Push path).
+    let b = scene.op("r2", "b");
+    let c = scene.op("r3", "c");
+    server_pushes(&mut scene, "k2", &[b, c]);
+    scene.assert_contained();
+    let noted = scene.sql("{m}.t WHERE note = 'x'");
+    assert_eq!(count(&mut scene.c, &noted), 3);
+}
+
+#[test]
+fn an_index_expression_cannot_leave_a_setting_behind() {
+    let mut scene = Scene::new("sbx_index");
+    scene.as_migrator("CREATE INDEX poison ON {m}.t ({m}.poison_key(id))");
+    let a = scene.op("r1", "a");
+    server_pushes(&mut scene, "k1", &[a]);
+    let b = scene.op("r2", "b");
+    let c = scene.op("r3", "c");
+    server_pushes(&mut scene, "k2", &[b, c]);
+    scene.assert_contained();
+}
+
+#[test]
+fn a_check_constraint_cannot_leave_a_setting_behind() {
+    let mut scene = Scene::new("sbx_check");
+    scene.as_migrator("ALTER TABLE {m}.t ADD CONSTRAINT poison CHECK ({m}.poison())");
+    let a = scene.op("r1", "a");
+    server_pushes(&mut scene, "k1", &[a]);
+    let b = scene.op("r2", "b");
+    let c = scene.op("r3", "c");
+    server_pushes(&mut scene, "k2", &[b, c]);
+    scene.assert_contained();
+}
+
+#[test]
+fn a_domain_check_cannot_leave_a_setting_behind() {
+    let mut scene = Scene::new("sbx_domain");
+    scene.as_migrator(
+        "CREATE DOMAIN {m}.flag AS text CHECK ({m}.poison());
+         GRANT USAGE ON TYPE {m}.flag TO {s};
+         ALTER TABLE {m}.t ADD COLUMN flag {m}.flag DEFAULT 'x'",
+    );
+    let a = scene.op("r1", "a");
+    server_pushes(&mut scene, "k1", &[a]);
+    let b = scene.op("r2", "b");
+    let c = scene.op("r3", "c");
+    server_pushes(&mut scene, "k2", &[b, c]);
+    scene.assert_contained();
+}
+
+#[test]
+fn a_policy_cannot_leave_a_setting_behind_in_the_readers() {
+    let mut scene = Scene::new("sbx_policy");
+    let a = scene.op("r1", "a");
+    let b = scene.op("r2", "b");
+    server_pushes(&mut scene, "k1", &[a, b]);
+    let refs = scene.sql("SELECT syncular.set_blob_refs('part-1', '{t}', 'r1', ARRAY['blob-1'])");
+    exec(&mut scene.c, &refs);
+    scene.as_migrator(
+        "ALTER TABLE {m}.t ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
+         CREATE POLICY poison ON {m}.t USING ({m}.poison());",
+    );
+    // The migrator reads its own table (the owner is not refused under row-level security), as
+    // every reader of app rows does: the policy runs as the owner, inside the sandbox.
+    let mut m = scene.db.connect_as(&scene.migrator);
+    let tbl = scene.tbl.clone();
+    let scopes = json!({"project_id": ["p1"]});
+    let request = json!({"subscriptions": [{"id": "s1", "table": tbl, "scopes": scopes,
+                                             "effective": scopes, "cursor": -1}]});
+    let rows: i64 = keeps_search_path(&mut m, |m| {
+        one(
+            m,
+            "SELECT count(*) FROM syncular.pull($1, 'c1', 'a1', $2, 'e1', $3, $4) WHERE row_id IS NOT NULL",
+            &[&P, &NOW, &V, &request],
+        )
+    });
+    assert_eq!(rows, 2);
+    let scanned: i64 = keeps_search_path(&mut m, |m| {
+        one(
+            m,
+            "SELECT count(*) FROM syncular.scan_rows($1, $2, '{\"project_id\": [\"p1\"]}', NULL, 1)",
+            &[&P, &tbl],
+        )
+    });
+    assert_eq!(scanned, 1);
+    let found: Option<Value> = keeps_search_path(&mut m, |m| {
+        one(
+            m,
+            "SELECT syncular.get_row_scopes($1, $2, 'r1')",
+            &[&P, &tbl],
+        )
+    });
+    assert!(found.is_some());
+    let referencing: Value = keeps_search_path(&mut m, |m| {
+        one(
+            m,
+            "SELECT syncular.rows_referencing_blob($1, 'blob-1')",
+            &[&P],
+        )
+    });
+    assert_eq!(
+        referencing.as_array().map(Vec::len),
+        Some(1),
+        "{referencing}"
+    );
+    scene.assert_contained();
+}
+
+#[test]
+fn host_code_cannot_call_the_api_from_inside_a_call() {
+    let mut scene = Scene::new("sbx_reenter");
+    // A trigger that stores a result for the very push that fires it: had it run, the push would
+    // have stored a second result for its key after checking there was none (D8).
+    scene.as_migrator(
+        "CREATE FUNCTION {m}.trg() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           PERFORM syncular.put_push_result('part-1', 'c1', 'k1', '{\"status\":\"rejected\",\"results\":[{\"opIndex\":0,\"status\":\"error\"}]}');
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER reenter BEFORE INSERT ON {m}.t FOR EACH ROW EXECUTE FUNCTION {m}.trg();",
+    );
+    let a = scene.op("r1", "a");
+    let mut s = scene.db.connect_as(&scene.server);
+    let allowed = json!({"project_id": ["p1"]});
+    let err = try_push_as(&mut s, P, "c1", "k1", &[a], Some(&allowed), &json!({}))
+        .expect_err("the trigger's call is refused");
+    let err = sql_error(&err);
+    assert_eq!(err.state, "42501");
+    assert_eq!(
+        err.message,
+        "syncular functions cannot be called by host code that runs inside a syncular call"
+    );
+    assert_eq!(
+        count(
+            &mut scene.c,
+            "syncular.sync_push_results WHERE client_commit_id = 'k1'"
+        ),
+        0
+    );
+    assert_eq!(count(&mut scene.c, "syncular.sync_commits"), 0);
+    // The same function called by the host itself, outside any call, is served.
+    exec(
+        &mut s,
+        "SELECT syncular.put_push_result('part-1', 'c9', 'k9', '{\"status\":\"rejected\",\"results\":[{\"opIndex\":0,\"status\":\"error\"}]}')",
+    );
+}
+
+#[test]
+fn the_row_meta_trigger_keeps_a_partitioned_tables_scopes() {
+    // Low finding of issue 25: the trigger PostgreSQL clones onto each partition fires on the
+    // leaf, which used to be compared with the registered parent and refused every write.
+    let db = TestDb::new("sbx_partitioned");
+    let mut c = db.connect();
+    exec(
+        &mut c,
+        r#"CREATE TABLE public.pt (
+             "_sync_partition" text NOT NULL, "_sync_row_id" text NOT NULL,
+             "_sync_server_version" bigint NOT NULL, "_sync_scopes" jsonb NOT NULL,
+             "_sync_payload" bytea NOT NULL, "_sync_column_versions" bytea,
+             PRIMARY KEY ("_sync_partition", "_sync_row_id")) PARTITION BY LIST ("_sync_partition");
+           CREATE TABLE public.pt_1 PARTITION OF public.pt FOR VALUES IN ('part-1');
+           SELECT syncular.register_table('pt', 'public.pt', true);
+           INSERT INTO public.pt VALUES ('part-1', 'r1', 1, '{"project_id":"p1"}', '\x01', NULL);"#,
+    );
+    let scopes: Value = one(
+        &mut c,
+        "SELECT syncular.get_row_scopes('part-1', 'pt', 'r1')",
+        &[],
+    );
+    assert_eq!(scopes["scopes"], json!({"project_id": "p1"}));
+    assert_eq!(
+        count(
+            &mut c,
+            "syncular.sync_row_scopes WHERE tbl = 'pt' AND row_id = 'r1'"
+        ),
+        1
+    );
+    exec(
+        &mut c,
+        "DELETE FROM public.pt WHERE \"_sync_row_id\" = 'r1'",
+    );
+    assert_eq!(
+        count(&mut c, "syncular.sync_row_scopes WHERE tbl = 'pt'"),
+        0
+    );
+}
