@@ -89,22 +89,29 @@ fn switched<R>(role: pg_sys::Oid, flags: u32, body: impl FnOnce() -> Result<R>) 
     // SAFETY: the pairs of miscinit.c and guc.c PostgreSQL's own restricted operations use
     // (ExecRefreshMatView): the identity saved here is restored below on every Rust return path
     // and by the (sub)transaction's abort after an ERROR; the nest level opened here is closed
-    // below on success and by that abort otherwise. set_config_option is given a valid setting
-    // name and value and raises no error for them (changeVal = true, elevel 0 = ERROR on a bad
-    // value, which a constant cannot be).
+    // below on success and by that abort otherwise. `namespace_search_path` is the setting's
+    // current NUL-terminated value (guc.c keeps it valid while it is the value). set_config_option
+    // is given a valid setting name and value and raises no error for them (changeVal = true,
+    // elevel 0 = ERROR on a bad value, which a constant cannot be).
     let level = unsafe {
         pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
         let level = pg_sys::NewGUCNestLevel();
-        pg_sys::set_config_option(
-            c"search_path".as_ptr(),
-            PINNED_SEARCH_PATH.as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_SAVE,
-            true,
-            0,
-            false,
-        );
+        // Inside the API's functions (each `SET search_path TO pg_catalog, pg_temp`) the path is
+        // already this one — host changes never outlive their scope — so the setting, and the
+        // recomputation of the namespace path it causes, is made only when it differs.
+        let current = pg_sys::namespace_search_path;
+        if current.is_null() || std::ffi::CStr::from_ptr(current) != PINNED_SEARCH_PATH {
+            pg_sys::set_config_option(
+                c"search_path".as_ptr(),
+                PINNED_SEARCH_PATH.as_ptr(),
+                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+                pg_sys::GucAction::GUC_ACTION_SAVE,
+                true,
+                0,
+                false,
+            );
+        }
         pg_sys::SetUserIdAndSecContext(role, context | flags as i32);
         level
     };
