@@ -16,7 +16,7 @@ export BENCH_PG_BIN=$(pg_bindir "$BENCH_PG_MAJOR") SYNCULAR_PG_MAJOR=$BENCH_PG_M
 DIR=${BENCH_DIR:-/tmp/syncular-bench-cluster}
 PORT=${BENCH_PORT:-25437}
 echo "== building and installing the release build"
-cargo pgrx install --release --pg-config "$(pg_config_of "$BENCH_PG_MAJOR")" >/dev/null
+install_extension "$(pg_config_of "$BENCH_PG_MAJOR")" --release
 trap 'scripts/cluster.sh stop "$DIR"' EXIT
 scripts/cluster.sh fresh "$DIR" "$PORT"
 BENCH_PORT=$PORT python3 bench/run.py

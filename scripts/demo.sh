@@ -5,11 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+. scripts/pg.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 DIR=${SYNCULAR_DEMO_DIR:-/tmp/syncular-demo}
 PORT=${SYNCULAR_DEMO_PORT:-25438}
 echo "== building and installing the extension"
-cargo pgrx install --release --pg-config /usr/lib/postgresql/15/bin/pg_config >/dev/null
+install_extension /usr/lib/postgresql/15/bin/pg_config --release
 trap 'scripts/cluster.sh stop "$DIR"' EXIT
 scripts/cluster.sh fresh "$DIR" "$PORT"
 echo "== throwaway cluster on 127.0.0.1:$PORT ($DIR)"

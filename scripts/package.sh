@@ -28,9 +28,16 @@ One folder per PostgreSQL major: \`syncular-$VERSION-pg<major>/\`. Its tree mirr
 paths of that major's \`pg_config\` (\`--pkglibdir\` for \`syncular.so\`, \`--sharedir\`/extension
 for the control file and SQL scripts); \`FILES\` lists them. As root:
 
-    cp -r syncular-$VERSION-pg15/usr/. /usr/      # Debian/Ubuntu postgresql-15
+    cp -r --remove-destination syncular-$VERSION-pg15/usr/. /usr/      # Debian/Ubuntu postgresql-15
 
-For another layout, copy \`lib/.../syncular.so\` into \`\$(pg_config --pkglibdir)\` and
+\`--remove-destination\` matters on a running server: it replaces \`syncular.so\` with a new file
+instead of rewriting the one live backends have mapped (a plain \`cp\` over it crashes them and
+restarts the cluster). Backends that already loaded the library keep the old one until they
+disconnect; new connections load the new one. The same holds for any copy tool: \`install\`,
+or a copy to a temporary name and a \`mv\`, also give a new file.
+
+For another layout, copy (\`install -m 755\`, never a plain \`cp\` over a live file)
+\`lib/.../syncular.so\` into \`\$(pg_config --pkglibdir)\` and
 \`share/.../extension/*\` into \`\$(pg_config --sharedir)/extension\`. Then, as a superuser:
 
     CREATE EXTENSION syncular;            -- a new database

@@ -20,3 +20,14 @@ pg_bindir() {
 
 # pg_config_of MAJOR
 pg_config_of() { echo "$(pg_bindir "$1")/pg_config"; }
+
+# install_extension PG_CONFIG [cargo pgrx install flags…]: builds and installs the extension into
+# that PostgreSQL so that a server already running keeps working. `cargo pgrx install` copies
+# over the existing syncular.so in place (same inode), and backends that have it mapped then run
+# the new bytes (SIGSEGV, SIGILL, a cluster restart); removing the file first gives the copy a
+# new inode: running backends keep the old library, new ones load the new one.
+install_extension() {
+  local pg_config=$1; shift
+  rm -f "$("$pg_config" --pkglibdir)/syncular.so"
+  cargo pgrx install --pg-config "$pg_config" "$@" >/dev/null
+}

@@ -49,7 +49,7 @@ suite() {
   cargo pgrx test "pg$major" --runas postgres --pgdata "$work/pgrx-data" 2>&1 | tee -a "$LOG"
 
   echo "== PostgreSQL $major: scenario suite against a throwaway cluster"
-  cargo pgrx install --pg-config "$pg_config" >/dev/null
+  install_extension "$pg_config"
   # Released install scripts, so older versions can be installed and updated (upgrade tests).
   cp sql/released/syncular--*.sql "$("$pg_config" --sharedir)/extension/"
   local cluster="$work/cluster" limited="$work/cluster-limited"
