@@ -20,7 +20,19 @@ pub fn prune_through(
     log_epoch: &str,
     through: i64,
 ) -> Result<serde_json::Value> {
-    log::lock(client, partition)?;
+    let head = log::lock(client, partition)?.max_commit_seq;
+    // A horizon past the head would put the next commit below it (D6): every client of the
+    // partition would loop bootstrap → reset until the head passed it. Checked under the lock,
+    // against the head it froze.
+    if through > head {
+        return Err(
+            Error::new(Code::InvalidPruneCursor, json!({ "partition": partition })).with_hint(
+                format!(
+                    "through_seq {through} is past the partition's newest commit {head}; prune through at most max_commit_seq"
+                ),
+            ),
+        );
+    }
     let epoch = db::first::<String>(db::write(
         client,
         "SELECT log_epoch FROM syncular.sync_partition_registry WHERE partition = $1 FOR UPDATE",
@@ -87,7 +99,13 @@ fn set_horizon_seq(partition: Option<&str>, seq: Option<i64>) -> i64 {
         let partition = args::text("partition", partition)?;
         let seq = args::count("seq", seq)?;
         db::with_spi(|client| {
-            log::lock(client, &partition)?;
+            let head = log::lock(client, &partition)?.max_commit_seq;
+            // As for a prune: the horizon never passes the head (D6).
+            if seq > head {
+                return Err(Error::invalid_argument("seq", "range").with_hint(format!(
+                    "seq {seq} is past the partition's newest commit {head}; the horizon may be raised to at most max_commit_seq"
+                )));
+            }
             db::first::<i64>(db::write(
                 client,
                 "UPDATE syncular.sync_partitions SET horizon_seq = GREATEST(horizon_seq, $2)

@@ -333,3 +333,66 @@ fn concurrent_prunes_serialize_and_remove_each_commit_once() {
     steps.sort();
     assert_eq!(steps.last().unwrap().1, 15);
 }
+
+#[test]
+fn a_horizon_past_the_head_is_refused_under_the_lock() {
+    // Issue 27, item 5: `prune_commits_through('m5', 'E', 10)` with three commits set the
+    // horizon to 10 and the next commit landed at 4, below it (D6).
+    let db = TestDb::new("hznpasthead");
+    let mut c = db.connect();
+    touch(&mut c, "e");
+    for _ in 0..3 {
+        commit_at(&mut c, NOW);
+    }
+    let prune = "SELECT syncular.prune_commits_through($1, 'e', $2)";
+    let err = try_one::<Value>(&mut c, prune, &[&P, &10i64]).unwrap_err();
+    let err = sql_error(&err);
+    assert_eq!(
+        (err.state.as_str(), err.message.as_str()),
+        ("SY032", "sync.storage.invalid_prune_cursor")
+    );
+    assert!(
+        err.hint
+            .as_deref()
+            .unwrap_or("")
+            .contains("newest commit 3"),
+        "{err:?}"
+    );
+    let err = try_one::<i64>(&mut c, "SELECT syncular.set_horizon_seq($1, 4)", &[&P]).unwrap_err();
+    assert_eq!(sql_error(&err).state, "SY000");
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT syncular.horizon_seq($1)", &[&P]),
+        0
+    );
+    // [MS] The head is the one the lock froze: a prune through 4 waits for a push holding the
+    // partition lock with commit 4 appended, and is served once it commits; refused when it
+    // rolled back.
+    for (end, served) in [("ROLLBACK", false), ("COMMIT", true)] {
+        let mut pusher = db.connect();
+        exec(&mut pusher, "BEGIN");
+        commit_at(&mut pusher, NOW);
+        let mut pruner = db.connect();
+        let pid = backend_pid(&mut pruner);
+        let waiting = std::thread::spawn(move || {
+            try_one::<Value>(
+                &mut pruner,
+                "SELECT syncular.prune_commits_through($1, 'e', 4)",
+                &[&P],
+            )
+            .map_err(|e| sql_error(&e).state)
+        });
+        wait_until_blocked(&mut c, pid);
+        exec(&mut pusher, end);
+        let outcome = waiting.join().unwrap();
+        if served {
+            assert_eq!(outcome.unwrap()["horizonSeq"], json!(4));
+        } else {
+            assert_eq!(outcome.unwrap_err(), "SY032");
+        }
+    }
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT syncular.horizon_seq($1)", &[&P]),
+        4
+    );
+    assert_eq!(commit_at(&mut c, NOW), 5);
+}
