@@ -28,6 +28,7 @@ use crate::log;
 use crate::push;
 use crate::push_append::{self, ChangeOut, Header};
 use crate::push_batch::{self, Batch};
+use crate::push_guard;
 use crate::push_schema::{self, TableSchema};
 use crate::push_stage::{self, Evidence};
 use crate::rows;
@@ -1468,6 +1469,9 @@ fn push_commit(
         if unsafe { pg_sys::XactIsoLevel } != pg_sys::XACT_READ_COMMITTED as i32 {
             return Err(Error::invalid_transaction_state("isolation"));
         }
+        // A staged push stands until push_finish or a rollback: no push may run over its
+        // candidate rows (src/push_guard.rs).
+        push_guard::check_nothing_staged()?;
         // A staged push leaves candidate rows for push_finish: in autocommit they would be
         // committed with no commit appended.
         // SAFETY: reads backend state of the current transaction; never errors.
