@@ -288,8 +288,16 @@ fn put_push_result(
         let applied_seq = (document["status"] == "applied")
             .then(|| json_int(&document["commitSeq"]).ok())
             .flatten();
-        push_guard::check_result(p, c, k, applied_seq)?;
-        db::with_spi(|client| store_result(client, &key.parts(), document)).map(JsonB)
+        let names_append = push_guard::check_result(p, c, k, applied_seq)?;
+        db::with_spi(|client| {
+            let canonical = store_result(client, &key.parts(), document)?;
+            // The push's commit stands in this transaction: only its own result may be stored.
+            if let (true, Some(seq)) = (names_append, applied_seq) {
+                push_guard::check_stored(seq, &canonical)?;
+            }
+            Ok(canonical)
+        })
+        .map(JsonB)
     })
 }
 

@@ -2,7 +2,9 @@
 //! commit and its stored result, shared by `push_commit` (one call) and `push_finish` (the end
 //! of a staged push, src/push_stage.rs). The append reuses `log::append`, the code behind
 //! `append_commit`, so both paths store the same bytes; the result goes through
-//! `push::store_result`, where the first writer of an idempotency key wins.
+//! `push::store_result`, where the first writer of an idempotency key wins — and a result
+//! another transaction stored first fails the call, so its commit never stands next to it
+//! (`push_guard::check_stored`).
 
 use crate::commit::{Change, Commit, Op, BASE64};
 use crate::error::{Error, Result};
@@ -149,7 +151,7 @@ pub fn append(
     };
     push_guard::check_append(partition, client_id, client_commit_id)?;
     let seq = log::append(client, partition, &commit)?;
-    push_guard::appended(seq);
+    push_guard::appended_push(header.key, seq);
     notify::appended(partition, seq);
     Ok(Appended { seq, returned })
 }
@@ -167,5 +169,8 @@ pub fn store_applied(
         "recordedAtMs": header.created_at_ms, "cacheIdentity": header.identity,
     });
     let canonical = push::store_result(client, &header.key, document)?;
+    // First writer wins, but the commit just appended must not stand next to another
+    // transaction's result for the key (D8): then the call fails and the append goes with it.
+    push_guard::check_stored(appended.seq, &canonical)?;
     Ok(finished(canonical, header.identity, appended.returned))
 }

@@ -28,6 +28,7 @@ use crate::log;
 use crate::push;
 use crate::push_append::{self, ChangeOut, Header};
 use crate::push_batch::{self, Batch};
+use crate::push_guard;
 use crate::push_schema::{self, TableSchema};
 use crate::push_stage::{self, Evidence};
 use crate::rows;
@@ -413,6 +414,50 @@ fn same_value(a: &Val<'_>, b: &Val<'_>) -> bool {
     }
 }
 
+/// What a change copies from a stored row into the log obeys the rules `append_commit` holds
+/// the same document to (src/commit.rs; docs/API.md §Commit log): the row's scopes an object
+/// of strings and, for an update, the next row version within 1 … 2^53−1. A row the host wrote
+/// outside them (`_sync_server_version` at 2^63−1 would wrap to −2^63, nested scopes would
+/// land in `sync_changes`) is refused with `SY005` at the path its change would have (`at`),
+/// before anything of the operation is decided, never copied.
+fn loggable(stored: &StoredRow, at: usize, op: &Operation) -> Result<()> {
+    let refusal = |path: String, reason: &str, what: String| {
+        Err(Error::invalid_commit(&path, reason).with_hint(format!(
+            "stored row {} of table {} has {what}",
+            quoted(&op.row_id),
+            quoted(&op.table)
+        )))
+    };
+    let Value::Object(scopes) = &stored.scopes else {
+        let what = "_sync_scopes that are not an object".to_string();
+        return refusal(format!("changes[{at}].scopes"), "type", what);
+    };
+    // The first variable in byte order, the order append_commit reports them in.
+    let mut first_bad: Option<&str> = None;
+    for (var, value) in scopes {
+        pgrx::check_for_interrupts!();
+        if !value.is_string() && first_bad.is_none_or(|bad| var.as_str() < bad) {
+            first_bad = Some(var);
+        }
+    }
+    if let Some(var) = first_bad {
+        let what = format!(
+            "a _sync_scopes value of {} that is not a string",
+            quoted(var)
+        );
+        return refusal(format!("changes[{at}].scopes.{var}"), "type", what);
+    }
+    // An update's change carries the stored version + 1 (versions::after_update).
+    if !op.delete && stored.server_version >= limits::MAX_SAFE {
+        let what = format!(
+            "_sync_server_version {}: the next version would pass 2^53-1",
+            stored.server_version
+        );
+        return refusal(format!("changes[{at}].rowVersion"), "range", what);
+    }
+    Ok(())
+}
+
 fn scopes_map(row: &StoredRow) -> Map<String, Value> {
     match &row.scopes {
         Value::Object(map) => map.clone(),
@@ -745,6 +790,7 @@ impl Context<'_, '_> {
             self.witness(|| evidence(None, None));
             return Ok(None);
         };
+        loggable(&stored, changes.len(), op)?;
         if !authorized(allowed, &t.schema, stored_scope(&stored)) {
             return rejected(k, FORBIDDEN, "delete denied by scope authorization (§3.4)");
         }
@@ -786,6 +832,7 @@ impl Context<'_, '_> {
         changes: &mut Vec<ChangeOut>,
     ) -> Result<Option<Stop>> {
         let layout = &t.schema.layout;
+        loggable(&stored, changes.len(), op)?;
         if !authorized(allowed, &t.schema, stored_scope(&stored)) {
             return rejected(k, FORBIDDEN, "write denied by scope authorization (§3.4)");
         }
@@ -1468,6 +1515,9 @@ fn push_commit(
         if unsafe { pg_sys::XactIsoLevel } != pg_sys::XACT_READ_COMMITTED as i32 {
             return Err(Error::invalid_transaction_state("isolation"));
         }
+        // A staged push stands until push_finish or a rollback: no push may run over its
+        // candidate rows (src/push_guard.rs).
+        push_guard::check_nothing_staged()?;
         // A staged push leaves candidate rows for push_finish: in autocommit they would be
         // committed with no commit appended.
         // SAFETY: reads backend state of the current transaction; never errors.

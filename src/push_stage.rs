@@ -10,6 +10,12 @@
 //! transaction-local backend memory (src/txn_local.rs): it belongs to the subtransaction that
 //! staged it, so a `ROLLBACK TO SAVEPOINT` that discards the candidate rows discards it too,
 //! and `push_finish` can never append a commit whose rows are gone. Nothing of it is durable.
+//!
+//! While it is staged the push stands (src/push_guard.rs): no other commit is appended and no
+//! result is stored for its key in the transaction, and `push_finish` re-reads the stored
+//! result of its key before it appends, refusing when there is one — one result and one commit
+//! per push (D8, docs/DESIGN.md §Invariants; docs/API.md `push_finish` says why refuse rather
+//! than replay).
 
 use crate::access;
 use crate::args::{self, JsonArg};
@@ -17,7 +23,9 @@ use crate::codec::{Column, Value as Val};
 use crate::codec_sql;
 use crate::db;
 use crate::error::{self, Error, Result};
+use crate::push;
 use crate::push_append::{self, ChangeOut, Header};
+use crate::push_guard;
 use crate::txn_local::{self, Key};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
@@ -84,6 +92,8 @@ pub fn save(header: &Header<'_>, operations: usize, changes: &[ChangeOut]) {
         "changes": changes.iter().map(ChangeOut::to_json).collect::<Vec<_>>(),
     });
     txn_local::set(Key::PushStaged, &state.to_string());
+    let [partition, client_id, client_commit_id] = header.key;
+    push_guard::stage(partition, client_id, client_commit_id);
 }
 
 /// The staged push of `key` in this transaction, taken (a second `push_finish` finds none).
@@ -97,6 +107,7 @@ fn take(key: [&str; 3]) -> Result<Option<Value>> {
         return Ok(None);
     }
     txn_local::set(Key::PushStaged, "");
+    push_guard::unstage();
     Ok(Some(state))
 }
 
@@ -121,6 +132,15 @@ fn sourced(reactions: Value, header: &Header<'_>, seq: i64) -> Result<Value> {
         })
         .collect::<Result<Vec<_>>>()
         .map(Value::Array)
+}
+
+/// `push_finish` of a key that has a stored result: refused (docs/API.md `push_finish`).
+fn already_stored(stored: &Value) -> Error {
+    Error::invalid_argument("client_commit_id", "range").with_hint(format!(
+        "a result of this push is already stored (status {}): nothing is appended; roll back \
+         to the candidate savepoint and answer the stored result (get_push_result) as a replay",
+        stored["status"]
+    ))
 }
 
 /// SECURITY INVOKER like `push_commit`: only `sync_*` statements run, as the extension owner.
@@ -181,6 +201,14 @@ fn push_finish(
         let operations = state["operations"].as_u64().unwrap_or_default() as usize;
         db::with_spi(|client| {
             access::as_extension_owner(client, || {
+                // The idempotency re-check, as push_commit's C4: under the partition lock the
+                // stage took, with a fresh snapshot. Nothing of this transaction can have
+                // stored a result for the key while it was staged (src/push_guard.rs), but
+                // another transaction can (put_push_result takes no lock). A replay is not
+                // possible here: the candidate rows stand and only the host can roll them back.
+                if let Some(stored) = push::stored_result(client, &key, true)? {
+                    return Err(already_stored(&stored));
+                }
                 let appended = push_append::append(client, &header, changes)?;
                 let reactions = sourced(reactions, &header, appended.seq)?;
                 if reactions.as_array().is_some_and(|r| !r.is_empty()) {

@@ -27,6 +27,8 @@ pub enum Key {
     PushAppended,
     /// A push staged for `push_finish` ([`crate::push_stage`]).
     PushStaged,
+    /// The idempotency key of that push while it stands ([`crate::push_guard`]).
+    PushStagedId,
     /// The extension owner's OID, read once per transaction ([`crate::access::extension_owner`]).
     ExtensionOwner,
 }

@@ -1703,3 +1703,101 @@ fn np35_differential_against_the_classic_path() {
         "{applied} {rejected} {replays}"
     );
 }
+
+/// Issue 25 (low): what a push copies from a stored app row into the log obeys the rules
+/// `append_commit` holds the same document to (docs/API.md §Commit log): a row version in
+/// 1 … 2^53−1, scopes an object of strings. A row the host wrote outside them (a version at
+/// 2^63−1 wrapped to −2^63, nested scopes) is `SY005` with the path the change would have, and
+/// nothing is written.
+#[test]
+fn stored_versions_and_scopes_the_log_cannot_hold_are_refused() {
+    let (_db, mut c) = fixture("np_stored_meta");
+    for (key, id) in [("k1", "t1"), ("k2", "t2")] {
+        let op = up(&mut c, "tasks", id, None, task(id, "p1"));
+        assert_eq!(push(&mut c, key, &[op])["outcome"], "applied");
+    }
+    let set = |c: &mut Client, assignment: &str| {
+        exec(
+            c,
+            &format!(
+                "UPDATE public.np_tasks SET {assignment}, \"_sync_column_versions\" = NULL
+                  WHERE \"_sync_row_id\" = 't1'"
+            ),
+        )
+    };
+    let max_safe: i64 = (1 << 53) - 1;
+    let cases = [
+        (
+            format!("\"_sync_server_version\" = {}", i64::MAX),
+            false,
+            "changes[1].rowVersion",
+            "range",
+        ),
+        (
+            format!("\"_sync_server_version\" = {max_safe}"),
+            false,
+            "changes[1].rowVersion",
+            "range",
+        ),
+        (
+            r#""_sync_server_version" = 1, "_sync_scopes" = '{"project_id": "p1", "x": {"n": 1}}'"#
+                .into(),
+            false,
+            "changes[1].scopes.x",
+            "type",
+        ),
+        (
+            r#""_sync_scopes" = '{"project_id": "p1", "b": 5, "a": [1]}'"#.into(),
+            true,
+            "changes[1].scopes.a",
+            "type",
+        ),
+        (
+            r#""_sync_scopes" = '["p1"]'"#.into(),
+            true,
+            "changes[1].scopes",
+            "type",
+        ),
+    ];
+    for (i, (assignment, delete, path, reason)) in cases.iter().enumerate() {
+        set(&mut c, assignment);
+        let before = snapshot(&mut c);
+        // The second operation meets the row: the path names the change it would have been.
+        let first = up(
+            &mut c,
+            "tasks",
+            "t2",
+            None,
+            titled("t2", &format!("case {i}")),
+        );
+        let second = if *delete {
+            del("tasks", "t1")
+        } else {
+            up(&mut c, "tasks", "t1", None, titled("t1", "renamed"))
+        };
+        expect_error(
+            try_push(&mut c, &format!("bad{i}"), &[first, second], json!({})),
+            "SY005",
+            "sync.storage.invalid_commit",
+            Some(json!({"path": path, "reason": reason})),
+        );
+        unchanged(&mut c, &before);
+    }
+    // One below the bound: the change carries 2^53−1, as append_commit would accept it.
+    set(
+        &mut c,
+        &format!(
+            r#""_sync_server_version" = {}, "_sync_scopes" = '{{"project_id": "p1"}}'"#,
+            max_safe - 1
+        ),
+    );
+    let op = up(&mut c, "tasks", "t1", None, titled("t1", "renamed"));
+    let out = push(&mut c, "ok", &[op]);
+    assert_eq!(out["outcome"], "applied", "{out}");
+    let version: i64 = one(
+        &mut c,
+        "SELECT row_version FROM syncular.sync_changes WHERE partition = $1 AND commit_seq = $2",
+        &[&P, &out["commitSeq"].as_i64().unwrap()],
+    );
+    assert_eq!(version, max_safe);
+}

@@ -293,3 +293,160 @@ fn np32_stage_rules() {
         Some(json!({"argument": "client_commit_id", "reason": "range"})),
     );
 }
+
+/// Runs `call` inside a savepoint that is rolled back afterwards, so a refusal leaves the
+/// transaction usable; returns the call's outcome.
+fn probe<T>(
+    tx: &mut Transaction<'_>,
+    call: impl FnOnce(&mut Transaction<'_>) -> Result<T, postgres::Error>,
+) -> Result<T, postgres::Error> {
+    tx.batch_execute("SAVEPOINT probe").unwrap();
+    let outcome = call(tx);
+    tx.batch_execute("ROLLBACK TO SAVEPOINT probe").unwrap();
+    outcome
+}
+
+fn rejection(identity: &str) -> Value {
+    json!({"status": "rejected", "results": [{"opIndex": 0, "status": "error",
+        "code": "app.denied", "message": "no", "retryable": false}],
+        "recordedAtMs": NOW, "cacheIdentity": identity})
+}
+
+fn put_result(
+    tx: &mut Transaction<'_>,
+    key: &str,
+    result: &Value,
+) -> Result<Value, postgres::Error> {
+    tx.query_one(
+        "SELECT syncular.put_push_result($1, 'c1', $2, $3)",
+        &[&P, &key, result],
+    )
+    .map(|r| r.get(0))
+}
+
+/// `(commit_seq of every commit of key, the stored result)`.
+fn commits_and_result(c: &mut Client, key: &str) -> (Vec<i64>, Option<Value>) {
+    let seqs = column(
+        c,
+        "SELECT commit_seq FROM syncular.sync_commits
+          WHERE partition = $1 AND client_id = 'c1' AND client_commit_id = $2 ORDER BY 1",
+        &[&P, &key],
+    );
+    let result = one(
+        c,
+        "SELECT syncular.get_push_result($1, 'c1', $2)",
+        &[&P, &key],
+    );
+    (seqs, result)
+}
+
+const PRIOR_WRITES: &str = "prior_writes";
+
+/// Issue 25 (D8 under stage/finish): while a push is staged its candidate rows stand, so
+/// nothing else may append a commit or store a result in that transaction — not a direct push
+/// of the same key (it would run over the candidate rows and append a second commit for the
+/// key), not a push of another key (its commit would be ordered before rows written after
+/// it), not the classic calls (an applied result without the commit, a rejection the finish
+/// would contradict). Only `push_finish` or a rollback to the candidate savepoint go on.
+#[test]
+fn d8_a_staged_push_stands_until_it_is_finished_or_rolled_back() {
+    let (_db, mut c) = prepared("d8_stands");
+    let staged_ops = ops(&mut c);
+    let other = up(&mut c, "tasks", "t8", None, task("t8", "p1"));
+    let max: i64 = one(&mut c, "SELECT syncular.max_commit_seq($1)", &[&P]);
+    let mut tx = begin(&mut c, "s1");
+    let hooks = json!({"commitValidator": true});
+    let staged = try_push(
+        &mut tx,
+        "s1",
+        &staged_ops,
+        staged_options("s1", hooks.clone()),
+    );
+    assert_eq!(staged.unwrap()["outcome"], "staged");
+    let refused = |outcome: Result<Value, postgres::Error>, state: &str, detail: Value| {
+        let message = match state {
+            "SY004" => "sync.storage.invalid_transaction_state",
+            _ => "sync.storage.invalid_argument",
+        };
+        let err = expect_error(outcome, state, message, Some(detail));
+        assert!(
+            err.hint.is_some_and(|h| h.contains("staged")),
+            "a HINT names the staged push"
+        );
+    };
+    let prior = json!({"reason": PRIOR_WRITES});
+    // A direct push of the same key, of another key, or a second stage.
+    for (key, options) in [
+        ("s1", json!({"cacheIdentity": "direct"})),
+        ("s8", json!({"cacheIdentity": "s8"})),
+        ("s8", staged_options("s8", hooks.clone())),
+    ] {
+        let ops = if key == "s1" {
+            staged_ops.clone()
+        } else {
+            vec![other.clone()]
+        };
+        refused(
+            probe(&mut tx, |tx| try_push(tx, key, &ops, options)),
+            "SY004",
+            prior.clone(),
+        );
+    }
+    // The classic calls: an append (of this key or another), an applied or a rejected result.
+    for ccid in ["s1", "s8"] {
+        let d = doc(ccid, json!([chg("tasks", "t8")]), Some(V));
+        let appended = probe(&mut tx, |tx| {
+            tx.query_one("SELECT syncular.append_commit($1, $2)", &[&P, &d])
+                .map(|r| r.get::<_, i64>(0))
+        });
+        let err = expect_error(
+            appended,
+            "SY004",
+            "sync.storage.invalid_transaction_state",
+            Some(prior.clone()),
+        );
+        assert!(err.hint.is_some_and(|h| h.contains("staged")));
+    }
+    refused(
+        probe(&mut tx, |tx| put_result(tx, "s1", &rejection("s1"))),
+        "SY000",
+        json!({"argument": "result.status", "reason": "range"}),
+    );
+    refused(
+        probe(&mut tx, |tx| {
+            put_result(tx, "s1", &applied(max + 1, 4, "s1"))
+        }),
+        "SY000",
+        json!({"argument": "result.commitSeq", "reason": "range"}),
+    );
+    // The finish appends the one commit of the key, and its result names it.
+    let finished = finish(&mut tx, "s1", &json!([])).unwrap();
+    assert_eq!(finished["commitSeq"], max + 1, "{finished}");
+    tx.commit().unwrap();
+    let (seqs, result) = commits_and_result(&mut c, "s1");
+    assert_eq!(seqs, vec![max + 1]);
+    assert_eq!(result.unwrap()["commitSeq"], max + 1);
+    assert_eq!(commits_and_result(&mut c, "s8"), (vec![], None));
+
+    // Without push_begin the staged push stands just the same: the rejection is refused until
+    // the candidate rows are rolled back, and then stored alone.
+    let before_s2 = snapshot(&mut c);
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute("SAVEPOINT syncular_push_candidate")
+        .unwrap();
+    let t2 = up(&mut tx, "tasks", "t2", None, titled("t2", "again"));
+    let staged = try_push(&mut tx, "s2", &[t2], staged_options("s2", hooks));
+    assert_eq!(staged.unwrap()["outcome"], "staged");
+    refused(
+        probe(&mut tx, |tx| put_result(tx, "s2", &rejection("s2"))),
+        "SY000",
+        json!({"argument": "result.status", "reason": "range"}),
+    );
+    tx.batch_execute("ROLLBACK TO SAVEPOINT syncular_push_candidate")
+        .unwrap();
+    let stored = put_result(&mut tx, "s2", &rejection("s2")).unwrap();
+    assert_eq!(stored["status"], "rejected");
+    tx.commit().unwrap();
+    assert_eq!(but_result(&snapshot(&mut c), "s2"), before_s2);
+    assert_eq!(commits_and_result(&mut c, "s2").0, Vec::<i64>::new());
+}
