@@ -90,6 +90,9 @@ fn register_callbacks() {
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     use pg_sys::XactEvent::*;
+    if matches!(event, XACT_EVENT_PRE_COMMIT | XACT_EVENT_PRE_PREPARE) && staged_push_stands() {
+        refuse_commit_of_a_staged_push();
+    }
     if matches!(
         event,
         XACT_EVENT_COMMIT
@@ -126,4 +129,31 @@ unsafe extern "C-unwind" fn on_subxact(
             _ => {}
         }
     });
+}
+
+/// Whether `push_commit` staged a push in this transaction that neither `push_finish` took nor a
+/// rollback to its savepoint undid.
+fn staged_push_stands() -> bool {
+    ENTRIES.with(|entries| {
+        entries
+            .borrow()
+            .iter()
+            .rev()
+            .find(|e| e.key == Key::PushStagedId)
+            .is_some_and(|e| !e.value.is_empty())
+    })
+}
+
+/// A transaction that still holds a staged push does not commit: its candidate rows would land
+/// without a commit in the log and without a result (docs/API.md `push_finish`). Raised from the
+/// pre-commit callback, where an ERROR aborts the transaction; nothing owned is held here.
+fn refuse_commit_of_a_staged_push() -> ! {
+    use crate::error::{raise, Code};
+    let code = Code::InvalidTransactionState;
+    raise(
+        code.sqlstate(),
+        code.message().to_string(),
+        Some(r#"{"reason":"staged_push"}"#.to_string()),
+        Some("push_commit staged a push in this transaction: call push_finish, or ROLLBACK TO SAVEPOINT syncular_push_candidate (and store the host's rejection), before COMMIT".to_string()),
+    )
 }

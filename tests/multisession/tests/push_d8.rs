@@ -464,6 +464,7 @@ fn d8_holds_over_generated_interleavings() {
     let mut rng = Rng(0x5EED_D8D8_0025_0005);
     let mut refusals = 0;
     let mut finished = 0;
+    let mut refused_commits = 0;
     for case in 0..CASES {
         let keys: Vec<String> = (0..KEYS).map(|k| format!("case{case}-k{k}")).collect();
         let mut history = String::new();
@@ -496,14 +497,29 @@ fn d8_holds_over_generated_interleavings() {
                 }
             }
             refusals += tx.refusals;
-            exec(&mut c, if commit { "COMMIT" } else { "ROLLBACK" });
+            let stands = tx.model.staged.is_some() && !tx.aborted;
+            if commit && stands {
+                // A staged push neither finished nor rolled back: the commit is refused and
+                // the transaction rolled back (docs/API.md push_finish).
+                let err = c.batch_execute("COMMIT").expect_err(&history);
+                assert_eq!(
+                    sql_error(&err).detail,
+                    Some(json!({"reason": "staged_push"})),
+                    "{history}"
+                );
+                refused_commits += 1;
+            } else {
+                exec(&mut c, if commit { "COMMIT" } else { "ROLLBACK" });
+            }
             assert_d8(&mut c, &keys, &history);
         }
     }
-    eprintln!("d8: {CASES} cases: {finished} finishes, {refusals} refusals");
+    eprintln!(
+        "d8: {CASES} cases: {finished} finishes, {refusals} refusals, {refused_commits} commits of a staged push refused"
+    );
     // The interleavings reached both ends: finishes that went through and refusals.
     assert!(
-        finished > 50 && refusals > 100,
-        "{finished} finishes, {refusals} refusals"
+        finished > 50 && refusals > 100 && refused_commits > 10,
+        "{finished} finishes, {refusals} refusals, {refused_commits} refused commits"
     );
 }

@@ -450,3 +450,44 @@ fn d8_a_staged_push_stands_until_it_is_finished_or_rolled_back() {
     assert_eq!(but_result(&snapshot(&mut c), "s2"), before_s2);
     assert_eq!(commits_and_result(&mut c, "s2").0, Vec::<i64>::new());
 }
+
+#[test]
+fn a_transaction_holding_a_staged_push_does_not_commit() {
+    // Without a finish or a rollback to its savepoint, COMMIT would land the candidate rows with
+    // no commit in the log and no result for the key.
+    let (_db, mut c) = prepared("stage_commit");
+    let staged_ops = ops(&mut c);
+    let before = snapshot(&mut c);
+    let mut tx = begin(&mut c, "s1");
+    let staged = try_push(
+        &mut tx,
+        "s1",
+        &staged_ops,
+        staged_options("s1", json!({"commitValidator": true})),
+    );
+    assert_eq!(staged.unwrap()["outcome"], "staged");
+    let err = sql_error(&tx.commit().expect_err("the commit is refused"));
+    assert_eq!(
+        (err.state.as_str(), err.message.as_str()),
+        ("SY004", "sync.storage.invalid_transaction_state")
+    );
+    assert_eq!(err.detail, Some(json!({"reason": "staged_push"})));
+    assert!(err.hint.is_some_and(|h| h.contains("push_finish")));
+    assert_eq!(
+        snapshot(&mut c),
+        before,
+        "nothing of the staged push landed"
+    );
+    // Rolled back to its savepoint, the same transaction commits (the host's rejection path).
+    let mut tx = begin(&mut c, "s1");
+    let staged = try_push(
+        &mut tx,
+        "s1",
+        &staged_ops,
+        staged_options("s1", json!({"commitValidator": true})),
+    );
+    assert_eq!(staged.unwrap()["outcome"], "staged");
+    tx.batch_execute("ROLLBACK TO SAVEPOINT syncular_push_candidate")
+        .unwrap();
+    tx.commit().unwrap();
+}
