@@ -449,3 +449,43 @@ fn notifications_go_to_a_channel_only_syncular_host_can_name() {
     );
     assert_eq!(received(&mut host), vec![]);
 }
+
+/// The one-call push notifies too: its append runs with the extension owner's rights, which
+/// read the channel, while the pushing role (a plain `syncular_host` member) cannot.
+#[test]
+fn a_push_commit_by_a_host_role_notifies_on_the_channel() {
+    use syncular_multisession::native_push::{fixture, push, task, up};
+    let (db, mut c) = fixture("notify_push");
+    let server = role(&mut c, &db, "server", true);
+    exec(
+        &mut c,
+        &format!(
+            "GRANT syncular_host TO {server};
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {server};"
+        ),
+    );
+    let mut listener = db.connect();
+    let channel: String = one(&mut listener, "SELECT syncular.notify_channel()", &[]);
+    exec(&mut listener, &format!("LISTEN \"{channel}\""));
+    let mut host = db.connect_as(&server);
+    let denied = sql_error(
+        &try_one::<String>(
+            &mut host,
+            "SELECT channel FROM syncular.sync_notify_channel",
+            &[],
+        )
+        .unwrap_err(),
+    );
+    assert_eq!(denied.state, "42501");
+    exec(&mut host, "SET syncular.notify_commits = on");
+    let op = up(&mut host, "tasks", "t1", None, task("t1", "p1"));
+    let outcome = push(&mut host, "k1", &[op]);
+    assert_eq!(outcome["outcome"], "applied", "{outcome}");
+    assert_eq!(
+        received(&mut listener),
+        vec![(
+            channel,
+            json!({"partition": P, "commitSeq": outcome["commitSeq"]})
+        )]
+    );
+}
