@@ -35,7 +35,20 @@ $$;
 CREATE FUNCTION syncular._fence_guard_on_drop() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-  IF pg_catalog.to_regclass('syncular.sync_commits') IS NULL OR syncular._fence_guard_busy() THEN
+  -- Only a DROP TRIGGER that dropped a trigger of sync_commits in the extension's own schema
+  -- concerns the guard; every other one (on any table of the database) returns here, before a
+  -- name in schema syncular is resolved (docs/SECURITY.md, "Installing").
+  IF NOT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_event_trigger_dropped_objects() o
+      JOIN pg_catalog.pg_namespace n ON n.nspname = o.address_names[1]
+      JOIN pg_catalog.pg_extension e ON e.extnamespace = n.oid AND e.extname = 'syncular'
+     WHERE o.object_type = 'trigger' AND o.address_names[1] = 'syncular'
+       AND o.address_names[2] = 'sync_commits') THEN
+    RETURN;
+  END IF;
+  -- (A separate statement: a name in an expression is resolved when it is planned, even where
+  -- the expression would not evaluate it.)
+  IF syncular._fence_guard_busy() THEN
     RETURN;
   END IF;
   IF syncular._native_fence_triggers() = 0 THEN
@@ -53,7 +66,19 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   foreign_fence boolean;
 BEGIN
-  IF pg_catalog.to_regclass('syncular.sync_commits') IS NULL OR syncular._fence_guard_busy() THEN
+  -- Only a CREATE TRIGGER on sync_commits in the extension's own schema concerns the guard
+  -- (see _fence_guard_on_drop).
+  IF NOT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d
+      JOIN pg_catalog.pg_trigger t ON t.oid = d.objid
+      JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+      JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+      JOIN pg_catalog.pg_extension e ON e.extnamespace = n.oid AND e.extname = 'syncular'
+     WHERE d.classid = 'pg_catalog.pg_trigger'::pg_catalog.regclass
+       AND c.relname = 'sync_commits' AND n.nspname = 'syncular') THEN
+    RETURN;
+  END IF;
+  IF syncular._fence_guard_busy() THEN
     RETURN;
   END IF;
   SELECT EXISTS (

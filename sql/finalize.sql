@@ -171,6 +171,10 @@ COMMENT ON FUNCTION syncular.push_commit(text, text, text, text, bigint, bigint,
 COMMENT ON FUNCTION syncular.push_finish(text, text, text, jsonb) IS
   'Finishes a push staged by push_commit (onCommitHooks "stage") in this transaction: appends the commit, enqueues the planner''s reactions with the commit as their source, stores the applied result; returns push_commit''s applied document.';
 
+-- Change notifications (docs/API.md, "Change notifications")
+COMMENT ON FUNCTION syncular.notify_channel() IS
+  'The channel (random per install) the commits of this database are notified on with syncular.notify_commits = on; syncular_host only. A notification is a wake-up: read the partition head (max_commit_seq) before acting on it.';
+
 -- Administration (docs/API.md §Administration)
 COMMENT ON FUNCTION syncular.adopt_legacy_tables(name, name) IS
   'Extension owner or superuser only: one-time adoption of a 0.24 database''s tables into the (empty) extension tables, in the caller''s transaction.';

@@ -3,6 +3,67 @@
 -- starts with `syncular` reads and writes the same rows. Every text column is COLLATE "C":
 -- ordering and pagination are byte order, whatever the database locale.
 
+-- 0. First of all: the schema. PostgreSQL installs into an existing schema named by the control
+--    file (`schema = syncular`) whoever owns it; the extension's functions, event triggers and
+--    grants then resolve `syncular.<name>` there. A role that could own the schema or create
+--    objects in it could later put its own function under one of those names and have it run
+--    with the extension owner's rights (docs/SECURITY.md, "Installing"). So the schema must be
+--    one no such role ever controlled: owned by a superuser, CREATE held by no other role (nor
+--    PUBLIC), and empty but for this extension. A schema CREATE EXTENSION just made is all
+--    three; so is the one a pg_dump restore creates right before CREATE EXTENSION (its grants
+--    come last), and the one DROP EXTENSION leaves behind (only USAGE granted).
+--    The script's search_path is `syncular, pg_temp` (pg_catalog first): every operator and
+--    function below is qualified, so nothing in the schema under test is resolved.
+DO $install_schema$
+DECLARE
+  schema_oid pg_catalog.oid;
+  owner_name pg_catalog.name;
+  owner_super boolean;
+  creators pg_catalog.text;
+  held pg_catalog.int8;
+  example pg_catalog.text;
+  problem pg_catalog.text;
+BEGIN
+  SELECT n.oid, r.rolname, r.rolsuper INTO schema_oid, owner_name, owner_super
+    FROM pg_catalog.pg_namespace n
+    JOIN pg_catalog.pg_authid r ON r.oid OPERATOR(pg_catalog.=) n.nspowner
+   WHERE n.nspname OPERATOR(pg_catalog.=) 'syncular';
+  -- CREATE granted to PUBLIC (grantee 0) or to a role that is not a superuser.
+  SELECT pg_catalog.string_agg(CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
+                                    ELSE pg_catalog.quote_ident(g.rolname) END, ', ')
+    INTO creators
+    FROM pg_catalog.pg_namespace n, pg_catalog.aclexplode(n.nspacl) a
+    LEFT JOIN pg_catalog.pg_authid g ON g.oid OPERATOR(pg_catalog.=) a.grantee
+   WHERE n.oid OPERATOR(pg_catalog.=) schema_oid
+     AND a.privilege_type OPERATOR(pg_catalog.=) 'CREATE'
+     AND NOT COALESCE(g.rolsuper, false);
+  -- Every object in a schema depends on it (pg_depend); this extension's own row is the one
+  -- dependency a schema made by this CREATE EXTENSION already has.
+  SELECT pg_catalog.count(*), pg_catalog.min(pg_catalog.pg_describe_object(d.classid, d.objid, d.objsubid))
+    INTO held, example
+    FROM pg_catalog.pg_depend d
+   WHERE d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_namespace'::pg_catalog.regclass::pg_catalog.oid
+     AND d.refobjid OPERATOR(pg_catalog.=) schema_oid
+     AND NOT (d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass::pg_catalog.oid
+              AND d.objid OPERATOR(pg_catalog.=) (SELECT e.oid FROM pg_catalog.pg_extension e
+                                                   WHERE e.extname OPERATOR(pg_catalog.=) 'syncular'));
+  IF NOT owner_super THEN
+    problem := pg_catalog.format('It is owned by role %I, which is not a superuser.', owner_name);
+  ELSIF creators IS NOT NULL THEN
+    problem := pg_catalog.format('CREATE on it is granted to %s.', creators);
+  ELSIF held OPERATOR(pg_catalog.>) 0 THEN
+    problem := pg_catalog.format('It already holds %s object(s), e.g. %s.', held, example);
+  END IF;
+  IF problem IS NOT NULL THEN
+    RAISE EXCEPTION 'syncular: the existing schema "syncular" is not one the extension can be installed into'
+      USING ERRCODE = 'duplicate_schema', DETAIL = problem,
+            HINT = 'Drop or rename the existing schema syncular (after checking what it holds), then run '
+                   'CREATE EXTENSION syncular again; install the extension before granting CREATE on '
+                   'the database (docs/SECURITY.md, "Installing").';
+  END IF;
+END
+$install_schema$;
+
 -- 1. Partition allocator and partition write lock. fillfactor 50 keeps the hot counter
 --    update HOT (a new row version on the same page, no index update).
 CREATE TABLE syncular.sync_partitions (
@@ -213,6 +274,20 @@ CREATE TABLE syncular.sync_push_schemas (
   tables         jsonb  NOT NULL,
   updated_at_ms  bigint NOT NULL
 );
+
+-- 18. The channel of the change notifications (docs/API.md, "Change notifications"): a random
+-- name per install (122 random bits of gen_random_uuid), readable by the extension owner and,
+-- through syncular.notify_channel(), by syncular_host. PostgreSQL has no privilege on LISTEN or
+-- NOTIFY: a channel no other role can name is what keeps other roles from listening to the
+-- partitions' commits or sending on it (docs/SECURITY.md, "Notifications"). Not registered
+-- below: a restored database gets a channel of its own.
+CREATE TABLE syncular.sync_notify_channel (
+  id      integer PRIMARY KEY CHECK (id = 1),
+  channel text    COLLATE "C" NOT NULL
+);
+INSERT INTO syncular.sync_notify_channel (id, channel)
+  VALUES (1, pg_catalog.concat('syncular_commits_',
+                               pg_catalog.replace(pg_catalog.gen_random_uuid()::pg_catalog.text, '-', '')));
 
 -- pg_dump skips the rows of extension member tables unless they are registered here.
 SELECT pg_catalog.pg_extension_config_dump('syncular.sync_partitions', '');

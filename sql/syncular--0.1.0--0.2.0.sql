@@ -18,9 +18,41 @@
 --     SELECT syncular._fence_guard_hold(true);
 -- - it ends with SELECT syncular._grant_api_roles(), so the roles keep exactly the grants of
 --   the new version (src/grants.rs);
+-- - it runs with search_path = syncular, pg_temp (pg_catalog first), in a schema where a role
+--   given CREATE on it (a 0.24 host during a rolling upgrade) may have put functions and
+--   operators of its own: every operator whose operand types have no exact match in pg_catalog
+--   (oid against regclass, …) is written OPERATOR(pg_catalog.…), every function is qualified,
+--   so nothing such a role made runs with the installing superuser's rights (docs/SECURITY.md,
+--   "Installing");
 -- - released install scripts (sql/released/) and update scripts are never edited afterwards;
 -- - exported symbols of the library are never removed (an update chain loads the newest
 --   library for every older install script).
+
+-- First: the schema. 0.1.0 was installed into an existing schema named syncular whoever owned
+-- it; 0.2.0 installs only into one no other role controlled (sql/schema.sql, step 0). An install
+-- whose schema is not the superuser-owned schema named syncular (owned by another role from the
+-- start, or renamed afterwards) is refused here rather than updated.
+DO $update_schema$
+DECLARE
+  schema_name pg_catalog.name;
+  owner_name pg_catalog.name;
+  owner_super boolean;
+BEGIN
+  SELECT n.nspname, r.rolname, r.rolsuper INTO schema_name, owner_name, owner_super
+    FROM pg_catalog.pg_extension e
+    JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+    JOIN pg_catalog.pg_authid r ON r.oid OPERATOR(pg_catalog.=) n.nspowner
+   WHERE e.extname OPERATOR(pg_catalog.=) 'syncular';
+  IF schema_name OPERATOR(pg_catalog.<>) 'syncular' OR NOT owner_super THEN
+    RAISE EXCEPTION 'syncular: the extension''s schema is not the superuser-owned schema "syncular"'
+      USING ERRCODE = 'invalid_schema_definition',
+            DETAIL = pg_catalog.format('The extension is in schema %I, owned by role %I.', schema_name, owner_name),
+            HINT = 'Another role owned or renamed the schema the extension was installed into, and '
+                   'could have run code with the rights of whoever used it: check what it holds '
+                   'before giving it back to a superuser or reinstalling (docs/SECURITY.md, "Installing").';
+  END IF;
+END
+$update_schema$;
 
 CREATE FUNCTION syncular.set_rows_scopes("partition" text, "tbl" text, "rows" jsonb) RETURNS integer
 VOLATILE SECURITY DEFINER PARALLEL UNSAFE
@@ -40,8 +72,8 @@ COMMENT ON FUNCTION syncular.set_rows_scopes(text, text, jsonb) IS
 ALTER TABLE syncular.sync_app_tables ADD COLUMN relation regclass, ADD COLUMN registered_by regrole;
 UPDATE syncular.sync_app_tables a
    SET relation = c.oid::regclass, registered_by = c.relowner::regrole
-  FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
- WHERE n.nspname = a.relation_schema AND c.relname = a.relation_name;
+  FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+ WHERE n.nspname OPERATOR(pg_catalog.=) a.relation_schema AND c.relname OPERATOR(pg_catalog.=) a.relation_name;
 DELETE FROM syncular.sync_app_tables WHERE relation IS NULL;
 ALTER TABLE syncular.sync_app_tables
   ALTER COLUMN relation SET NOT NULL, ALTER COLUMN registered_by SET NOT NULL;
@@ -73,7 +105,20 @@ REVOKE ALL ON FUNCTION syncular._fence_guard_hold(boolean) FROM PUBLIC;
 CREATE OR REPLACE FUNCTION syncular._fence_guard_on_drop() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
-  IF pg_catalog.to_regclass('syncular.sync_commits') IS NULL OR syncular._fence_guard_busy() THEN
+  -- Only a DROP TRIGGER that dropped a trigger of sync_commits in the extension's own schema
+  -- concerns the guard; every other one (on any table of the database) returns here, before a
+  -- name in schema syncular is resolved (docs/SECURITY.md, "Installing").
+  IF NOT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_event_trigger_dropped_objects() o
+      JOIN pg_catalog.pg_namespace n ON n.nspname = o.address_names[1]
+      JOIN pg_catalog.pg_extension e ON e.extnamespace = n.oid AND e.extname = 'syncular'
+     WHERE o.object_type = 'trigger' AND o.address_names[1] = 'syncular'
+       AND o.address_names[2] = 'sync_commits') THEN
+    RETURN;
+  END IF;
+  -- (A separate statement: a name in an expression is resolved when it is planned, even where
+  -- the expression would not evaluate it.)
+  IF syncular._fence_guard_busy() THEN
     RETURN;
   END IF;
   IF syncular._native_fence_triggers() = 0 THEN
@@ -91,7 +136,19 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   foreign_fence boolean;
 BEGIN
-  IF pg_catalog.to_regclass('syncular.sync_commits') IS NULL OR syncular._fence_guard_busy() THEN
+  -- Only a CREATE TRIGGER on sync_commits in the extension's own schema concerns the guard
+  -- (see _fence_guard_on_drop).
+  IF NOT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d
+      JOIN pg_catalog.pg_trigger t ON t.oid = d.objid
+      JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+      JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+      JOIN pg_catalog.pg_extension e ON e.extnamespace = n.oid AND e.extname = 'syncular'
+     WHERE d.classid = 'pg_catalog.pg_trigger'::pg_catalog.regclass
+       AND c.relname = 'sync_commits' AND n.nspname = 'syncular') THEN
+    RETURN;
+  END IF;
+  IF syncular._fence_guard_busy() THEN
     RETURN;
   END IF;
   SELECT EXISTS (
@@ -257,10 +314,10 @@ DECLARE
   old_dead text := 'CREATE INDEX sync_reactions_dead_letter ON syncular.sync_reactions USING btree (partition, status, available_at_ms, idempotency_key)';
 BEGIN
   -- The 0.1.0 definitions of the two names that stay: replaced (not pre-built).
-  IF pg_catalog.pg_get_indexdef('syncular.sync_reactions_completed'::regclass) = old_completed THEN
+  IF pg_catalog.pg_get_indexdef('syncular.sync_reactions_completed'::pg_catalog.regclass) OPERATOR(pg_catalog.=) old_completed THEN
     DROP INDEX syncular.sync_reactions_completed;
   END IF;
-  IF pg_catalog.pg_get_indexdef('syncular.sync_reactions_dead_letter'::regclass) = old_dead THEN
+  IF pg_catalog.pg_get_indexdef('syncular.sync_reactions_dead_letter'::pg_catalog.regclass) OPERATOR(pg_catalog.=) old_dead THEN
     DROP INDEX syncular.sync_reactions_dead_letter;
   END IF;
 END
@@ -276,18 +333,20 @@ CREATE INDEX IF NOT EXISTS sync_reactions_dead_letter ON syncular.sync_reactions
 DO $reaction_indexes_check$
 BEGIN
   -- A pre-built index is kept only if it is the index this script builds (its definition as
-  -- PostgreSQL prints it, spaces folded), and valid.
-  IF EXISTS (
-    SELECT 1 FROM pg_catalog.pg_index i
-     WHERE i.indexrelid IN ('syncular.sync_reactions_claim'::regclass,
-                            'syncular.sync_reactions_completed'::regclass,
-                            'syncular.sync_reactions_dead_letter'::regclass)
-       AND (NOT i.indisvalid OR i.indrelid <> 'syncular.sync_reactions'::regclass
-            OR pg_catalog.regexp_replace(pg_catalog.pg_get_indexdef(i.indexrelid), '\s+', ' ', 'g') NOT IN (
-              'CREATE INDEX sync_reactions_claim ON syncular.sync_reactions USING btree (partition, ( CASE WHEN (status = ''leased''::text) THEN lease_expires_at_ms ELSE available_at_ms END), created_at_ms, idempotency_key) WHERE (status = ANY (ARRAY[''pending''::text, ''leased''::text]))',
-              'CREATE INDEX sync_reactions_completed ON syncular.sync_reactions USING btree (partition, completed_at_ms, idempotency_key) WHERE (status = ''completed''::text)',
-              'CREATE INDEX sync_reactions_dead_letter ON syncular.sync_reactions USING btree (partition, available_at_ms, idempotency_key) WHERE (status = ''dead-letter''::text)'))
-  ) THEN
+  -- PostgreSQL prints it, spaces folded), and valid. All three names must now be exactly these
+  -- indexes: CREATE INDEX IF NOT EXISTS also skips a name taken by some other relation.
+  IF (SELECT pg_catalog.count(*) FROM pg_catalog.pg_index i
+       WHERE i.indexrelid OPERATOR(pg_catalog.=) ANY (ARRAY[
+               pg_catalog.to_regclass('syncular.sync_reactions_claim'),
+               pg_catalog.to_regclass('syncular.sync_reactions_completed'),
+               pg_catalog.to_regclass('syncular.sync_reactions_dead_letter')]::pg_catalog.oid[])
+         AND i.indisvalid
+         AND i.indrelid OPERATOR(pg_catalog.=) 'syncular.sync_reactions'::pg_catalog.regclass::pg_catalog.oid
+         AND pg_catalog.regexp_replace(pg_catalog.pg_get_indexdef(i.indexrelid), '\s+', ' ', 'g') OPERATOR(pg_catalog.=) ANY (ARRAY[
+               'CREATE INDEX sync_reactions_claim ON syncular.sync_reactions USING btree (partition, ( CASE WHEN (status = ''leased''::text) THEN lease_expires_at_ms ELSE available_at_ms END), created_at_ms, idempotency_key) WHERE (status = ANY (ARRAY[''pending''::text, ''leased''::text]))',
+               'CREATE INDEX sync_reactions_completed ON syncular.sync_reactions USING btree (partition, completed_at_ms, idempotency_key) WHERE (status = ''completed''::text)',
+               'CREATE INDEX sync_reactions_dead_letter ON syncular.sync_reactions USING btree (partition, available_at_ms, idempotency_key) WHERE (status = ''dead-letter''::text)']::pg_catalog.text[]))
+     OPERATOR(pg_catalog.<>) 3 THEN
     RAISE EXCEPTION 'syncular: a pre-built reaction index differs from the one this update builds'
       USING HINT = 'Drop it (or let the update build it): docs/API.md, "Upgrading".';
   END IF;
@@ -341,6 +400,24 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'push_finish_wrapper';
 REVOKE ALL ON FUNCTION syncular.push_finish(text, text, text, jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION syncular.push_finish(text, text, text, jsonb) IS
   'Finishes a push staged by push_commit (onCommitHooks "stage") in this transaction: appends the commit, enqueues the planner''s reactions with the commit as their source, stores the applied result; returns push_commit''s applied document.';
+
+-- Change notifications on a channel only syncular_host can name (docs/API.md, "Change
+-- notifications"; docs/SECURITY.md, "Notifications"): as in sql/schema.sql, table 18.
+CREATE TABLE syncular.sync_notify_channel (
+  id      integer PRIMARY KEY CHECK (id = 1),
+  channel text    COLLATE "C" NOT NULL
+);
+REVOKE ALL ON syncular.sync_notify_channel FROM PUBLIC;
+INSERT INTO syncular.sync_notify_channel (id, channel)
+  VALUES (1, pg_catalog.concat('syncular_commits_',
+                               pg_catalog.replace(pg_catalog.gen_random_uuid()::pg_catalog.text, '-', '')));
+CREATE FUNCTION syncular.notify_channel() RETURNS text
+STABLE PARALLEL UNSAFE SECURITY DEFINER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'notify_channel_wrapper';
+REVOKE ALL ON FUNCTION syncular.notify_channel() FROM PUBLIC;
+COMMENT ON FUNCTION syncular.notify_channel() IS
+  'The channel (random per install) the commits of this database are notified on with syncular.notify_commits = on; syncular_host only. A notification is a wake-up: read the partition head (max_commit_seq) before acting on it.';
 
 -- Last, as in every update script: the roles get exactly the grants of this version.
 SELECT syncular._grant_api_roles();

@@ -59,6 +59,7 @@ const HOST: &[&str] = &[
     "decode_row(text, bytea, boolean)",
     "push_commit(text, text, text, text, bigint, bigint, jsonb, text[], text[], smallint[], bigint[], bytea[], jsonb, jsonb)",
     "push_finish(text, text, text, jsonb)",
+    "notify_channel()",
 ];
 
 /// `HOST` plus migrations, registration, fences, checkpoints, retention, operator retries and

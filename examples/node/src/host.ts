@@ -261,6 +261,12 @@ async function main() {
       `notified: ${j(notices)}`,
     );
     console.log(`listener notified of commit ${notices[0].commitSeq} in ${notices[0].partition}`);
+    // A notification is only a wake-up: one that names a commit the log does not hold (sent here
+    // by the server itself, the only kind of role that can name the channel) changes nothing.
+    await one(host, "SELECT pg_notify(syncular.notify_channel(), $1)", [j({ partition: PARTITION, commitSeq: 999 })]);
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    check(notices.length === 1, `a forged notification was reported: ${j(notices)}`);
+    console.log("a notification naming a commit the log does not hold wakes the listener, which reports nothing");
 
     const replay = await push(host, "device-js", "commit-1", ops);
     check(replay.outcome === "cached" && replay.replayed === true && same(replay.result, applied.result), `replay: ${j(replay)}`);

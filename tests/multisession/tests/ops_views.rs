@@ -49,14 +49,16 @@ fn stats_counts_log_clients_checkpoints_and_reactions_per_partition() {
 fn appended_commits_are_notified_on_commit_when_enabled() {
     let db = TestDb::new("ops_notify");
     let mut listener = db.connect();
-    exec(&mut listener, "LISTEN syncular_commits");
+    // The install's own channel (security_install.rs: only syncular_host can learn it).
+    let channel: String = one(&mut listener, "SELECT syncular.notify_channel()", &[]);
+    exec(&mut listener, &format!("LISTEN \"{channel}\""));
     let mut c = db.connect();
     let received = |listener: &mut postgres::Client| -> Vec<Value> {
         let mut out = Vec::new();
         let mut notifications = listener.notifications();
         let mut it = notifications.timeout_iter(Duration::from_millis(300));
         while let Some(n) = it.next().unwrap() {
-            assert_eq!(n.channel(), "syncular_commits");
+            assert_eq!(n.channel(), channel);
             out.push(serde_json::from_str(n.payload()).unwrap());
         }
         out
