@@ -50,6 +50,7 @@ fn rows_referencing_blob(partition: Option<&str>, blob_id: Option<&str>) -> Json
                         )));
                 }
                 let row_ids: Vec<&str> = group.iter().map(|r| r.1.as_str()).collect();
+                let relation = relation.read_by(caller);
                 let mut scopes = relation.scopes_of_rows(client, &partition, row_ids)?;
                 for (_, row_id) in group {
                     if let Some(scopes) = scopes.remove(row_id) {

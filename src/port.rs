@@ -176,3 +176,22 @@ mod tests {
         assert_eq!([0, 1, 3, 4, 5, 8].map(jsonb::int_align), [0, 4, 4, 4, 8, 8]);
     }
 }
+
+/// Whether `role` holds `USAGE` on schema `namespace`: `pg_namespace_aclcheck` up to
+/// PostgreSQL 15, `object_aclcheck(NamespaceRelationId, …)` from 16 on (`src/include/utils/acl.h`).
+pub fn namespace_usage(namespace: pg_sys::Oid, role: pg_sys::Oid) -> bool {
+    let usage = pg_sys::ACL_USAGE as pg_sys::AclMode;
+    // SAFETY: an ACL lookup through the syscache; an error (a vanished schema) is raised as a
+    // PostgreSQL error, caught by pgrx.
+    let result = unsafe {
+        #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
+        {
+            pg_sys::pg_namespace_aclcheck(namespace, role, usage)
+        }
+        #[cfg(any(feature = "pg16", feature = "pg17", feature = "pg18"))]
+        {
+            pg_sys::object_aclcheck(pg_sys::NamespaceRelationId, namespace, role, usage)
+        }
+    };
+    result == pg_sys::AclResult::ACLCHECK_OK
+}

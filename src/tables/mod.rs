@@ -42,6 +42,10 @@ pub use statements::{ScanRow, StoredRow};
 /// A registered app table's relation, checked and locked for this transaction.
 pub struct AppRelation {
     pub oid: pg_sys::Oid,
+    /// The logical name it is registered under.
+    tbl: String,
+    /// Its schema.
+    namespace: pg_sys::Oid,
     owner: pg_sys::Oid,
     qualified: String,
     /// Row-level security is enabled (`relrowsecurity`).
@@ -50,6 +54,8 @@ pub struct AppRelation {
     /// host trigger, no foreign key either way). Only such a table's rows are read and written
     /// in batches by the one-call push (docs/DESIGN.md §Push path, "Batches").
     pub triggerless: bool,
+    /// The caller the API's reads of its rows are made for ([`AppRelation::read_by`]).
+    reader: Option<pg_sys::Oid>,
 }
 
 impl AppRelation {
@@ -58,10 +64,39 @@ impl AppRelation {
         &self.qualified
     }
 
-    /// Whether `role` may read the relation: table-level `SELECT`, and no row-level security
-    /// that would apply to it. The rows are read as the owner, so policies that would filter
-    /// `role`'s reads cannot be honoured: such a caller is refused rather than shown more.
+    /// The role a statement over the relation runs as for `caller`: the less privileged of the
+    /// two (docs/SECURITY.md rule 1). The relation's owner when the caller holds the owner's
+    /// privileges anyway (a superuser's maintenance call, the migrator itself): host code then
+    /// never runs with more rights than its author's. The caller otherwise (the serving role):
+    /// host code then runs with the caller's rights, as when the caller queries the table
+    /// itself, and nothing the caller planted in its session (a temporary view a host function
+    /// resolves) ever runs with the owner's rights.
+    pub fn acting_role(&self, caller: pg_sys::Oid) -> pg_sys::Oid {
+        if access::has_privileges_of(caller, self.owner) {
+            self.owner
+        } else {
+            caller
+        }
+    }
+
+    /// The relation, read on behalf of `caller` (checked by [`AppRelation::readable_by`]).
+    pub fn read_by(self, caller: pg_sys::Oid) -> AppRelation {
+        AppRelation {
+            reader: Some(caller),
+            ..self
+        }
+    }
+
+    /// Whether `role` may read the relation. A role holding the owner's privileges reads as the
+    /// owner ([`AppRelation::acting_role`]); any other reads as itself and needs what a query of
+    /// its own would: `USAGE` on the schema, `SELECT` on the relation — and no row-level security
+    /// that would filter its reads (policies are not evaluated for it: such a caller is refused
+    /// rather than shown a subset the protocol cannot tell apart from the whole).
     pub fn readable_by(&self, role: pg_sys::Oid) -> bool {
+        if access::has_privileges_of(role, self.owner) {
+            return true;
+        }
+        let usage = crate::port::namespace_usage(self.namespace, role);
         // SAFETY: ACL and role lookups through the syscache; errors surface as a caught
         // PostgreSQL error.
         let (select, exempt) = unsafe {
@@ -71,7 +106,7 @@ impl AppRelation {
                 pg_sys::has_bypassrls_privilege(role),
             )
         };
-        select && (!self.row_security || exempt || access::has_privileges_of(role, self.owner))
+        usage && select && (!self.row_security || exempt)
     }
 }
 
@@ -136,6 +171,7 @@ struct Inspected {
     row_security: bool,
     triggerless: bool,
     schema: String,
+    namespace: pg_sys::Oid,
     name: String,
     /// Why it cannot serve as an app table, if it cannot.
     unfit: Option<String>,
@@ -185,6 +221,7 @@ fn inspect(oid: pg_sys::Oid) -> Option<Inspected> {
             row_security: form.relrowsecurity,
             triggerless: kind == pg_sys::RELKIND_RELATION && !form.relhastriggers,
             schema,
+            namespace: form.relnamespace,
             name: CStr::from_ptr(form.relname.data.as_ptr())
                 .to_string_lossy()
                 .into_owned(),
@@ -291,11 +328,44 @@ pub fn open(client: &SpiClient<'_>, tbl: &str) -> error::Result<Result<AppRelati
     }
     Ok(Ok(AppRelation {
         oid: registration.relation,
+        tbl: tbl.to_string(),
+        namespace: relation.namespace,
         owner: relation.owner,
         qualified: relation.qualified(),
         row_security: relation.row_security,
         triggerless: relation.triggerless,
+        reader: None,
     }))
+}
+
+/// Why the relation opened as `relation` can no longer be used as it was checked, if it cannot:
+/// host code of an earlier statement of the same call renamed it (so its name now names another
+/// relation, or none), changed its owner, its kind, its rules, its triggers or a meta column. The
+/// lock this transaction holds keeps other sessions out, not the transaction's own DDL.
+fn changed_since_open(relation: &AppRelation) -> Option<String> {
+    let Some(now) = inspect(relation.oid) else {
+        return Some("the relation was dropped".into());
+    };
+    if let Some(unfit) = now.unfit.clone() {
+        return Some(unfit);
+    }
+    if now.qualified() != relation.qualified {
+        return Some(format!("the relation was renamed to {}", now.qualified()));
+    }
+    if now.owner != relation.owner {
+        return Some("the relation changed owner".into());
+    }
+    if now.triggerless != relation.triggerless || now.row_security != relation.row_security {
+        return Some("a trigger or row-level security was added to the relation".into());
+    }
+    None
+}
+
+/// `unknown_table` for a relation that changed during the call ([`changed_since_open`]).
+fn unknown_table_changed(relation: &AppRelation, why: String) -> Error {
+    unknown_table(&relation.tbl).with_hint(format!(
+        "the registered relation changed during this call ({why}); nothing of the call is kept"
+    ))
 }
 
 /// The registered relation of `tbl` for a read by `caller`: `unknown_table` when it cannot be
@@ -308,10 +378,10 @@ pub fn open_for_read(
     let relation = open(client, tbl)?.map_err(|why| unknown_table(tbl).with_hint(why))?;
     if !relation.readable_by(caller) {
         return Err(Error::invalid_argument("tbl", "privilege").with_hint(
-            "the calling role needs SELECT on the registered relation, and no row-level security that applies to it",
+            "the calling role needs USAGE on the registered relation's schema and SELECT on it, and no row-level security that applies to it",
         ));
     }
-    Ok(relation)
+    Ok(relation.read_by(caller))
 }
 
 /// Reads the host's row: SECURITY INVOKER, because the caller must hold `SELECT` on the

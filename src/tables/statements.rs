@@ -1,9 +1,12 @@
 //! Every statement over a host relation's rows: the only code of the extension that can make host
-//! code run (docs/SECURITY.md, rules 1, 10 and 12). Each runs in [`sandbox::host_code`]: as the
-//! relation's owner (the readers) or the calling role (the one-call push's writes), in a
-//! restricted security context and a GUC nest level with the pinned `search_path` that is
-//! discarded afterwards. Only identifiers quoted from the relation cache of the locked relation
-//! ([`super::open`]) are spliced into their text.
+//! code run (docs/SECURITY.md, rules 1, 2, 10 and 12). Each runs through [`AppRelation::run_as`]:
+//! the relation is checked again (host code of an earlier statement of the same call may have
+//! renamed it, changed its owner, added a rule or changed a meta column: the lock this
+//! transaction holds does not stop its own DDL), then the statement runs in
+//! [`sandbox::host_code`] as [`AppRelation::acting_role`] — the less privileged of the caller and
+//! the relation's owner — in a restricted security context and a GUC nest level with the pinned
+//! `search_path` that is discarded afterwards. Only identifiers quoted from the relation cache of
+//! the locked relation ([`super::open`]) are spliced into their text.
 
 // The one module allowed to call `sandbox::host_code` (clippy.toml forbids it everywhere else).
 #![allow(clippy::disallowed_methods)]
@@ -52,6 +55,18 @@ impl StoredRow {
 /// and no host code runs with the extension owner's rights. Only identifiers quoted from the
 /// relation cache of the locked relation are spliced in.
 impl AppRelation {
+    /// Checks the relation again, then runs `body` on behalf of `caller` (module comment).
+    fn run_as<R>(
+        &self,
+        caller: pg_sys::Oid,
+        body: impl FnOnce() -> error::Result<R>,
+    ) -> error::Result<R> {
+        if let Some(why) = super::changed_since_open(self) {
+            return Err(super::unknown_table_changed(self, why));
+        }
+        sandbox::host_code(self.acting_role(caller), body)
+    }
+
     /// A column name quoted for SQL.
     fn column(name: &str) -> String {
         quote_identifier(name)
@@ -72,7 +87,7 @@ impl AppRelation {
                FROM {} a WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = $2",
             self.qualified
         );
-        sandbox::host_code(caller, || {
+        self.run_as(caller, || {
             let table = db::write_dynamic(
                 client,
                 &sql,
@@ -97,7 +112,7 @@ impl AppRelation {
             "DELETE FROM {} a WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = $2",
             self.qualified
         );
-        sandbox::host_code(caller, || {
+        self.run_as(caller, || {
             db::write_dynamic(
                 client,
                 &sql,
@@ -160,7 +175,7 @@ impl AppRelation {
                FROM {} a WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = ANY ($2)",
             self.qualified
         );
-        sandbox::host_code(caller, || {
+        self.run_as(caller, || {
             let table = db::write_dynamic(
                 client,
                 &sql,
@@ -232,7 +247,7 @@ impl AppRelation {
         sql: &str,
         args: &[DatumWithOid<'_>],
     ) -> error::Result<()> {
-        sandbox::host_code(caller, || db::write_dynamic(client, sql, args).map(drop))
+        self.run_as(caller, || db::write_dynamic(client, sql, args).map(drop))
     }
 }
 
@@ -245,13 +260,16 @@ pub struct ScanRow {
     pub column_versions: Option<Vec<u8>>,
 }
 
-/// The readers of host rows for the API's reads. They run **as the relation's owner** in a
-/// restricted security context: the caller's `SELECT` was checked by [`super::open_for_read`]
-/// (or [`AppRelation::readable_by`]); row-level security applies as it does for the owner.
+/// The readers of host rows for the API's reads, on behalf of the caller recorded by
+/// [`AppRelation::read_by`] after [`AppRelation::readable_by`] checked its `SELECT`.
 impl AppRelation {
-    /// Runs `body` as the relation's owner in [`sandbox::host_code`].
-    fn as_owner<R>(&self, body: impl FnOnce() -> error::Result<R>) -> error::Result<R> {
-        sandbox::host_code(self.owner, body)
+    /// Runs `body` — statements over this relation — on behalf of the reader
+    /// [`AppRelation::read_by`] recorded.
+    fn as_reader<R>(&self, body: impl FnOnce() -> error::Result<R>) -> error::Result<R> {
+        let reader = self.reader.ok_or_else(|| {
+            error::Error::Internal("syncular: a host relation read without a reader".into())
+        })?;
+        self.run_as(reader, body)
     }
 
     /// `{serverVersion, scopes}` of the row `(partition, row_id)`, if it exists
@@ -267,7 +285,7 @@ impl AppRelation {
               WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = $2",
             self.qualified
         );
-        self.as_owner(|| {
+        self.as_reader(|| {
             let table = db::read_dynamic(
                 client,
                 &sql,
@@ -304,7 +322,7 @@ impl AppRelation {
                JOIN {} a ON a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = k.row_id",
             self.qualified
         );
-        self.as_owner(|| {
+        self.as_reader(|| {
             db::read_dynamic(
                 client,
                 &sql,
@@ -339,7 +357,7 @@ impl AppRelation {
                JOIN {} a ON a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = k.row_id",
             self.qualified
         );
-        self.as_owner(|| {
+        self.as_reader(|| {
             db::read_dynamic(
                 client,
                 &sql,

@@ -377,3 +377,186 @@ fn the_row_meta_trigger_keeps_a_partitioned_tables_scopes() {
         0
     );
 }
+
+#[test]
+fn a_callers_temporary_objects_never_run_with_the_owners_rights() {
+    // Red team, attempt 08: the readers ran host code as the owner inside the caller's session,
+    // whose temporary schema the caller fills. A host function pinned to `{m}, pg_catalog` (no
+    // `pg_temp` in its path: PostgreSQL then searches the temporary schema first) evaluated while
+    // planning a read resolved the server's temporary view, whose function then ran as the
+    // migrator and read a table only the migrator may read.
+    let mut scene = Scene::new("sbx_temp");
+    let a = scene.op("r1", "a");
+    server_pushes(&mut scene, "k1", &[a]);
+    scene.as_migrator(
+        "CREATE TABLE {m}.secret (v text); INSERT INTO {m}.secret VALUES ('migrator-only');
+         CREATE TABLE {m}.settings (name text, on_ boolean);
+         INSERT INTO {m}.settings VALUES ('archive', true);
+         GRANT SELECT ON {m}.settings TO {s};
+         CREATE FUNCTION {m}.flag(int) RETURNS boolean LANGUAGE sql IMMUTABLE
+           SET search_path = {m}, pg_catalog
+           AS $$ SELECT coalesce((SELECT on_ FROM settings WHERE name = 'archive'), true) $$;
+         CREATE INDEX live ON {m}.t (\"_sync_partition\", \"_sync_row_id\") WHERE {m}.flag(1);
+         CREATE TABLE {m}.leaks (who text, what text);
+         GRANT INSERT, SELECT ON {m}.leaks TO {s};",
+    );
+    let mut s = scene.db.connect_as(&scene.server);
+    exec(
+        &mut s,
+        &scene.sql(
+            "CREATE FUNCTION pg_temp.steal() RETURNS boolean LANGUAGE plpgsql AS $$
+             BEGIN
+               BEGIN
+                 INSERT INTO {m}.leaks SELECT current_user, v FROM {m}.secret;
+               EXCEPTION WHEN insufficient_privilege THEN
+                 INSERT INTO {m}.leaks VALUES (current_user, NULL);
+               END;
+               RETURN true;
+             END $$;
+             CREATE TEMP VIEW settings AS SELECT 'archive'::text AS name, pg_temp.steal() AS on_;
+             GRANT SELECT ON settings TO PUBLIC;",
+        ),
+    );
+    let tbl = scene.tbl.clone();
+    let scanned: i64 = one(
+        &mut s,
+        "SELECT count(*) FROM syncular.scan_rows($1, $2, '{\"project_id\": [\"p1\"]}', NULL, 10)",
+        &[&P, &tbl],
+    );
+    assert_eq!(scanned, 1);
+    let leaks = scene.sql("{m}.leaks WHERE what IS NOT NULL");
+    assert_eq!(
+        count(&mut scene.c, &leaks),
+        0,
+        "the migrator's secret leaked"
+    );
+    // The host function ran as the server (as when the server queries the table itself).
+    let runs = scene.sql("{m}.leaks WHERE who <> '{s}'");
+    assert_eq!(count(&mut scene.c, &runs), 0);
+}
+
+#[test]
+fn a_table_swapped_by_host_code_during_a_call_is_not_written() {
+    // Red team, attempt 06: a trigger on the commit's first table renamed the second registered
+    // table and put an impostor under its name; the second operation then wrote the impostor
+    // (the transaction's own lock does not stop its own DDL).
+    let mut scene = Scene::new("sbx_swap");
+    scene.as_migrator(&format!(
+        "{table}
+         SELECT syncular.register_table('{{t}}2', '{{m}}.t2');
+         GRANT SELECT, INSERT, UPDATE, DELETE ON {{m}}.t2 TO {{s}};
+         CREATE FUNCTION {{m}}.swap() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+           SET search_path = pg_catalog AS $$
+         BEGIN
+           ALTER TABLE {{m}}.t2 RENAME TO t2_registered;
+           CREATE TABLE {{m}}.t2 (LIKE {{m}}.t2_registered INCLUDING ALL);
+           GRANT SELECT, INSERT, UPDATE, DELETE ON {{m}}.t2 TO {{s}};
+           RETURN NULL;
+         END $$;
+         CREATE TRIGGER swap AFTER INSERT ON {{m}}.t FOR EACH ROW EXECUTE FUNCTION {{m}}.swap();",
+        table = app_table_sql("{m}.t2", "id text, project_id text, title text,")
+    ));
+    let tbl2 = format!("{}2", scene.tbl);
+    let columns = json!([
+        col("id", "string", false),
+        col("project_id", "string", false),
+        col("title", "string", true)
+    ]);
+    let schema = json!({ &scene.tbl: scoped(columns.clone(), project("project_id")),
+                         &tbl2: scoped(columns, project("project_id")) });
+    let mut m = scene.db.connect_as(&scene.migrator);
+    let _: i32 = one(
+        &mut m,
+        "SELECT syncular.set_push_schema($1, $2)",
+        &[&V, &schema],
+    );
+    let a = scene.op("r1", "a");
+    let b = up(
+        &mut scene.c,
+        &tbl2,
+        "r2",
+        None,
+        json!({"id": "r2", "project_id": "p1", "title": "b"}),
+    );
+    let mut s = scene.db.connect_as(&scene.server);
+    let allowed = json!({"project_id": ["p1"]});
+    let err = s
+        .query_one(
+            PUSH_SQL,
+            &[
+                &P,
+                &"c1",
+                &"k1",
+                &NOW,
+                &V,
+                &Some(&allowed),
+                &vec![scene.tbl.as_str(), tbl2.as_str()],
+                &vec!["r1", "r2"],
+                &vec![1i16, 1],
+                &vec![None::<i64>, None],
+                &vec![a.payload.as_deref(), b.payload.as_deref()],
+                &json!({}),
+            ],
+        )
+        .expect_err("the swapped table is refused");
+    let err = sql_error(&err);
+    assert_eq!(
+        (err.state.as_str(), err.message.as_str()),
+        ("SY041", "sync.storage.unknown_table")
+    );
+    assert!(
+        err.hint
+            .as_deref()
+            .unwrap_or("")
+            .contains("changed during this call"),
+        "{err:?}"
+    );
+    let written = scene.sql("{m}.t2");
+    assert_eq!(
+        count(&mut scene.c, &written),
+        0,
+        "the impostor was not written"
+    );
+    assert_eq!(count(&mut scene.c, "syncular.sync_commits"), 0);
+}
+
+#[test]
+fn a_superusers_push_runs_host_code_as_the_tables_owner() {
+    // Red team, attempt 10: host code fired by a push ran as the caller, a superuser included.
+    // A caller holding the owner's privileges now writes as the owner: the trigger gets nothing
+    // more than its author's rights.
+    let mut scene = Scene::new("sbx_superuser_push");
+    scene.as_migrator(
+        "CREATE TABLE {m}.runs (who text); GRANT INSERT ON {m}.runs TO PUBLIC;
+         CREATE FUNCTION {m}.trg() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           INSERT INTO {m}.runs VALUES (current_user);
+           BEGIN
+             ALTER ROLE {m} SUPERUSER;
+           EXCEPTION WHEN insufficient_privilege THEN NULL;
+           END;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER trg BEFORE INSERT ON {m}.t FOR EACH ROW EXECUTE FUNCTION {m}.trg();",
+    );
+    let a = scene.op("r1", "a");
+    let allowed = json!({"project_id": ["p1"]});
+    let out = try_push_as(
+        &mut scene.c,
+        P,
+        "c1",
+        "k1",
+        &[a],
+        Some(&allowed),
+        &json!({}),
+    )
+    .unwrap();
+    assert_eq!(out["outcome"], "applied", "{out}");
+    scene.assert_contained();
+    let runs = scene.sql("{m}.runs WHERE who = '{m}'");
+    assert_eq!(
+        count(&mut scene.c, &runs),
+        1,
+        "the trigger ran as the table's owner"
+    );
+}

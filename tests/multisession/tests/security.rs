@@ -332,6 +332,26 @@ fn reading_an_app_table_needs_select_on_it() {
         &format!("GRANT SELECT ON {}.t TO {}", owner.role, other.role),
     );
     owner.leave(&mut c);
+    // Rows are read as the caller when it does not hold the owner's privileges (docs/SECURITY.md
+    // rule 1): it needs what a query of its own would, USAGE on the schema too.
+    other.act(&mut c);
+    for result in read_all(&mut c, &owner.tbl) {
+        let err = sql_error(&result.expect_err("no USAGE on the owner's schema"));
+        assert_eq!(
+            (err.state.as_str(), err.detail),
+            (
+                "SY000",
+                Some(json!({"argument":"tbl","reason":"privilege"}))
+            )
+        );
+    }
+    other.leave(&mut c);
+    owner.act(&mut c);
+    exec(
+        &mut c,
+        &format!("GRANT USAGE ON SCHEMA {} TO {}", owner.role, other.role),
+    );
+    owner.leave(&mut c);
     other.act(&mut c);
     let scopes: Value = one(
         &mut c,
