@@ -3,20 +3,28 @@
 //! An operator action (a superuser, or a role holding the extension owner's privileges), done in
 //! one call inside the caller's transaction, so a refusal at any point leaves nothing written:
 //! 1. **Before anything is copied**, every source table is locked and checked: an ordinary,
-//!    permanent table without row-level security, readable by the caller, whose copied columns
-//!    all have one of the built-in types their target column accepts.
-//! 2. The copy, as the extension owner.
+//!    permanent table without row-level security, readable by the caller and by its owner, whose
+//!    copied columns all have one of the built-in types their target column accepts.
+//! 2. The copy, table by table, each source checked again right before its own copy: read as
+//!    the source's owner in the sandbox into a temporary stage, then copied from the stage as the
+//!    extension owner ([`copy`]).
 //! 3. The copied log is checked, set-based over the extension's own tables, for what the
 //!    extension's writers and readers rely on (a consistent allocator, known ops, object scopes
 //!    of strings, readable push results, no orphaned change rows).
 //!
-//! Why step 1 makes it safe to copy with the owner's rights (docs/SECURITY.md: no host code ever
-//! runs with them): the copy reads `ONLY` the checked relation — not its inheritance children,
-//! which could be foreign tables (an FDW would connect with the owner's user mapping) or carry
-//! their own policies — and applies only casts between built-in types, so no cast, function,
-//! policy or wrapper the host wrote runs in it. The types are read from the relation cache after
-//! the lock, i.e. from the very descriptor the copy statement is parsed against; a catalog query
-//! could see an older snapshot in a REPEATABLE READ transaction.
+//! Why the source is never read with the extension owner's (or the operator's) rights: reading a
+//! relation runs code its owner attached to it even when the statement names no function of
+//! the host — the planner evaluates IMMUTABLE functions in index predicates and expressions and
+//! in statistics objects' expressions (and in CHECK constraints under `constraint_exclusion`),
+//! the executor computes virtual generated columns. Refusing each such attachment would be a
+//! list that the next PostgreSQL release can outgrow; reading as the owner in a restricted
+//! context makes every one of them run with its author's own rights (docs/SECURITY.md, rules 1
+//! and 8). Step 1 keeps the copy exact: it reads `ONLY` the checked relation — not its
+//! inheritance children, which could be foreign tables or carry their own policies — and casts
+//! only between built-in types, so what reaches the extension's tables is what the source holds.
+//! The types are read from the relation cache after the lock, i.e. from the very descriptor the
+//! copy statement is parsed against; a catalog query could see an older snapshot in a
+//! REPEATABLE READ transaction.
 
 use crate::access;
 use crate::args;
@@ -42,15 +50,16 @@ enum Ty {
 }
 
 impl Ty {
+    /// The type's schema-qualified name.
     fn sql(self) -> &'static str {
         match self {
-            Ty::Text => "text",
-            Ty::BigInt => "bigint",
-            Ty::Integer => "integer",
-            Ty::SmallInt => "smallint",
-            Ty::Boolean => "boolean",
-            Ty::Jsonb => "jsonb",
-            Ty::Bytea => "bytea",
+            Ty::Text => "pg_catalog.text",
+            Ty::BigInt => "pg_catalog.int8",
+            Ty::Integer => "pg_catalog.int4",
+            Ty::SmallInt => "pg_catalog.int2",
+            Ty::Boolean => "pg_catalog.bool",
+            Ty::Jsonb => "pg_catalog.jsonb",
+            Ty::Bytea => "pg_catalog.bytea",
         }
     }
 
@@ -240,6 +249,7 @@ struct Described {
     ordinary: bool,
     temporary: bool,
     row_security: bool,
+    owner: pg_sys::Oid,
     /// Name and type of each live column.
     columns: Vec<(String, pg_sys::Oid)>,
 }
@@ -282,6 +292,7 @@ fn describe(oid: pg_sys::Oid) -> Result<Described> {
         ordinary: form.relkind == pg_sys::RELKIND_RELATION as core::ffi::c_char,
         temporary: form.relpersistence == pg_sys::RELPERSISTENCE_TEMP as core::ffi::c_char,
         row_security: form.relrowsecurity,
+        owner: form.relowner,
         columns,
     })
 }
@@ -291,6 +302,8 @@ struct Source {
     table: &'static str,
     /// Quoted, schema-qualified name.
     qualified: String,
+    /// The relation's owner, whose rights it is read with.
+    owner: pg_sys::Oid,
     columns: Vec<(&'static str, Ty)>,
 }
 
@@ -354,6 +367,18 @@ fn prepare(
             "not an ordinary, permanent table without row-level security",
         ));
     }
+    // The source is read as its owner (see [`copy`]): an owner that revoked its own rights to it
+    // is refused here rather than in the middle of the copy.
+    let owner_reads = db::first::<bool>(db::read(
+        client,
+        "SELECT pg_catalog.has_table_privilege($1, c.oid, 'SELECT')
+            AND pg_catalog.has_schema_privilege($1, c.relnamespace, 'USAGE')
+           FROM pg_catalog.pg_class c WHERE c.oid = $2",
+        &[described.owner.into(), oid.into()],
+    )?)?;
+    if owner_reads != Some(true) {
+        return Err(refused("privilege", table, "its owner cannot read it"));
+    }
     let mut copied = Vec::with_capacity(columns.len());
     for &(column, ty) in columns {
         let Some((_, source_type)) = described
@@ -375,41 +400,74 @@ fn prepare(
     Ok(Some(Source {
         table,
         qualified,
+        owner: described.owner,
         columns: copied,
     }))
 }
 
-/// The copy statement of one checked table: the target columns the source has, JSON unwrapped.
-/// Reads `ONLY` the checked relation (not its inheritance children).
-fn copy_sql(source: &Source) -> String {
+/// The temporary table a source's rows are staged in on their way into the extension's table
+/// (see [`copy`]); made and dropped for each source in turn.
+const STAGE: &str = "pg_temp.syncular_adoption_stage";
+
+/// Copies one checked source into its `syncular` table and returns the number of rows copied.
+///
+/// No statement that reads the source runs with the extension owner's or the operator's rights:
+/// PostgreSQL runs host code while *planning* a read (it simplifies the constant parts of index
+/// predicates and expressions, of statistics objects' expressions and, under
+/// `constraint_exclusion`, of CHECK constraints, calling the IMMUTABLE functions in them) and
+/// while executing it (a virtual generated column), whatever the statement's shape. So the read
+/// runs as the source's owner in the sandbox (`tables::statements::stage_legacy_rows`, rule 1 of
+/// docs/SECURITY.md), into a temporary table of the extension owner's, made before the sandbox is
+/// entered (a restricted context cannot make temporary objects), whose columns have the target's
+/// built-in types and on which the owner is granted only `INSERT`; the extension owner then
+/// copies the staged rows, which no host code is attached to, and drops the stage.
+fn copy(client: &SpiClient<'_>, source: &Source) -> Result<i64> {
+    let grantee = db::first::<String>(db::read(
+        client,
+        "SELECT $1::pg_catalog.regrole::pg_catalog.text",
+        &[source.owner.into()],
+    )?)?
+    .ok_or_else(|| Error::Internal("syncular: a source's owner has no name".into()))?;
     let targets: Vec<String> = source
         .columns
         .iter()
         .map(|(c, _)| quote_identifier(c))
         .collect();
-    let values: Vec<String> = source
+    let definitions: Vec<String> = source
         .columns
         .iter()
-        .map(|(c, ty)| {
-            let col = format!("s.{}", quote_identifier(c));
-            match ty {
-                Ty::Jsonb => format!(
-                    "CASE WHEN pg_catalog.jsonb_typeof({col}::jsonb) = 'string'
-                               AND ({col}::jsonb #>> '{{}}') ~ '^\\s*[\\[{{]'
-                          THEN ({col}::jsonb #>> '{{}}')::jsonb ELSE {col}::jsonb END"
-                ),
-                _ => format!("{col}::{}", ty.sql()),
-            }
+        .map(|(c, ty)| format!("{} {}", quote_identifier(c), ty.sql()))
+        .collect();
+    access::as_extension_owner(client, || {
+        Spi::run(&format!(
+            "CREATE TEMPORARY TABLE {STAGE} ({})",
+            definitions.join(", ")
+        ))?;
+        // `grantee` is the owner's name as regrole prints it: quoted where it must be.
+        Ok(Spi::run(&format!("GRANT INSERT ON {STAGE} TO {grantee}"))?)
+    })?;
+    let columns: Vec<tables::statements::LegacyColumn> = source
+        .columns
+        .iter()
+        .map(|&(name, ty)| tables::statements::LegacyColumn {
+            name,
+            cast: ty.sql(),
+            json: matches!(ty, Ty::Jsonb),
         })
         .collect();
-    format!(
-        "WITH copied AS (INSERT INTO syncular.{} ({}) SELECT {} FROM ONLY {} s RETURNING 1)
-         SELECT count(*) FROM copied",
-        source.table,
-        targets.join(", "),
-        values.join(", "),
-        source.qualified
-    )
+    tables::statements::stage_legacy_rows(source.owner, &source.qualified, STAGE, &columns)?;
+    access::as_extension_owner(client, || {
+        let copied = Spi::get_one::<i64>(&format!(
+            "WITH copied AS (INSERT INTO syncular.{} ({}) SELECT {} FROM {STAGE} RETURNING 1)
+             SELECT count(*) FROM copied",
+            source.table,
+            targets.join(", "),
+            targets.join(", "),
+        ))?
+        .unwrap_or(0);
+        Spi::run(&format!("DROP TABLE {STAGE}"))?;
+        Ok(copied)
+    })
 }
 
 /// The checks of the copied log, in the order they are reported: the table named in the
@@ -569,16 +627,26 @@ fn adopt(client: &SpiClient<'_>, source: &str, app_schema: Option<&str>) -> Resu
         sources.push((*table, prepare(client, source, table, columns)?));
     }
     let mut counts = Map::new();
-    access::as_extension_owner(client, || {
-        for (table, checked) in &sources {
-            let copied = match checked {
-                Some(checked) => Spi::get_one::<i64>(&copy_sql(checked))?.unwrap_or(0),
-                None => 0,
-            };
-            counts.insert(table.to_string(), json!(copied));
-        }
-        check_log(client)
-    })?;
+    for ((table, checked), (_, columns)) in sources.iter().zip(ADOPTED) {
+        pgrx::check_for_interrupts!();
+        let copied = match checked {
+            // Checked again right before its copy: the copies before it ran its owner's code
+            // (see `copy`), which may have changed or replaced it since the first check.
+            Some(_) => match prepare(client, source, table, columns)? {
+                Some(checked) => copy(client, &checked)?,
+                None => {
+                    return Err(refused(
+                        "shape",
+                        table,
+                        "dropped or renamed during the adoption",
+                    ))
+                }
+            },
+            None => 0,
+        };
+        counts.insert(table.to_string(), json!(copied));
+    }
+    access::as_extension_owner(client, || check_log(client))?;
     let mut registered = 0;
     if let Some(app_schema) = app_schema {
         let layouts = access::as_extension_owner(client, || {

@@ -1,12 +1,14 @@
 //! Every statement over a host relation's rows: the only code of the extension that can make host
-//! code run (docs/SECURITY.md, rules 1, 2, 10 and 12). Each runs through [`AppRelation::run_as`]:
+//! code run (docs/SECURITY.md, rules 1, 2, 8, 10 and 12). Each runs through [`AppRelation::run_as`]:
 //! the relation is checked again (host code of an earlier statement of the same call may have
 //! renamed it, changed its owner, added a rule or changed a meta column: the lock this
 //! transaction holds does not stop its own DDL), then the statement runs in
 //! [`sandbox::host_code`] as [`AppRelation::acting_role`] — the less privileged of the caller and
 //! the relation's owner — in a restricted security context and a GUC nest level with the pinned
-//! `search_path` that is discarded afterwards. Only identifiers quoted from the relation cache of
-//! the locked relation ([`super::open`]) are spliced into their text.
+//! `search_path` that is discarded afterwards. Adoption's read of a 0.24 table
+//! ([`stage_legacy_rows`]) runs there as the table's owner (an operator holds every role's
+//! privileges). Only identifiers quoted from the relation cache of the locked relation
+//! ([`super::open`]; for adoption, `adopt.rs`'s checks) are spliced into their text.
 
 // The one module allowed to call `sandbox::host_code` (clippy.toml forbids it everywhere else).
 #![allow(clippy::disallowed_methods)]
@@ -372,4 +374,59 @@ impl AppRelation {
             .collect()
         })
     }
+}
+
+/// A column of a 0.24 table as `adopt_legacy_tables` reads it (docs/DESIGN.md §Adoption).
+pub struct LegacyColumn {
+    /// The column's name in the source and in the target.
+    pub name: &'static str,
+    /// The built-in target type it is cast to, schema-qualified (`pg_catalog.int8`).
+    pub cast: &'static str,
+    /// Stored JSON (`jsonb`, `json` or `text`), unwrapped when string-wrapped (docs/DESIGN.md,
+    /// D15).
+    pub json: bool,
+}
+
+/// Copies the rows of the 0.24 table `source` (quoted and schema-qualified, locked and checked by
+/// `adopt_legacy_tables`) into `stage`, a temporary table the extension owner made for this
+/// copy and granted `INSERT` on to `owner`, the source's owner — as that owner, in the sandbox
+/// (docs/SECURITY.md, rules 1 and 8). Planning and reading the source runs whatever its owner
+/// attached to it (an index predicate or expression, a statistics object's expression, a CHECK
+/// under `constraint_exclusion`, a generated column), so it must run with the owner's rights,
+/// never the operator's or the extension owner's. The statement reads `ONLY` the source (not an
+/// inheritance child), casts every column to its target's built-in type and unwraps
+/// string-wrapped JSON, so what the extension owner then copies out of `stage` holds values of
+/// built-in types only.
+pub fn stage_legacy_rows(
+    owner: pg_sys::Oid,
+    source: &str,
+    stage: &str,
+    columns: &[LegacyColumn],
+) -> error::Result<()> {
+    let targets: Vec<String> = columns.iter().map(|c| quote_identifier(c.name)).collect();
+    let values: Vec<String> = columns
+        .iter()
+        .map(|c| {
+            let col = format!("s.{}", quote_identifier(c.name));
+            if c.json {
+                // The pattern as an escape string: its meaning does not depend on the session's
+                // standard_conforming_strings.
+                format!(
+                    "CASE WHEN pg_catalog.jsonb_typeof({col}::pg_catalog.jsonb) = 'string'
+                               AND ({col}::pg_catalog.jsonb #>> '{{}}') ~ E'^\\\\s*[\\\\[{{]'
+                          THEN ({col}::pg_catalog.jsonb #>> '{{}}')::pg_catalog.jsonb
+                          ELSE {col}::pg_catalog.jsonb END"
+                )
+            } else {
+                format!("{col}::{}", c.cast)
+            }
+        })
+        .collect();
+    let sql = format!(
+        "INSERT INTO {stage} ({}) SELECT {} FROM ONLY {source} s",
+        targets.join(", "),
+        values.join(", ")
+    );
+    // One statement, run once: not kept as a plan (the stage is dropped right after).
+    sandbox::host_code(owner, || Ok(pgrx::spi::Spi::run(&sql)?))
 }

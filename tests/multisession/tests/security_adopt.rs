@@ -441,3 +441,251 @@ fn adopt_copies_a_consistent_log_of_built_in_types() {
     assert!(client["subscriptions"].is_array(), "{client}");
     assert_eq!(append(&mut c, P, "tasks", "t3", Some(1)), 4);
 }
+
+/// Issue 25, red-team breach 1: the host's code that PostgreSQL runs when it plans or reads a
+/// source — an index predicate or expression, a statistics object's expression, a CHECK under
+/// `constraint_exclusion`, a virtual generated column — ran with the extension owner's rights
+/// when an operator adopted the host's schema (the copy was planned as a superuser). The legacy
+/// database of these tests belongs to `attacker` (a role with `CREATE` on the database, as the
+/// walkthrough grants a migrator); `legacy.pwn(int)` is IMMUTABLE, so the planner calls it when
+/// its arguments are constants. It records who ran it in `legacy.witness` and makes `attacker`
+/// superuser when it runs as one. Returns the attacker's name.
+fn trojan_legacy_database(c: &mut Client, db: &TestDb) -> String {
+    let attacker = format!("{}_attacker", db.name);
+    exec(
+        c,
+        &format!(
+            "CREATE ROLE {attacker};
+             GRANT CREATE ON DATABASE {} TO {attacker};
+             SET ROLE {attacker}",
+            db.name
+        ),
+    );
+    legacy_database(c);
+    exec(
+        c,
+        &format!(
+            "CREATE TABLE legacy.witness (who text, super boolean);
+             CREATE FUNCTION legacy.escalate() RETURNS void LANGUAGE plpgsql VOLATILE AS $f$
+             BEGIN
+               INSERT INTO legacy.witness
+                 SELECT current_user, rolsuper FROM pg_catalog.pg_roles
+                  WHERE rolname = current_user;
+               IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+                 EXECUTE 'ALTER ROLE {attacker} SUPERUSER';
+               END IF;
+             END $f$;
+             CREATE FUNCTION legacy.pwn(int) RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $f$
+             BEGIN PERFORM legacy.escalate(); RETURN true; END $f$;
+             RESET ROLE"
+        ),
+    );
+    attacker
+}
+
+/// `attach` (run as the attacker) puts `legacy.pwn` where PostgreSQL evaluates it; `session`
+/// (run as the operator, outside the transaction) sets up the operator's session. The operator
+/// then adopts the schema: the adoption copies the log as before, the host's code ran (as its
+/// author, `attacker`, never as a superuser) only if `runs` says so, and `attacker` is no
+/// superuser afterwards.
+#[track_caller]
+fn adopt_trojan(c: &mut Client, attacker: &str, attach: &str, session: &str, runs: bool) {
+    exec(
+        c,
+        &format!("SET ROLE {attacker}; {attach}; TRUNCATE legacy.witness; RESET ROLE; {session}"),
+    );
+    assert!(!is_superuser(c, attacker));
+    exec(c, "BEGIN");
+    let counts: Value = one(c, ADOPT, &[]);
+    exec(c, "COMMIT");
+    let who: Vec<String> = column(
+        c,
+        "SELECT who || ':' || super FROM legacy.witness ORDER BY 1",
+        &[],
+    );
+    assert!(!is_superuser(c, attacker), "the host's code ran as {who:?}");
+    assert!(
+        who.iter().all(|w| *w == format!("{attacker}:false")),
+        "the host's code ran as {who:?}"
+    );
+    assert_eq!(!who.is_empty(), runs, "{who:?}");
+    assert_eq!(counts["sync_commits"], json!(3), "{counts}");
+    assert_eq!(counts["sync_push_results"], json!(1), "{counts}");
+    assert_eq!(
+        column::<i64>(
+            c,
+            "SELECT commit_seq FROM syncular.sync_commits ORDER BY 1",
+            &[]
+        ),
+        vec![1, 2, 3]
+    );
+}
+
+#[test]
+fn adopt_plans_a_partial_index_predicate_as_the_sources_owner() {
+    let db = TestDb::new("adoptpartial");
+    let mut c = db.connect();
+    let attacker = trojan_legacy_database(&mut c, &db);
+    adopt_trojan(
+        &mut c,
+        &attacker,
+        "CREATE INDEX ON legacy.sync_commits (created_at_ms) WHERE legacy.pwn(1)",
+        "",
+        true,
+    );
+}
+
+#[test]
+fn adopt_plans_an_expression_index_as_the_sources_owner() {
+    let db = TestDb::new("adoptexprindex");
+    let mut c = db.connect();
+    let attacker = trojan_legacy_database(&mut c, &db);
+    adopt_trojan(
+        &mut c,
+        &attacker,
+        "CREATE INDEX ON legacy.sync_commits
+           ((created_at_ms + CASE WHEN legacy.pwn(1) THEN 0 ELSE 1 END))",
+        "",
+        true,
+    );
+}
+
+#[test]
+fn adopt_plans_a_statistics_expression_as_the_sources_owner() {
+    let db = TestDb::new("adoptstats");
+    let mut c = db.connect();
+    let attacker = trojan_legacy_database(&mut c, &db);
+    adopt_trojan(
+        &mut c,
+        &attacker,
+        "CREATE STATISTICS legacy.commits_stx
+           ON (created_at_ms + CASE WHEN legacy.pwn(1) THEN 0 ELSE 1 END), partition
+           FROM legacy.sync_commits",
+        "",
+        true,
+    );
+}
+
+/// Under `constraint_exclusion = on` the planner simplifies the CHECK constraints of a relation
+/// it reads with a restriction: the copy has none, so nothing runs today, but whatever a later
+/// copy statement looks like, the host's CHECK runs as its author.
+#[test]
+fn adopt_with_constraint_exclusion_never_runs_a_check_as_a_superuser() {
+    let db = TestDb::new("adoptcheck");
+    let mut c = db.connect();
+    let attacker = trojan_legacy_database(&mut c, &db);
+    adopt_trojan(
+        &mut c,
+        &attacker,
+        "ALTER TABLE legacy.sync_commits ADD CONSTRAINT trojan CHECK (legacy.pwn(1))",
+        "SET constraint_exclusion = on",
+        false,
+    );
+}
+
+/// PostgreSQL 18's virtual generated columns are computed by whoever reads the table: a copied
+/// column made virtual runs its expression in the copy. 18.x refuses a user-defined function in
+/// one (`0A000`, checked here, so a release that lifts the restriction runs the attack itself);
+/// a virtual column of built-in code is adopted as computed, by the source's owner.
+#[test]
+fn adopt_reads_a_virtual_generated_column_as_the_sources_owner() {
+    let db = TestDb::new("adoptvirtual");
+    let mut c = db.connect();
+    let version: i32 = one(
+        &mut c,
+        "SELECT current_setting('server_version_num')::int",
+        &[],
+    );
+    if version < 180000 {
+        eprintln!("skipped: virtual generated columns need PostgreSQL 18 (server {version})");
+        return;
+    }
+    let attacker = trojan_legacy_database(&mut c, &db);
+    let virtual_column = |expression: &str| {
+        format!(
+            "ALTER TABLE legacy.sync_commits DROP COLUMN writer_version;
+             ALTER TABLE legacy.sync_commits ADD COLUMN writer_version bigint
+               GENERATED ALWAYS AS ({expression}) VIRTUAL"
+        )
+    };
+    let trojan = virtual_column("CASE WHEN legacy.pwn(1) THEN created_at_ms / 1000000000000 END");
+    exec(&mut c, &format!("SET ROLE {attacker}; BEGIN"));
+    let taken = c.batch_execute(&trojan);
+    exec(&mut c, "ROLLBACK; RESET ROLE");
+    let attach = match taken {
+        Ok(()) => trojan,
+        Err(e) => {
+            assert_eq!(sql_error(&e).state, "0A000", "{e:?}");
+            virtual_column("created_at_ms / 1000000000000")
+        }
+    };
+    let runs = attach.contains("pwn");
+    adopt_trojan(&mut c, &attacker, &attach, "", runs);
+    assert_eq!(
+        column::<Option<i64>>(
+            &mut c,
+            "SELECT writer_version FROM syncular.sync_commits ORDER BY commit_seq",
+            &[]
+        ),
+        vec![Some(1), Some(1), Some(1)]
+    );
+}
+
+/// The source is read as its owner, so an owner without `SELECT` on it (or `USAGE` on its
+/// schema) is refused before anything is copied.
+#[test]
+fn adopt_refuses_a_source_its_owner_cannot_read() {
+    let db = TestDb::new("adoptownerread");
+    let mut c = db.connect();
+    let attacker = trojan_legacy_database(&mut c, &db);
+    refused_after(
+        &mut c,
+        &format!("REVOKE SELECT ON legacy.sync_clients FROM {attacker}"),
+        Refusal {
+            reason: "privilege",
+            hint: "sync_clients: its owner cannot read it".into(),
+        },
+    );
+}
+
+/// Reading a source runs its owner's code (as the owner), which may change a source checked
+/// before it: a partial index on `sync_partitions` (copied first) gives `sync_commits` a host
+/// type with an implicit cast while the operator's adoption runs. Each source is checked again
+/// right before its own copy, so the change is refused and the cast never runs.
+#[test]
+fn adopt_checks_each_source_again_after_the_copies_before_it() {
+    let db = TestDb::new("adoptrecheck");
+    let mut c = db.connect();
+    let attacker = trojan_legacy_database(&mut c, &db);
+    exec(
+        &mut c,
+        &format!(
+            "SET ROLE {attacker};
+             CREATE SEQUENCE legacy.cast_calls;
+             CREATE TYPE legacy.seq AS ENUM ('1', '2', '3');
+             CREATE FUNCTION legacy.seq_to_bigint(legacy.seq) RETURNS bigint
+               LANGUAGE plpgsql AS $f$
+               BEGIN PERFORM nextval('legacy.cast_calls'); RETURN $1::text::bigint; END $f$;
+             CREATE CAST (legacy.seq AS bigint) WITH FUNCTION legacy.seq_to_bigint(legacy.seq)
+               AS IMPLICIT;
+             CREATE TABLE legacy.armed ();
+             CREATE FUNCTION legacy.swap() RETURNS void LANGUAGE plpgsql VOLATILE AS $f$
+             BEGIN
+               IF EXISTS (SELECT FROM legacy.armed) THEN
+                 DELETE FROM legacy.armed;
+                 ALTER TABLE legacy.sync_commits
+                   ALTER COLUMN commit_seq TYPE legacy.seq USING commit_seq::text::legacy.seq;
+               END IF;
+             END $f$;
+             CREATE FUNCTION legacy.trigger_swap(int) RETURNS boolean LANGUAGE plpgsql
+               IMMUTABLE AS $f$ BEGIN PERFORM legacy.swap(); RETURN true; END $f$;
+             CREATE INDEX ON legacy.sync_partitions (max_commit_seq) WHERE legacy.trigger_swap(1);
+             INSERT INTO legacy.armed DEFAULT VALUES;
+             RESET ROLE"
+        ),
+    );
+    refused_after(&mut c, "SELECT 1", wrong_type("sync_commits", "commit_seq"));
+    let calls: bool = one(&mut c, "SELECT is_called FROM legacy.cast_calls", &[]);
+    assert!(!calls, "the host's cast ran");
+    assert!(!is_superuser(&mut c, &attacker));
+}
