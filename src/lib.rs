@@ -5,7 +5,8 @@
 //! - [`error`]: the error catalogue and the one place that raises it;
 //! - [`port`]: Rust ports of PostgreSQL header code, each quoting what it ports;
 //! - [`access`]: the calling role, the extension owner, and the switches between them;
-//! - [`args`], [`limits`], [`db`]: argument decoding and the size caps, SPI with kept plans; [`heap`]: the extension's
+//! - [`args`], [`limits`], [`db`]: argument decoding and the size caps, SPI with kept plans;
+//!   [`interrupts`]: the interrupt check of every loop over input; [`heap`]: the extension's
 //!   tables below SQL (cached OIDs, direct inserts into the commit log);
 //! - [`fence`]: the writer-fence trigger and functions (docs/DESIGN.md §Writer fence);
 //! - [`jsonb`], [`commit`], [`log`]: the binary commit document, allocation and append
@@ -56,6 +57,7 @@ mod fence;
 mod gate;
 mod grants;
 mod heap;
+mod interrupts;
 mod jsonb;
 mod jsonb_write;
 mod limits;

@@ -229,6 +229,7 @@ pub fn window(
                 break;
             }
             for row in rows {
+                crate::interrupts::check();
                 if !fold.take(row)? {
                     break 'page;
                 }
@@ -396,7 +397,10 @@ pub fn scan(
                     DatumWithOid::from(batch),
                 ],
             )?
-            .map(|row| Ok(row.get::<String>(1)?.unwrap_or_default()))
+            .map(|row| {
+                crate::interrupts::check();
+                Ok(row.get::<String>(1)?.unwrap_or_default())
+            })
             .collect()
         })?;
         let Some(page_last) = candidates.last().cloned() else {
@@ -412,6 +416,7 @@ pub fn scan(
                 ],
             )?
             .map(|row| {
+                crate::interrupts::check();
                 let row_id = row.get::<String>(1)?.unwrap_or_default();
                 let scanned = ScanRow {
                     row_id: row_id.clone(),
@@ -426,6 +431,7 @@ pub fn scan(
         })?;
         // Candidate order; a row deleted since its entry was read is simply absent.
         for row_id in &candidates {
+            crate::interrupts::check();
             let Some(row) = found.remove(row_id) else {
                 continue;
             };

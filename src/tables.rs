@@ -218,6 +218,7 @@ impl AppRelation {
             )?;
             let mut rows = std::collections::HashMap::new();
             for row in table {
+                crate::interrupts::check();
                 let id = row.get::<String>(1)?.unwrap_or_default();
                 rows.insert(id, StoredRow::read(&row, 2)?);
             }
