@@ -29,6 +29,7 @@ fn rows_referencing_blob(partition: Option<&str>, blob_id: Option<&str>) -> Json
                     &[partition.as_str().into(), blob_id.as_str().into()],
                 )?
                 .map(|row| {
+                    crate::interrupts::check();
                     Ok((
                         row.get::<String>(1)?.unwrap_or_default(),
                         row.get::<String>(2)?.unwrap_or_default(),
@@ -38,6 +39,7 @@ fn rows_referencing_blob(partition: Option<&str>, blob_id: Option<&str>) -> Json
             })?;
             let mut out = Vec::new();
             for group in refs.chunk_by(|a, b| a.0 == b.0) {
+                crate::interrupts::check();
                 let tbl = &group[0].0;
                 // Unregistered tables and vanished or changed relations are skipped, not errors.
                 let Ok(relation) = tables::open(client, tbl)? else {
@@ -53,6 +55,7 @@ fn rows_referencing_blob(partition: Option<&str>, blob_id: Option<&str>) -> Json
                 let relation = relation.read_by(caller);
                 let mut scopes = relation.scopes_of_rows(client, &partition, row_ids)?;
                 for (_, row_id) in group {
+                    crate::interrupts::check();
                     if let Some(scopes) = scopes.remove(row_id) {
                         out.push(json!({"table": tbl, "rowId": row_id, "scopes": scopes}));
                     }
@@ -74,7 +77,10 @@ fn referenced_blob_ids(partition: Option<&str>) -> Vec<String> {
                 "SELECT DISTINCT blob_id FROM syncular.sync_blob_refs WHERE partition = $1 ORDER BY 1",
                 &[partition.as_str().into()],
             )?
-            .map(|row| Ok(row.get::<String>(1)?.unwrap_or_default()))
+            .map(|row| {
+                crate::interrupts::check();
+                Ok(row.get::<String>(1)?.unwrap_or_default())
+            })
             .collect()
         })
     })
@@ -117,6 +123,7 @@ fn list_commit_metadata(
                 &[partition.as_str().into(), after.into(), (lim as i64).into(), tbl.into()],
             )?
             .map(|row| {
+                crate::interrupts::check();
                 Ok(json!({
                     "commitSeq": row.get::<i64>(1)?,
                     "clientId": row.get::<String>(2)?,
@@ -180,6 +187,7 @@ fn scope_activity(
                 &[partition.as_str().into(), variable.as_str().into(), value.as_str().into(), (lim as i64).into()],
             )?
             .map(|row| {
+                crate::interrupts::check();
                 Ok(json!({
                     "commitSeq": row.get::<i64>(1)?,
                     "table": row.get::<String>(2)?,

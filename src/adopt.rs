@@ -551,6 +551,7 @@ fn unreadable_push_result() -> Result<bool> {
             };
             let (mut rows, mut last) = (0, None);
             for row in page {
+                crate::interrupts::check();
                 rows += 1;
                 let text = row.get::<String>(4)?.unwrap_or_default();
                 let readable = serde_json::from_str::<Value>(&text)
@@ -661,6 +662,7 @@ fn adopt(client: &SpiClient<'_>, source: &str, app_schema: Option<&str>) -> Resu
             .and_then(|v| v.as_object().map(|m| m.keys().cloned().collect()))
             .unwrap_or_default();
         for name in names {
+            crate::interrupts::check();
             let oid = db::first::<pg_sys::Oid>(db::read(
                 client,
                 "SELECT c.oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace

@@ -162,13 +162,16 @@ fn array_of(name: &str, value: Option<Array<&str>>, empty_ok: bool) -> Result<Ve
     }
     array
         .iter()
-        .map(|item| match item {
-            None => Err(Error::invalid_argument(name, "missing")),
-            Some("") if !empty_ok => Err(Error::invalid_argument(name, "empty")),
-            Some(s) if s.len() > limits::KEY_BYTES => {
-                Err(Error::invalid_argument(name, "too_large"))
+        .map(|item| {
+            crate::interrupts::check();
+            match item {
+                None => Err(Error::invalid_argument(name, "missing")),
+                Some("") if !empty_ok => Err(Error::invalid_argument(name, "empty")),
+                Some(s) if s.len() > limits::KEY_BYTES => {
+                    Err(Error::invalid_argument(name, "too_large"))
+                }
+                Some(s) => Ok(s.to_string()),
             }
-            Some(s) => Ok(s.to_string()),
         })
         .collect()
 }
@@ -300,12 +303,6 @@ pub struct Declaration {
     pub schema_version: Option<i64>,
 }
 
-impl Declaration {
-    pub fn matches(&self, partition: &str, name: &str) -> bool {
-        self.partition == partition && self.name == name
-    }
-}
-
 /// Decodes a `declared` argument. NULL counts as `[]`; a malformed array is `invalid_argument`
 /// with `argument` pointing into it (e.g. `declared[1].name`).
 pub fn declarations(value: Option<JsonArg>) -> Result<Vec<Declaration>> {
@@ -319,6 +316,7 @@ pub fn declarations(value: Option<JsonArg>) -> Result<Vec<Declaration>> {
         .iter()
         .enumerate()
         .map(|(i, item)| {
+            crate::interrupts::check();
             let at = |key: &str| format!("declared[{i}].{key}");
             let Value::Object(obj) = item else {
                 return Err(Error::invalid_argument(&format!("declared[{i}]"), "type"));

@@ -24,10 +24,12 @@ pub fn layouts(value: Option<args::JsonArg>) -> Result<Map<String, Value>> {
         return Err(Error::invalid_argument("layouts", "type"));
     };
     for (table, columns) in &tables {
+        crate::interrupts::check();
         let Value::Array(columns) = columns else {
             return Err(Error::invalid_argument(&format!("layouts.{table}"), "type"));
         };
         for (i, column) in columns.iter().enumerate() {
+            crate::interrupts::check();
             let at = format!("layouts.{table}[{i}]");
             let Value::Object(column) = column else {
                 return Err(Error::invalid_argument(&at, "type"));
@@ -71,9 +73,11 @@ pub fn compare_layouts(configured: &Map<String, Value>, stored: &Map<String, Val
     };
     // serde_json's Map is ordered by key bytes: byte order of table names.
     for (table, wanted) in configured {
+        crate::interrupts::check();
         let wanted = columns(Some(wanted));
         let have = columns(stored.get(table));
         for i in 0..wanted.len().max(have.len()) {
+            crate::interrupts::check();
             let ok = matches!((wanted.get(i), have.get(i)), (Some(a), Some(b)) if same(a, b));
             if !ok {
                 let column = wanted
@@ -186,6 +190,7 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs) -> Result<i64> {
         // older version alongside new ones, so only a version above the target is refused
         // (docs/DESIGN.md §Decisions).
         for (i, d) in a.declared.iter().enumerate() {
+            crate::interrupts::check();
             let Some(version) = d.schema_version else {
                 return Err(Error::invalid_argument(
                     &format!("declared[{i}].schemaVersion"),
@@ -206,6 +211,7 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs) -> Result<i64> {
         )?)?
         .unwrap_or(0);
         for d in &a.declared {
+            crate::interrupts::check();
             let version = d.schema_version.expect("checked above");
             // declare() also raises the partition fence to the declaration's version.
             checkpoint::declare(client, &d.partition, &d.name, version, started_ms)?;

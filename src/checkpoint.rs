@@ -43,6 +43,7 @@ impl Checkpoint {
         let missing = || Error::Internal("NULL in a NOT NULL checkpoint column".into());
         table
             .map(|row| {
+                crate::interrupts::check();
                 let text = |i| row.get::<String>(i)?.ok_or_else(missing);
                 let int = |i| row.get::<i64>(i)?.ok_or_else(missing);
                 Ok(Checkpoint {

@@ -19,6 +19,7 @@ macro_rules! client_columns {
 fn records(table: SpiTupleTable<'_>) -> Result<Vec<Value>> {
     table
         .map(|row| {
+            crate::interrupts::check();
             Ok(json!({
                 "clientId": row.get::<String>(1)?,
                 "actorId": row.get::<String>(2)?,
@@ -50,6 +51,7 @@ pub fn subscriptions(value: Option<&Value>, name: &str) -> Result<Value> {
         return Err(Error::invalid_argument(name, "type"));
     };
     for (i, item) in items.iter().enumerate() {
+        crate::interrupts::check();
         let at = |key: &str| format!("{name}[{i}]{key}");
         let Value::Object(sub) = item else {
             return Err(Error::invalid_argument(&at(""), "type"));
@@ -233,6 +235,7 @@ fn list_client_cursors(partition: Option<&str>) -> JsonB {
                 &[partition.as_str().into()],
             )?
             .map(|row| {
+                crate::interrupts::check();
                 Ok(
                     json!({"clientId": row.get::<String>(1)?, "cursor": row.get::<i64>(2)?,
                           "updatedAtMs": row.get::<i64>(3)?}),

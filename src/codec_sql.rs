@@ -98,10 +98,12 @@ fn encode_row(tbl: Option<&str>, values: Option<JsonArg>, sparse: Option<bool>) 
         let sparse = args::required("sparse", sparse)?;
         let schema = db::with_spi(|client| push_schema::stored_table(client, &tbl))?;
         let layout = &schema.layout;
-        if let Some(unknown) = values
-            .keys()
-            .find(|k| !layout.columns.iter().any(|c| c.name == **k))
-        {
+        let names: std::collections::HashSet<&str> =
+            layout.columns.iter().map(|c| c.name.as_str()).collect();
+        if let Some(unknown) = values.keys().find(|k| {
+            crate::interrupts::check();
+            !names.contains(k.as_str())
+        }) {
             return Err(Error::invalid_argument("values", "shape")
                 .with_hint(format!("table {tbl} has no column {unknown}")));
         }

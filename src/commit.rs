@@ -57,6 +57,7 @@ impl<'a> Commit<'a> {
         self.changes
             .iter()
             .flat_map(|c| {
+                crate::interrupts::check();
                 c.scopes
                     .iter()
                     .map(move |&(var, value)| (c.table, var, value))
@@ -124,6 +125,7 @@ fn scopes<'a>(node: Option<Node<'a>>, i: usize) -> Result<Scopes<'a>> {
     // jsonb keeps keys in (length, bytes) order; violations are reported in byte order.
     let mut first_bad: Option<&str> = None;
     for (var, value) in pairs {
+        crate::interrupts::check();
         let var = utf8(var, At::Change(i, "scopes"))?;
         match value {
             Node::String(v) => scopes.push((var, utf8(v, At::Scope(i, var))?)),
@@ -208,7 +210,10 @@ pub fn decode(doc: Node<'_>) -> Result<Commit<'_>> {
         Some(Node::Array(items)) => items
             .children()
             .enumerate()
-            .map(|(i, item)| change(readable(item)?, i))
+            .map(|(i, item)| {
+                crate::interrupts::check();
+                change(readable(item)?, i)
+            })
             .collect::<Result<_>>()?,
         Some(_) => return At::Top("changes").fail("type"),
     };

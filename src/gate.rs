@@ -14,6 +14,7 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use pgrx::JsonB;
 use serde_json::{json, Value};
+use std::collections::HashSet;
 
 /// What one snapshot says about the schema: the gate token plus the stored layouts text.
 pub struct SchemaState {
@@ -66,6 +67,7 @@ pub fn pending(value: Option<JsonB>) -> Vec<(String, String)> {
             .into_iter()
             .filter_map(|pair| match pair {
                 Value::Array(mut p) if p.len() == 2 => {
+                    crate::interrupts::check();
                     let name = p.pop()?.as_str()?.to_string();
                     let partition = p.pop()?.as_str()?.to_string();
                     Some((partition, name))
@@ -91,9 +93,16 @@ impl SchemaState {
 
     /// The first pending checkpoint (in token order) that `declared` does not name.
     pub fn first_undeclared(&self, declared: &[Declaration]) -> Option<&(String, String)> {
-        self.pending
+        // A set of the declarations: one lookup per pending checkpoint, never pending times
+        // declared (docs/SECURITY.md, "Time").
+        let declared: HashSet<(&str, &str)> = declared
             .iter()
-            .find(|(p, n)| !declared.iter().any(|d| d.matches(p, n)))
+            .map(|d| (d.partition.as_str(), d.name.as_str()))
+            .collect();
+        self.pending.iter().find(|(p, n)| {
+            crate::interrupts::check();
+            !declared.contains(&(p.as_str(), n.as_str()))
+        })
     }
 
     /// `serve_gate_refusal`: schema refusal first, then the first undeclared pending checkpoint.

@@ -166,12 +166,14 @@ impl<'a> Container<'a> {
         let mut wanted = Vec::with_capacity(self.len().min(self.bytes.len() / 8));
         let mut children = self.children();
         for _ in 0..self.len() {
+            crate::interrupts::check();
             let Node::String(key) = children.next().ok_or(Malformed)?? else {
                 return Err(Malformed);
             };
             wanted.push(keys.iter().position(|k| k.as_bytes() == key));
         }
         for slot in wanted {
+            crate::interrupts::check();
             let value = children.next().ok_or(Malformed)??;
             if let Some(k) = slot {
                 found[k] = Some(value);
@@ -187,6 +189,7 @@ impl<'a> Container<'a> {
             return Ok(true);
         }
         for child in self.children() {
+            crate::interrupts::check();
             if let Node::Array(c) | Node::Object(c) = child? {
                 if c.nests_deeper_than(limit - 1)? {
                     return Ok(true);
@@ -208,6 +211,7 @@ impl<'a> Container<'a> {
                 return Ok(true);
             }
             for child in container.children() {
+                crate::interrupts::check();
                 if let Node::Array(inner) | Node::Object(inner) = child? {
                     pending.push(inner);
                 }

@@ -78,6 +78,7 @@ impl Writer {
         self.buf.resize(jentries + 4 * entries, 0);
         let data = self.buf.len();
         for i in 0..entries {
+            crate::interrupts::check();
             let start = self.buf.len();
             let kind = child(self, i)? & JENTRY_TYPEMASK;
             // The child's length counts the padding before it, as PostgreSQL counts it.

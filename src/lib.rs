@@ -6,7 +6,8 @@
 //! - [`port`]: Rust ports of PostgreSQL header code, each quoting what it ports;
 //! - [`access`]: the calling role and the extension owner; [`sandbox`]: the one place that
 //!   switches between them and the host's roles, with the settings it pins and discards;
-//! - [`args`], [`limits`], [`db`]: argument decoding and the size caps, SPI with kept plans; [`heap`]: the extension's
+//! - [`args`], [`limits`], [`db`]: argument decoding and the size caps, SPI with kept plans;
+//!   [`interrupts`]: the interrupt check of every loop over input; [`heap`]: the extension's
 //!   tables below SQL (cached OIDs, direct inserts into the commit log);
 //! - [`fence`]: the writer-fence trigger and functions (docs/DESIGN.md §Writer fence);
 //! - [`jsonb`], [`commit`], [`log`]: the binary commit document, allocation and append
@@ -58,6 +59,7 @@ mod fence;
 mod gate;
 mod grants;
 mod heap;
+mod interrupts;
 mod jsonb;
 mod jsonb_write;
 mod limits;

@@ -20,3 +20,10 @@ pub const RESULT_ROWS: i64 = 100_000;
 pub const PULL_SUBSCRIPTIONS: usize = 1_000;
 /// Bytes of one `bytea` argument (a row payload), checked before it is read.
 pub const PAYLOAD_BYTES: usize = 32 << 20;
+/// Variables in one scope filter (`scope_filter`, a subscription's `effective`) and scope
+/// patterns of one table in a push schema. Upstream's tables declare a handful; the cap keeps
+/// every per-row match and authorization a small constant times the row.
+pub const SCOPE_VARIABLES: usize = 64;
+/// Columns of one table in a push schema: PostgreSQL's own limit for a table
+/// (`MaxHeapAttributeNumber`), so every per-row walk over the columns is bounded.
+pub const TABLE_COLUMNS: usize = 1600;

@@ -188,6 +188,7 @@ pub fn append<'a>(client: &SpiClient<'_>, partition: &str, commit: &Commit<'a>) 
     }
     let seq = commit_seq(db::write(client, COMMIT_ONLY_SQL[with_tombstones], &args)?)?;
     for (idx, change) in commit.changes.iter().enumerate() {
+        crate::interrupts::check();
         changes.insert(&[
             Some(Value::Text(partition)),
             Some(Value::Int8(seq)),
@@ -201,6 +202,7 @@ pub fn append<'a>(client: &SpiClient<'_>, partition: &str, commit: &Commit<'a>) 
         ])?;
     }
     for (table, var, value) in commit.scope_index() {
+        crate::interrupts::check();
         scopes.insert(&[
             Some(Value::Text(partition)),
             Some(Value::Text(table)),

@@ -229,6 +229,7 @@ pub fn window(
                 break;
             }
             for row in rows {
+                crate::interrupts::check();
                 if !fold.take(row)? {
                     break 'page;
                 }
@@ -379,7 +380,10 @@ pub fn scan(
                     DatumWithOid::from(batch),
                 ],
             )?
-            .map(|row| Ok(row.get::<String>(1)?.unwrap_or_default()))
+            .map(|row| {
+                crate::interrupts::check();
+                Ok(row.get::<String>(1)?.unwrap_or_default())
+            })
             .collect()
         })?;
         let Some(page_last) = candidates.last().cloned() else {
@@ -388,6 +392,7 @@ pub fn scan(
         let mut found = relation.scan_rows(client, partition, candidates.clone())?;
         // Candidate order; a row deleted since its entry was read is simply absent.
         for row_id in &candidates {
+            crate::interrupts::check();
             let Some(row) = found.remove(row_id) else {
                 continue;
             };

@@ -164,6 +164,7 @@ fn parse_request(value: Option<args::JsonArg>) -> Result<Request> {
         .iter()
         .map(|item| match item {
             Value::Object(sub) => {
+                crate::interrupts::check();
                 let mut kept = Map::new();
                 for key in ["id", "table", "scopes"] {
                     if let Some(v) = sub.get(key) {
@@ -178,6 +179,7 @@ fn parse_request(value: Option<args::JsonArg>) -> Result<Request> {
     let recorded = clients::subscriptions(Some(&Value::Array(recorded)), "request.subscriptions")?;
     let mut subscriptions = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
+        crate::interrupts::check();
         let at = |key: &str| format!("request.subscriptions[{i}].{key}");
         let Value::Object(sub) = item else {
             unreachable!("checked by clients::subscriptions");
@@ -353,6 +355,7 @@ fn deliver(rows: Vec<WindowRow>, limit: i64, cursor: i64, max_seq: i64) -> (Vec<
     let returned = rows.len() as i64;
     let mut commits: Vec<Vec<WindowRow>> = Vec::new();
     for row in rows {
+        crate::interrupts::check();
         match commits.last_mut() {
             Some(commit) if commit[0].commit_seq == row.commit_seq => commit.push(row),
             _ => commits.push(vec![row]),
@@ -362,6 +365,7 @@ fn deliver(rows: Vec<WindowRow>, limit: i64, cursor: i64, max_seq: i64) -> (Vec<
     let (mut delivered, mut delivered_commits, mut last) = (0i64, 0usize, cursor);
     let mut out = Vec::new();
     for commit in commits {
+        crate::interrupts::check();
         let size = commit.len() as i64;
         if delivered > 0 && delivered + size > limit {
             break;
@@ -470,7 +474,10 @@ fn serve(
         );
         outcome["bootstrapState"] = Value::String(state);
     }
-    out.extend(rows.into_iter().map(|row| Out::snapshot(i, row)));
+    out.extend(rows.into_iter().map(|row| {
+        crate::interrupts::check();
+        Out::snapshot(i, row)
+    }));
     Ok((outcome, Some(as_of)))
 }
 
@@ -552,6 +559,7 @@ fn serve_request(
     let mut cursors = Vec::new();
     if !mismatch {
         for (i, sub) in request.subscriptions.iter().enumerate() {
+            crate::interrupts::check();
             let (outcome, next) = serve(
                 client,
                 caller,

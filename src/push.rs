@@ -67,6 +67,7 @@ pub fn normalize(stored: Value) -> Result<Value> {
     let results = records
         .iter()
         .map(|record| {
+            crate::interrupts::check();
             let Value::Object(record) = record else {
                 return Err(cache_miss());
             };
@@ -151,6 +152,7 @@ pub fn validate(doc: &Value) -> Result<()> {
         Some(_) => return bad(".results", "type"),
     };
     for (i, record) in records.iter().enumerate() {
+        crate::interrupts::check();
         let at = |key: &str| format!(".results[{i}]{key}");
         let Value::Object(record) = record else {
             return bad(&at(""), "type");

@@ -44,6 +44,7 @@ impl ChangeOut {
 
     /// The inverse of [`ChangeOut::to_json`], for state this extension wrote itself.
     pub fn from_json(value: &Value) -> Result<ChangeOut> {
+        crate::interrupts::check();
         let broken = || Error::Internal("syncular: a staged change does not read back".into());
         let text = |key: &str| value[key].as_str().map(str::to_string).ok_or_else(broken);
         let payload = match value.get("payload") {
@@ -113,13 +114,17 @@ pub fn append(
     let [partition, client_id, client_commit_id] = header.key;
     let documents = changes
         .iter()
-        .map(|c| scopes_jsonb(&c.scopes))
+        .map(|c| {
+            crate::interrupts::check();
+            scopes_jsonb(&c.scopes)
+        })
         .collect::<Result<Vec<_>>>()?;
     let returned = header
         .return_changes
         .then(|| Value::Array(changes.iter().map(ChangeOut::to_json).collect()));
     let mut log_changes = Vec::with_capacity(changes.len());
     for (c, document) in changes.into_iter().zip(&documents) {
+        crate::interrupts::check();
         let raw = match document.container().and_then(|c| c.root()) {
             Ok(Node::Object(object)) => object.to_jsonb(),
             _ => return Err(Error::Internal("syncular: scopes are not an object".into())),

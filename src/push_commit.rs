@@ -89,10 +89,13 @@ fn string_set(obj: &Map<String, Value>, key: &str) -> Result<HashSet<String>> {
         None | Some(Value::Null) => Ok(HashSet::new()),
         Some(Value::Array(items)) => items
             .iter()
-            .map(|item| match item {
-                Value::String(s) if s.len() <= limits::KEY_BYTES => Ok(s.clone()),
-                Value::String(_) => Err(bad(&at, "too_large")),
-                _ => Err(bad(&at, "type")),
+            .map(|item| {
+                crate::interrupts::check();
+                match item {
+                    Value::String(s) if s.len() <= limits::KEY_BYTES => Ok(s.clone()),
+                    Value::String(_) => Err(bad(&at, "too_large")),
+                    _ => Err(bad(&at, "type")),
+                }
             })
             .collect(),
         Some(_) => Err(bad(&at, "type")),
@@ -171,16 +174,19 @@ fn allowed_arg(value: Option<Value>) -> Result<Allowed> {
     };
     map.into_iter()
         .map(|(var, values)| {
+            crate::interrupts::check();
             let Value::Array(values) = values else {
                 return Err(bad("allowed", "type").with_hint(format!("allowed.{var}")));
             };
-            let values = values
+            let mut values = values
                 .into_iter()
                 .map(|v| match v {
                     Value::String(s) => Ok(s),
                     _ => Err(bad("allowed", "type").with_hint(format!("allowed.{var}"))),
                 })
                 .collect::<Result<Vec<_>>>()?;
+            // Sorted for [`authorized`]'s binary search: every row is checked against the list.
+            values.sort_unstable();
             Ok((var, values))
         })
         .collect::<Result<HashMap<_, _>>>()
@@ -258,15 +264,16 @@ fn operations(
         .zip(kinds)
         .zip(base_versions)
         .zip(payloads.iter())
-        .map(
-            |((((table, row_id), delete), base_version), payload)| Operation {
+        .map(|((((table, row_id), delete), base_version), payload)| {
+            crate::interrupts::check();
+            Operation {
                 table,
                 row_id,
                 delete,
                 base_version,
                 payload: payload.map(<[u8]>::to_vec),
-            },
-        )
+            }
+        })
         .collect())
 }
 
@@ -383,17 +390,20 @@ struct Context<'a, 'conn> {
 }
 
 /// Stored scopes authorize when every declared variable has a non-empty value that `allowed`
-/// lists (or `allowed` lists `*` for it).
+/// lists (or `allowed` lists `*` for it). The lists are sorted ([`allowed_arg`]): a row costs a
+/// lookup per variable, not the length of the list (docs/SECURITY.md, "Time").
 fn authorized<'s>(
     allowed: &HashMap<String, Vec<String>>,
     schema: &TableSchema,
     value_of: impl Fn(&str) -> Option<&'s str>,
 ) -> bool {
+    let listed =
+        |list: &[String], value: &str| list.binary_search_by(|a| a.as_str().cmp(value)).is_ok();
     schema.scopes.iter().all(|(var, _)| match value_of(var) {
         None | Some("") => false,
         Some(value) => allowed
             .get(var)
-            .is_some_and(|list| list.iter().any(|a| a == value || a == "*")),
+            .is_some_and(|list| listed(list, value) || listed(list, "*")),
     })
 }
 
@@ -498,6 +508,7 @@ impl Context<'_, '_> {
         }
         let mut wanted: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for op in ops {
+            crate::interrupts::check();
             let key = (op.table.clone(), op.row_id.clone());
             if let Some(t) = self.tables.get(&op.table) {
                 if t.batch_sql.is_some() && !self.repeated.contains(&key) {
@@ -517,6 +528,7 @@ impl Context<'_, '_> {
                     .fetch_rows_as(self.client, self.caller, self.partition, ids.clone())?;
             let mut prefetched = self.prefetched.borrow_mut();
             for id in ids {
+                crate::interrupts::check();
                 prefetched.insert((table.to_string(), id.to_string()), found.remove(id));
             }
         }
@@ -528,6 +540,7 @@ impl Context<'_, '_> {
     fn flush(&self) -> Result<()> {
         let pending = std::mem::take(&mut *self.pending.borrow_mut());
         for (table, batch) in pending {
+            crate::interrupts::check();
             let t = &self.tables[&table];
             if let Some(sql) = &t.batch_sql {
                 t.relation.upsert_row_as(
@@ -600,8 +613,9 @@ impl Context<'_, '_> {
                 );
             }
             let mut unverified: Vec<&String> = Vec::new();
+            let mut listed = HashSet::new();
             for id in &ids {
-                if !self.options.verified_blob_ids.contains(id) && !unverified.contains(&id) {
+                if !self.options.verified_blob_ids.contains(id) && listed.insert(id) {
                     unverified.push(id);
                 }
             }
@@ -1085,6 +1099,7 @@ impl Context<'_, '_> {
 
     fn operations(&self, ops: &[Operation], changes: &mut Vec<ChangeOut>) -> Result<Option<Stop>> {
         for (k, op) in ops.iter().enumerate() {
+            crate::interrupts::check();
             if let Some(stop) = self.apply(k, op, changes)? {
                 return Ok(Some(stop));
             }
@@ -1222,6 +1237,7 @@ fn open_tables(
     let mut tables = HashMap::new();
     let mut unknown = HashSet::new();
     for (k, op) in request.ops.iter().enumerate() {
+        crate::interrupts::check();
         let tbl = op.table.as_str();
         if tables.contains_key(tbl) || unknown.contains(tbl) {
             continue;
@@ -1326,6 +1342,7 @@ fn repeated_rows(ops: &[Operation]) -> HashSet<(String, String)> {
     let mut seen = HashSet::new();
     let mut repeated = HashSet::new();
     for op in ops {
+        crate::interrupts::check();
         let key = (op.table.as_str(), op.row_id.as_str());
         if !seen.insert(key) {
             repeated.insert((op.table.clone(), op.row_id.clone()));

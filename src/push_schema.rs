@@ -7,11 +7,13 @@ use crate::args::{self, JsonArg};
 use crate::codec::{Column, ColumnType, Layout};
 use crate::db;
 use crate::error::{self, Error, Result};
+use crate::limits;
 use crate::tables;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use serde_json::{json, Map, Value};
+use std::collections::{HashMap, HashSet};
 
 /// One table of a push schema, validated.
 #[derive(Clone)]
@@ -79,9 +81,22 @@ pub fn table_schema(tbl: &str, descriptor: &Value) -> Result<TableSchema> {
     if items.is_empty() {
         return Err(invalid(&format!("{at}.columns"), "empty"));
     }
+    if items.len() > limits::TABLE_COLUMNS {
+        return Err(
+            invalid(&format!("{at}.columns"), "too_large").with_hint(format!(
+                "table {tbl} declares {} columns, at most {} are allowed",
+                items.len(),
+                limits::TABLE_COLUMNS
+            )),
+        );
+    }
     let mut columns: Vec<Column> = Vec::with_capacity(items.len());
     let mut stored_columns = Vec::with_capacity(items.len());
+    // Column index by name: every name is looked up once, so validating a table is linear in
+    // its columns (it runs for every push, docs/SECURITY.md "Time").
+    let mut by_name: HashMap<&str, usize> = HashMap::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
+        crate::interrupts::check();
         let at = format!("{at}.columns[{i}]");
         let Value::Object(column) = item else {
             return Err(invalid(&at, "type"));
@@ -90,7 +105,7 @@ pub fn table_schema(tbl: &str, descriptor: &Value) -> Result<TableSchema> {
         if name.starts_with("_sync_") {
             return Err(invalid(&format!("{at}.name"), "reserved"));
         }
-        if columns.iter().any(|c| c.name == name) {
+        if by_name.insert(name, i).is_some() {
             return Err(invalid(&format!("{at}.name"), "shape")
                 .with_hint(format!("table {tbl} declares column {name} twice")));
         }
@@ -118,7 +133,7 @@ pub fn table_schema(tbl: &str, descriptor: &Value) -> Result<TableSchema> {
             nullable,
         });
     }
-    let index_of = |name: &str| columns.iter().position(|c| c.name == name);
+    let index_of = |name: &str| by_name.get(name).copied();
     let primary_key_name = text_member(obj, "primaryKey", &at)?;
     let primary_key = index_of(primary_key_name).ok_or_else(|| {
         invalid(&format!("{at}.primaryKey"), "shape")
@@ -126,6 +141,15 @@ pub fn table_schema(tbl: &str, descriptor: &Value) -> Result<TableSchema> {
     })?;
     let mut scopes = Vec::new();
     let declared_scopes = array_member(obj, "scopes", &at)?;
+    if declared_scopes.len() > limits::SCOPE_VARIABLES {
+        return Err(
+            invalid(&format!("{at}.scopes"), "too_large").with_hint(format!(
+                "table {tbl} declares {} scopes, at most {} are allowed",
+                declared_scopes.len(),
+                limits::SCOPE_VARIABLES
+            )),
+        );
+    }
     for (i, scope) in declared_scopes.iter().enumerate() {
         let at = format!("{at}.scopes[{i}]");
         let Value::Object(scope) = scope else {
@@ -205,10 +229,13 @@ fn check_relation(client: &SpiClient<'_>, tbl: &str, schema: &TableSchema) -> Re
         return Ok(());
     }
     let have = relation.columns();
+    let have: HashMap<&str, &tables::RelationColumn> =
+        have.iter().map(|c| (c.name.as_str(), c)).collect();
     for (i, column) in schema.layout.columns.iter().enumerate() {
+        crate::interrupts::check();
         let at = format!("tables.{tbl}.columns[{i}]");
         let name = &column.name;
-        let Some(found) = have.iter().find(|c| c.name == *name) else {
+        let Some(found) = have.get(name.as_str()) else {
             return Err(mismatch(
                 &at,
                 format!(
@@ -266,6 +293,7 @@ fn check_layouts(
         )
     };
     for (tbl, schema) in schemas {
+        crate::interrupts::check();
         let Some(Value::Array(columns)) = layouts.get(tbl) else {
             return Err(differs(
                 &format!("tables.{tbl}"),
@@ -274,6 +302,7 @@ fn check_layouts(
         };
         let count = columns.len().max(schema.layout.columns.len());
         for i in 0..count {
+            crate::interrupts::check();
             let at = format!("tables.{tbl}.columns[{i}]");
             match (schema.layout.columns.get(i), columns.get(i)) {
                 (Some(ours), Some(theirs)) => {
@@ -309,10 +338,8 @@ fn check_layouts(
             }
         }
     }
-    if let Some(extra) = layouts
-        .keys()
-        .find(|t| whole && !schemas.iter().any(|(s, _)| s == *t))
-    {
+    let ours: HashSet<&str> = schemas.iter().map(|(s, _)| s.as_str()).collect();
+    if let Some(extra) = layouts.keys().find(|t| whole && !ours.contains(t.as_str())) {
         return Err(differs(
             "tables",
             format!("stored table {extra} is missing"),
@@ -339,7 +366,10 @@ fn set_push_schema(schema_version: Option<i64>, tables: Option<JsonArg>) -> i32 
         };
         let schemas = descriptors
             .iter()
-            .map(|(tbl, d)| Ok((tbl.clone(), table_schema(tbl, d)?)))
+            .map(|(tbl, d)| {
+                crate::interrupts::check();
+                Ok((tbl.clone(), table_schema(tbl, d)?))
+            })
             .collect::<Result<Vec<_>>>()?;
         let stored: Map<String, Value> = schemas
             .iter()
@@ -347,6 +377,7 @@ fn set_push_schema(schema_version: Option<i64>, tables: Option<JsonArg>) -> i32 
             .collect();
         db::with_spi(|client| {
             for (tbl, schema) in &schemas {
+                crate::interrupts::check();
                 check_relation(client, tbl, schema)?;
             }
             check_layouts(client, version, &schemas, true)?;
@@ -520,6 +551,40 @@ mod tests {
         assert_eq!(
             reason(with("/scopes", json!({}))),
             ("tables.tasks.scopes".into(), "type".into())
+        );
+    }
+
+    /// At most 1,600 columns and 64 scopes per table (docs/API.md "Limits"); a duplicate column
+    /// is found wherever it is, among the most columns allowed.
+    #[test]
+    fn tables_are_capped() {
+        let columns = |n: usize| {
+            (0..n)
+                .map(|i| json!({"name": format!("c{i}"), "type": "string", "nullable": false}))
+                .collect::<Vec<_>>()
+        };
+        let table = |columns: Vec<Value>, scopes: usize| {
+            let scopes: Vec<Value> = (0..scopes)
+                .map(|i| json!({"variable": format!("v{i}"), "column": "c0"}))
+                .collect();
+            json!({"columns": columns, "primaryKey": "c0", "scopes": scopes})
+        };
+        let widest = table_schema("t", &table(columns(1600), 64)).unwrap();
+        assert_eq!(widest.layout.columns.len(), 1600);
+        assert_eq!(widest.scopes.len(), 64);
+        assert_eq!(
+            reason(table_schema("t", &table(columns(1601), 1))),
+            ("tables.t.columns".into(), "too_large".into())
+        );
+        assert_eq!(
+            reason(table_schema("t", &table(columns(1), 65))),
+            ("tables.t.scopes".into(), "too_large".into())
+        );
+        let mut twice = columns(1600);
+        twice[1599]["name"] = json!("c3");
+        assert_eq!(
+            reason(table_schema("t", &table(twice, 0))),
+            ("tables.t.columns[1599].name".into(), "shape".into())
         );
     }
 }

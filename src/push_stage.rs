@@ -121,6 +121,7 @@ fn sourced(reactions: Value, header: &Header<'_>, seq: i64) -> Result<Value> {
         .into_iter()
         .enumerate()
         .map(|(i, item)| {
+            crate::interrupts::check();
             let Value::Object(mut obj) = item else {
                 return Err(Error::invalid_argument(&format!("reactions[{i}]"), "type"));
             };

@@ -23,6 +23,7 @@ macro_rules! entry_columns {
 fn entries(table: SpiTupleTable<'_>) -> Result<Vec<Value>> {
     table
         .map(|row| {
+            crate::interrupts::check();
             Ok(json!({
                 "partition": row.get::<String>(1)?,
                 "logEpoch": row.get::<String>(2)?,
@@ -191,7 +192,10 @@ fn list_partitions() -> Vec<String> {
                 &[],
             )?;
             table
-                .map(|row| Ok(row.get::<String>(1)?.unwrap_or_default()))
+                .map(|row| {
+                    crate::interrupts::check();
+                    Ok(row.get::<String>(1)?.unwrap_or_default())
+                })
                 .collect()
         })
     })

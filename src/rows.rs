@@ -40,6 +40,7 @@ pub fn set_scopes_many(
     )?;
     let mut held_by_row: HashMap<String, Vec<(String, String)>> = HashMap::new();
     for entry in held {
+        crate::interrupts::check();
         let text = |i| entry.get::<String>(i).map(Option::unwrap_or_default);
         held_by_row
             .entry(text(1)?)
@@ -49,6 +50,7 @@ pub fn set_scopes_many(
     let changed: Vec<(&str, &Map<String, Value>)> = rows
         .iter()
         .filter(|(row_id, scopes)| {
+            crate::interrupts::check();
             let mut held = held_by_row.remove(*row_id).unwrap_or_default();
             let mut want: Vec<(&str, &str)> = entries_of(scopes).collect();
             held.sort_unstable();
@@ -136,6 +138,7 @@ fn scoped_rows(value: Value) -> Result<Vec<(String, Map<String, Value>)>> {
         .into_iter()
         .enumerate()
         .map(|(i, item)| {
+            crate::interrupts::check();
             let at = |key: &str| format!("rows[{i}]{key}");
             let Value::Object(mut obj) = item else {
                 return Err(Error::invalid_argument(&at(""), "type"));
@@ -370,7 +373,10 @@ fn tombstone_seqs(
                   ORDER BY t.row_id",
                 &[DatumWithOid::from(partition.as_str()), DatumWithOid::from(tbl.as_str()), DatumWithOid::from(ids)],
             )?
-            .map(|row| Ok((row.get::<String>(1)?.unwrap_or_default(), row.get::<i64>(2)?.unwrap_or_default())))
+            .map(|row| {
+                crate::interrupts::check();
+                Ok((row.get::<String>(1)?.unwrap_or_default(), row.get::<i64>(2)?.unwrap_or_default()))
+            })
             .collect::<Result<Vec<_>>>()
         })?;
         Ok(TableIterator::new(rows))

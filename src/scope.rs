@@ -5,11 +5,19 @@
 use crate::args;
 use crate::error::{Code, Error, Result};
 use crate::jsonb;
+use crate::limits;
 use serde_json::{Map, Value};
 
-/// An effective scope filter, keys in UTF-16 code-unit order (upstream sorts JavaScript strings).
+/// An effective scope filter, keys in UTF-16 code-unit order (upstream sorts JavaScript strings),
+/// at most [`limits::SCOPE_VARIABLES`] of them; each key's values sorted by bytes and distinct,
+/// so a stored value is looked up by binary search (docs/SECURITY.md, "Time").
 pub struct Filter {
     pub keys: Vec<(String, Vec<String>)>,
+}
+
+/// Whether `value` is one of `values` (sorted by bytes, as [`filter_value`] leaves them).
+fn listed(values: &[String], value: &[u8]) -> bool {
+    values.binary_search_by(|x| x.as_bytes().cmp(value)).is_ok()
 }
 
 impl Filter {
@@ -32,13 +40,15 @@ impl Filter {
             scopes
                 .get(var)
                 .and_then(|v| v.as_str())
-                .is_some_and(|v| values.iter().any(|x| x == v))
+                .is_some_and(|v| listed(values, v.as_bytes()))
         })
     }
 
     /// [`Filter::matches`] on stored scopes in jsonb's binary form, read in place (no text, no
     /// parsing): the commit window checks every change this way. A string-wrapped or malformed
-    /// document matches nothing, as in the SQL twin.
+    /// document matches nothing, as in the SQL twin. jsonb keeps an object's keys sorted by
+    /// length, then bytes, so each variable is found by binary search: one change costs its
+    /// scopes once plus a logarithm per variable of the filter, never their product.
     pub fn matches_binary(&self, scopes: &jsonb::OwnedJsonb) -> bool {
         let Ok(Ok(jsonb::Node::Object(object))) = scopes.container().map(|c| c.root()) else {
             return self.keys.is_empty();
@@ -47,11 +57,10 @@ impl Filter {
             return false;
         };
         self.keys.iter().all(|(var, values)| {
-            pairs.iter().any(|(key, value)| {
-                *key == var.as_bytes()
-                    && matches!(value, jsonb::Node::String(s)
-                        if values.iter().any(|x| x.as_bytes() == *s))
-            })
+            let var = var.as_bytes();
+            pairs
+                .binary_search_by(|(key, _)| (key.len(), *key).cmp(&(var.len(), var)))
+                .is_ok_and(|i| matches!(pairs[i].1, jsonb::Node::String(s) if listed(values, s)))
         })
     }
 }
@@ -66,20 +75,33 @@ pub fn filter_value(name: &str, value: Option<Value>) -> Result<Filter> {
     let Value::Object(map) = &value else {
         return Err(Error::invalid_argument(name, "type"));
     };
+    if map.len() > limits::SCOPE_VARIABLES {
+        return Err(
+            Error::invalid_argument(name, "too_large").with_hint(format!(
+                "at most {} scope variables in one filter",
+                limits::SCOPE_VARIABLES
+            )),
+        );
+    }
     let mut keys = Vec::with_capacity(map.len());
     for (var, values) in map {
         let at = format!("{name}.{var}");
         let Value::Array(values) = values else {
             return Err(Error::invalid_argument(&at, "type"));
         };
-        let values = values
+        let mut values = values
             .iter()
             .map(|v| {
+                crate::interrupts::check();
                 v.as_str()
                     .map(str::to_string)
                     .ok_or_else(|| Error::invalid_argument(&at, "type"))
             })
             .collect::<Result<Vec<_>>>()?;
+        // Sorted and distinct for the lookups of the matching rule; the window and the scan
+        // read the first variable's values as a set, so their order changes nothing there.
+        values.sort_unstable();
+        values.dedup();
         keys.push((var.clone(), values));
     }
     keys.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
@@ -156,6 +178,94 @@ mod tests {
         assert!(filter_value("f", Some(json!({"a": "x"}))).is_err());
         assert!(filter_value("f", Some(json!({"a": [1]}))).is_err());
         assert!(filter_value("f", None).unwrap().first().is_none());
+    }
+
+    fn refusal(result: Result<Filter>) -> Value {
+        match result {
+            Err(Error::Sync {
+                detail: Some(detail),
+                ..
+            }) => detail,
+            Err(other) => panic!("{other:?}"),
+            Ok(_) => panic!("accepted"),
+        }
+    }
+
+    /// At most 64 variables (docs/API.md "Limits"); each variable's values sorted and distinct
+    /// for the lookups of the matching rule, whatever order the filter lists them in.
+    #[test]
+    fn filters_are_capped_and_their_values_sorted() {
+        let vars =
+            |n: usize| Value::Object((0..n).map(|i| (format!("v{i}"), json!(["x"]))).collect());
+        assert_eq!(filter_value("f", Some(vars(64))).unwrap().keys.len(), 64);
+        assert_eq!(
+            refusal(filter_value("f", Some(vars(65)))),
+            json!({"argument": "f", "reason": "too_large"})
+        );
+        let f = filter_value("f", Some(json!({"a": ["b", "é", "a", "b", "c", ""]}))).unwrap();
+        assert_eq!(f.keys[0].1, vec!["", "a", "b", "c", "é"]);
+        for (value, listed) in [
+            ("", true),
+            ("a", true),
+            ("c", true),
+            ("é", true),
+            ("d", false),
+        ] {
+            assert_eq!(f.matches(&json!({"a": value})), listed, "{value}");
+        }
+    }
+
+    /// Stored scopes of 100 variables of every length (past jsonb's 32-entry offset stride, keys
+    /// ordered by length first): the binary lookup finds each variable where the SQL twin does.
+    #[pg_test]
+    fn binary_lookup_agrees_on_wide_scopes() {
+        let sql = concat!("SELECT ", scope_matches!("$1", "$2"));
+        let names: Vec<String> = (0..100)
+            .map(|i| format!("{}{i}", "k".repeat(1 + i % 7)))
+            .collect();
+        let scopes = Value::Object(
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.clone(), json!(if i % 9 == 0 { "y" } else { "x" })))
+                .collect(),
+        );
+        let binary = Spi::get_one_with_args::<crate::jsonb::OwnedJsonb>(
+            "SELECT $1",
+            &[pgrx::JsonB(scopes.clone()).into()],
+        )
+        .expect("query")
+        .expect("scopes");
+        let check = |filter: Value, expected: bool| {
+            let parsed = filter_value("f", Some(filter.clone())).expect("a filter");
+            let in_sql = Spi::get_one_with_args::<bool>(
+                sql,
+                &[
+                    pgrx::JsonB(scopes.clone()).into(),
+                    pgrx::JsonB(filter.clone()).into(),
+                ],
+            )
+            .expect("query")
+            .expect("a boolean");
+            assert_eq!(in_sql, expected, "{filter}");
+            assert_eq!(parsed.matches(&scopes), expected, "{filter}");
+            assert_eq!(parsed.matches_binary(&binary), expected, "{filter}");
+        };
+        for (i, name) in names.iter().enumerate() {
+            check(json!({ name: ["w", "x"] }), i % 9 != 0);
+            check(json!({ name: ["y"] }), i % 9 == 0);
+        }
+        let all = |values: Value| {
+            Value::Object(
+                names[..64]
+                    .iter()
+                    .map(|n| (n.clone(), values.clone()))
+                    .collect(),
+            )
+        };
+        check(all(json!(["x", "y"])), true);
+        check(all(json!(["x"])), false);
+        check(json!({"k0": ["y"], "absent": ["x"]}), false);
     }
 
     /// The Rust rule and its SQL twin agree on generated filters and scopes (values that

@@ -48,6 +48,7 @@ impl<'a> Scanner<'a> {
     /// JSON whitespace: space, tab, LF, CR (not every Unicode space, unlike JS source).
     fn ws(&mut self) {
         while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            crate::interrupts::check();
             self.i += 1;
         }
     }
@@ -55,6 +56,7 @@ impl<'a> Scanner<'a> {
     fn digits(&mut self) -> usize {
         let start = self.i;
         while matches!(self.peek(), Some(b'0'..=b'9')) {
+            crate::interrupts::check();
             self.i += 1;
         }
         self.i - start
@@ -102,6 +104,7 @@ impl<'a> Scanner<'a> {
             return false;
         }
         loop {
+            crate::interrupts::check();
             let Some(byte) = self.peek() else {
                 return false;
             };
@@ -176,6 +179,7 @@ impl<'a> Scanner<'a> {
     fn value(&mut self) -> bool {
         let mut stack = Stack::default();
         'value: loop {
+            crate::interrupts::check();
             self.ws();
             match self.peek() {
                 Some(b'{') => {
@@ -214,6 +218,7 @@ impl<'a> Scanner<'a> {
             }
             // After a complete value: close containers or move to the next element.
             loop {
+                crate::interrupts::check();
                 self.ws();
                 let Some(object) = stack.last() else {
                     return true;
@@ -282,6 +287,7 @@ pub fn stringify_utf16(units: &[u16]) -> String {
     let mut out = String::with_capacity(units.len() + 2);
     out.push('"');
     for decoded in char::decode_utf16(units.iter().copied()) {
+        crate::interrupts::check();
         match decoded {
             Ok('"') => out.push_str("\\\""),
             Ok('\\') => out.push_str("\\\\"),
@@ -357,6 +363,7 @@ pub fn blob_ref_id(raw: &str) -> Result<String> {
     let mut position = 0;
     if !s.eat(b'}') {
         loop {
+            crate::interrupts::check();
             let mut key = Vec::new();
             if !s.key(Some(&mut key)) {
                 return Err(not_json());

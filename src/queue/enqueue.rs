@@ -122,7 +122,10 @@ fn existing_key<'k>(
     let detail = report.detail()?;
     rows.iter()
         .map(|r| r.key)
-        .filter(|key| detail.contains(&format!("=({partition}, {key})")))
+        .filter(|key| {
+            crate::interrupts::check();
+            detail.contains(&format!("=({partition}, {key})"))
+        })
         .max_by_key(|key| key.len())
 }
 
@@ -145,6 +148,7 @@ fn enqueue(partition: &str, root: Node<'_>) -> Result<i32> {
         .children()
         .enumerate()
         .map(|(i, item)| {
+            crate::interrupts::check();
             reaction(
                 item.map_err(|_| Error::invalid_argument("reactions", "type"))?,
                 i,
@@ -207,6 +211,7 @@ fn insert_direct(
     rows: &[NewReaction<'_>],
 ) -> Result<()> {
     for r in rows {
+        crate::interrupts::check();
         table.insert(&[
             Some(Cell::Text(partition)),
             Some(Cell::Text(r.key)),

@@ -275,7 +275,10 @@ fn complete_reactions(
                     DatumWithOid::from(at),
                 ],
             )?
-            .map(|row| Ok(row.get::<String>(1)?.unwrap_or_default()))
+            .map(|row| {
+                crate::interrupts::check();
+                Ok(row.get::<String>(1)?.unwrap_or_default())
+            })
             .collect()
         })?;
         Ok(in_order(&keys, &changed))
@@ -339,6 +342,7 @@ fn fail_reactions(
                 .children()
                 .enumerate()
                 .map(|(i, f)| {
+                    crate::interrupts::check();
                     failure_item(
                         f.map_err(|_| Error::invalid_argument("failures", "type"))?,
                         i,
@@ -357,6 +361,7 @@ fn fail_reactions(
         let keys: Vec<String> = items.iter().map(|f| f.key.clone()).collect();
         let (mut texts, mut ats, mut retries) = (Vec::new(), Vec::new(), Vec::new());
         for f in items {
+            crate::interrupts::check();
             texts.push(f.failure);
             ats.push(f.at);
             retries.push(f.retry);
@@ -393,6 +398,7 @@ fn fail_reactions(
                 ],
             )?;
             for row in table {
+                crate::interrupts::check();
                 let key = row.get::<String>(1)?.unwrap_or_default();
                 match row.get::<String>(2)?.as_deref() {
                     Some("pending") => pending.insert(key),

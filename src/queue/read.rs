@@ -31,7 +31,10 @@ pub(super) use reaction_columns;
 /// statement (docs/DESIGN.md §8, "Reading reactions").
 pub(super) fn documents(table: SpiTupleTable<'_>) -> Result<OwnedJsonb> {
     let rows = table
-        .map(|row| Reaction::read(&row))
+        .map(|row| {
+            crate::interrupts::check();
+            Reaction::read(&row)
+        })
         .collect::<Result<Vec<_>>>()?;
     let mut w = Writer::with_capacity(512 * rows.len() + 8);
     w.array(rows.len(), |w, i| rows[i].write(w))

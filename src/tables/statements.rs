@@ -185,6 +185,7 @@ impl AppRelation {
             )?;
             let mut rows = std::collections::HashMap::new();
             for row in table {
+                crate::interrupts::check();
                 let id = row.get::<String>(1)?.unwrap_or_default();
                 rows.insert(id, StoredRow::read(&row, 2)?);
             }
@@ -331,6 +332,7 @@ impl AppRelation {
                 &[DatumWithOid::from(partition), DatumWithOid::from(row_ids)],
             )?
             .map(|row| {
+                crate::interrupts::check();
                 let row_id = row.get::<String>(1)?.unwrap_or_default();
                 let scanned = ScanRow {
                     row_id: row_id.clone(),
@@ -366,6 +368,7 @@ impl AppRelation {
                 &[DatumWithOid::from(partition), DatumWithOid::from(row_ids)],
             )?
             .map(|row| {
+                crate::interrupts::check();
                 Ok((
                     row.get::<String>(1)?.unwrap_or_default(),
                     row.get::<JsonB>(2)?.map(|j| args::unwrap_json_text(j.0)),
