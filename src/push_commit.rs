@@ -42,13 +42,14 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
-/// One operation of the commit, from the parallel arrays.
-struct Operation {
-    table: String,
-    row_id: String,
+/// One operation of the commit, from the parallel arrays: borrowed from the arguments, never
+/// copied (docs/DESIGN.md §Memory).
+struct Operation<'a> {
+    table: &'a str,
+    row_id: &'a str,
     delete: bool,
     base_version: Option<i64>,
-    payload: Option<Vec<u8>>,
+    payload: Option<&'a [u8]>,
 }
 
 /// `options` (docs/API.md `push_commit`): what host code exists, and what the call returns.
@@ -187,14 +188,14 @@ fn allowed_arg(value: Option<Value>) -> Result<Allowed> {
 }
 
 /// The parallel operation arrays: equal lengths (`shape`), at least one operation (`empty`),
-/// every element capped before it is copied.
-fn operations(
-    op_tables: Option<Array<&str>>,
-    op_row_ids: Option<Array<&str>>,
-    op_kinds: Option<Array<i16>>,
-    op_base_versions: Option<Array<i64>>,
-    op_payloads: Option<Array<&[u8]>>,
-) -> Result<Vec<Operation>> {
+/// every element capped before it is read; borrowed from the arguments.
+fn operations<'a>(
+    op_tables: Option<&'a args::TextArray>,
+    op_row_ids: Option<&'a args::TextArray>,
+    op_kinds: Option<&'a Array<'_, i16>>,
+    op_base_versions: Option<&'a Array<'_, i64>>,
+    op_payloads: Option<&'a Array<'_, &[u8]>>,
+) -> Result<Vec<Operation<'a>>> {
     // Every cap before any shape rule, so an oversized array is refused as `too_large`
     // whatever else is wrong (docs/SECURITY.md, rule 9).
     let tables = args::text_array("op_tables", op_tables)?;
@@ -251,22 +252,25 @@ fn operations(
             v => Ok(v),
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(tables
-        .into_iter()
-        .zip(row_ids)
-        .zip(kinds)
-        .zip(base_versions)
-        .zip(payloads.iter())
-        .map(
-            |((((table, row_id), delete), base_version), payload)| Operation {
-                table,
-                row_id,
-                delete,
-                base_version,
-                payload: payload.map(<[u8]>::to_vec),
-            },
-        )
-        .collect())
+    let mut ops = crate::alloc::try_with_capacity(n)?;
+    ops.extend(
+        tables
+            .into_iter()
+            .zip(row_ids)
+            .zip(kinds)
+            .zip(base_versions)
+            .zip(payloads.iter())
+            .map(
+                |((((table, row_id), delete), base_version), payload)| Operation {
+                    table,
+                    row_id,
+                    delete,
+                    base_version,
+                    payload,
+                },
+            ),
+    );
+    Ok(ops)
 }
 
 /// Why the native call stops before the append.
@@ -351,6 +355,9 @@ struct Table {
     is_crdt: Vec<bool>,
 }
 
+/// Rows one prefetch statement reads at most.
+const PREFETCH_ROWS: usize = 1_000;
+
 /// What every operation reads; the mutable part of a run is the change list.
 struct Context<'a, 'conn> {
     client: &'a SpiClient<'conn>,
@@ -369,12 +376,12 @@ struct Context<'a, 'conn> {
     /// written per table; off when the run is repeated after an error.
     batching: bool,
     /// `(table, row_id)` of rows the commit touches more than once: always one statement each.
-    repeated: &'a HashSet<(String, String)>,
+    repeated: &'a HashSet<(&'a str, &'a str)>,
     /// Tables with at least two batchable rows in the commit (one row gains nothing from a
     /// batch: its single statement is cheaper).
     batch_tables: RefCell<HashSet<String>>,
     /// Rows read up front (`None`: absent), taken by the operation that needs them.
-    prefetched: RefCell<HashMap<(String, String), Option<StoredRow>>>,
+    prefetched: RefCell<HashMap<(&'a str, &'a str), Option<StoredRow>>>,
     /// Upserts waiting for their table's batch, by table.
     pending: RefCell<BTreeMap<String, Batch>>,
     /// Something of this run was read or written in a batch.
@@ -420,7 +427,7 @@ fn scopes_map(row: &StoredRow) -> Map<String, Value> {
     }
 }
 
-impl Context<'_, '_> {
+impl<'a> Context<'a, '_> {
     /// Records an applied operation's evidence when the push may be staged.
     fn witness<'e>(&self, make: impl FnOnce() -> Evidence<'e>) {
         if let Some(evidence) = &self.evidence {
@@ -429,34 +436,32 @@ impl Context<'_, '_> {
     }
 
     /// Whether an operation's row is read and written in batches.
-    fn batchable(&self, op: &Operation, t: &Table) -> bool {
+    fn batchable(&self, op: &Operation<'a>, t: &Table) -> bool {
         self.batching
             && t.batch_sql.is_some()
-            && self.batch_tables.borrow().contains(&op.table)
-            && !self
-                .repeated
-                .contains(&(op.table.clone(), op.row_id.clone()))
+            && self.batch_tables.borrow().contains(op.table)
+            && !self.repeated.contains(&(op.table, op.row_id))
     }
 
     /// Reads every batchable row of the commit, one statement per table.
-    fn prefetch(&self, ops: &[Operation]) -> Result<()> {
+    fn prefetch(&self, ops: &[Operation<'a>]) -> Result<()> {
         if !self.batching || self.allowed.is_none() {
             return Ok(());
         }
         // A trigger on any table of the commit could change rows read up front: no batches.
         if ops.iter().any(|op| {
             self.tables
-                .get(&op.table)
+                .get(op.table)
                 .is_some_and(|t| t.batch_sql.is_none())
         }) {
             return Ok(());
         }
-        let mut wanted: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        let mut wanted: BTreeMap<&'a str, Vec<&'a str>> = BTreeMap::new();
         for op in ops {
-            let key = (op.table.clone(), op.row_id.clone());
-            if let Some(t) = self.tables.get(&op.table) {
-                if t.batch_sql.is_some() && !self.repeated.contains(&key) {
-                    wanted.entry(&op.table).or_default().push(&op.row_id);
+            crate::alloc::check()?;
+            if let Some(t) = self.tables.get(op.table) {
+                if t.batch_sql.is_some() && !self.repeated.contains(&(op.table, op.row_id)) {
+                    wanted.entry(op.table).or_default().push(op.row_id);
                 }
             }
         }
@@ -467,12 +472,20 @@ impl Context<'_, '_> {
         for (table, ids) in wanted {
             self.batched.set(true);
             let t = &self.tables[table];
-            let mut found =
-                t.relation
-                    .fetch_rows_as(self.client, self.caller, self.partition, ids.clone())?;
-            let mut prefetched = self.prefetched.borrow_mut();
-            for id in ids {
-                prefetched.insert((table.to_string(), id.to_string()), found.remove(id));
+            // In slices, so no statement carries an array of every row id of a huge commit
+            // (docs/DESIGN.md §Memory).
+            for ids in ids.chunks(PREFETCH_ROWS) {
+                crate::alloc::check()?;
+                let mut found = t.relation.fetch_rows_as(
+                    self.client,
+                    self.caller,
+                    self.partition,
+                    ids.to_vec(),
+                )?;
+                let mut prefetched = self.prefetched.borrow_mut();
+                for &id in ids {
+                    prefetched.insert((table, id), found.remove(id));
+                }
             }
         }
         Ok(())
@@ -504,7 +517,7 @@ impl Context<'_, '_> {
     fn crdt_stop(
         &self,
         k: usize,
-        op: &Operation,
+        op: &Operation<'a>,
         t: &Table,
         patch: &[Option<Val>],
     ) -> Option<Stop> {
@@ -530,7 +543,7 @@ impl Context<'_, '_> {
     fn blob_refs(
         &self,
         k: usize,
-        op: &Operation,
+        op: &Operation<'a>,
         t: &Table,
         values: &[Val],
     ) -> Result<Option<Stop>> {
@@ -566,7 +579,15 @@ impl Context<'_, '_> {
                 return Ok(Some(Stop::Fallback(doc)));
             }
         }
-        rows::set_blobs(self.client, self.partition, &op.table, &op.row_id, ids)?;
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        rows::set_blobs(
+            self.client,
+            self.partition,
+            op.table,
+            op.row_id,
+            &ids,
+            DatumWithOid::from(ids.clone()),
+        )?;
         Ok(None)
     }
 
@@ -574,7 +595,7 @@ impl Context<'_, '_> {
     fn upsert(
         &self,
         k: usize,
-        op: &Operation,
+        op: &Operation<'a>,
         t: &Table,
         meta: RowMeta<'_>,
         values: &[Val],
@@ -587,7 +608,7 @@ impl Context<'_, '_> {
         } = meta;
         let mut args = vec![
             DatumWithOid::from(self.partition),
-            DatumWithOid::from(op.row_id.as_str()),
+            DatumWithOid::from(op.row_id),
             DatumWithOid::from(version),
             DatumWithOid::from(JsonB(Value::Object(scopes.clone()))),
             DatumWithOid::from(payload),
@@ -596,18 +617,19 @@ impl Context<'_, '_> {
         if self.batchable(op, t) && Batch::accepts(values) {
             self.batched.set(true);
             let values = if t.schema.materialize { values } else { &[] };
-            self.pending
-                .borrow_mut()
-                .entry(op.table.clone())
-                .or_insert_with(|| Batch::new(&t.column_types))
-                .push(
-                    &op.row_id,
-                    version,
-                    scopes,
-                    payload,
-                    column_versions,
-                    values,
-                );
+            let full = {
+                let mut pending = self.pending.borrow_mut();
+                let batch = pending
+                    .entry(op.table.to_string())
+                    .or_insert_with(|| Batch::new(&t.column_types));
+                batch.push(op.row_id, version, scopes, payload, column_versions, values);
+                batch.is_full()
+            };
+            // Written early once large (src/push_batch.rs): the rows are written in the order
+            // they were applied either way.
+            if full {
+                self.flush()?;
+            }
             return Ok(());
         }
         // A single statement keeps its place after every pending one.
@@ -661,10 +683,10 @@ impl Context<'_, '_> {
     fn apply(
         &self,
         k: usize,
-        op: &Operation,
+        op: &Operation<'a>,
         changes: &mut Vec<ChangeOut>,
     ) -> Result<Option<Stop>> {
-        let Some(t) = self.tables.get(&op.table) else {
+        let Some(t) = self.tables.get(op.table) else {
             return rejected(
                 k,
                 "sync.unknown_table",
@@ -674,10 +696,7 @@ impl Context<'_, '_> {
         let Some(allowed) = self.allowed else {
             return rejected(k, FORBIDDEN, "scope resolution failed (§3.4 step 4)");
         };
-        let prefetched = self
-            .prefetched
-            .borrow_mut()
-            .remove(&(op.table.clone(), op.row_id.clone()));
+        let prefetched = self.prefetched.borrow_mut().remove(&(op.table, op.row_id));
         let stored = match prefetched {
             Some(stored) => stored,
             None => {
@@ -706,9 +725,7 @@ impl Context<'_, '_> {
             }
         };
         let pk = layout.primary_key;
-        if number::render(layout.columns[pk].ty, patch[pk].as_ref()).as_deref()
-            != Some(op.row_id.as_str())
-        {
+        if number::render(layout.columns[pk].ty, patch[pk].as_ref()).as_deref() != Some(op.row_id) {
             return rejected(
                 k,
                 INVALID_REQUEST,
@@ -724,7 +741,7 @@ impl Context<'_, '_> {
     fn delete(
         &self,
         k: usize,
-        op: &Operation,
+        op: &Operation<'a>,
         t: &Table,
         allowed: &HashMap<String, Vec<String>>,
         stored: Option<StoredRow>,
@@ -759,8 +776,8 @@ impl Context<'_, '_> {
             .delete_row_as(self.client, self.caller, self.partition, &op.row_id)?;
         rows::delete_meta(self.client, self.partition, &op.table, &op.row_id)?;
         changes.push(ChangeOut {
-            table: op.table.clone(),
-            row_id: op.row_id.clone(),
+            table: op.table.to_string(),
+            row_id: op.row_id.to_string(),
             delete: true,
             row_version: None,
             scopes: scopes_map(&stored),
@@ -778,7 +795,7 @@ impl Context<'_, '_> {
     fn update(
         &self,
         k: usize,
-        op: &Operation,
+        op: &Operation<'a>,
         t: &Table,
         allowed: &HashMap<String, Vec<String>>,
         stored: StoredRow,
@@ -808,7 +825,7 @@ impl Context<'_, '_> {
                 "baseVersion exceeds the stored server version (§6.2)",
             );
         }
-        let blob = versions::decode(stored.column_versions.as_deref())
+        let blob = versions::decode(stored.column_versions.as_deref(), layout.columns.len())
             .map_err(|e| corrupt(&op.table, &op.row_id, "_sync_column_versions", e.message()))?;
         let present = row::present_columns(&patch);
         let server_version = stored.server_version.max(0) as u64;
@@ -825,7 +842,7 @@ impl Context<'_, '_> {
                 "opIndex": k, "status": "conflict", "code": "sync.version_conflict",
                 "message": "present columns moved past baseVersion (§6.2)",
                 "serverVersion": stored.server_version,
-                "serverRow": BASE64.encode(&stored.payload),
+                "serverRow": crate::alloc::try_base64(&BASE64, &stored.payload)?,
                 "conflictColumns": BASE64.encode(bitmap),
             }))));
         }
@@ -879,7 +896,7 @@ impl Context<'_, '_> {
     fn insert(
         &self,
         k: usize,
-        op: &Operation,
+        op: &Operation<'a>,
         t: &Table,
         allowed: &HashMap<String, Vec<String>>,
         patch: Vec<Option<Val>>,
@@ -987,7 +1004,7 @@ impl Context<'_, '_> {
     fn applied_upsert(
         &self,
         k: usize,
-        op: &Operation,
+        op: &Operation<'a>,
         t: &Table,
         values: &[Val<'_>],
         upserted: Upserted,
@@ -1000,8 +1017,8 @@ impl Context<'_, '_> {
             before,
         } = upserted;
         changes.push(ChangeOut {
-            table: op.table.clone(),
-            row_id: op.row_id.clone(),
+            table: op.table.to_string(),
+            row_id: op.row_id.to_string(),
             delete: false,
             row_version: Some(version),
             scopes,
@@ -1027,7 +1044,7 @@ impl Context<'_, '_> {
 
     /// Step C5 and the commit-level hooks C6…C8: every operation in order, then what host code
     /// would run once nothing terminated.
-    fn run(&self, ops: &[Operation], changes: &mut Vec<ChangeOut>) -> Result<Option<Stop>> {
+    fn run(&self, ops: &[Operation<'a>], changes: &mut Vec<ChangeOut>) -> Result<Option<Stop>> {
         self.prefetch(ops)?;
         let stop = self.operations(ops, changes)?;
         // Pending writes go first even before a stop: an error they raise comes before it in
@@ -1036,7 +1053,11 @@ impl Context<'_, '_> {
         Ok(stop)
     }
 
-    fn operations(&self, ops: &[Operation], changes: &mut Vec<ChangeOut>) -> Result<Option<Stop>> {
+    fn operations(
+        &self,
+        ops: &[Operation<'a>],
+        changes: &mut Vec<ChangeOut>,
+    ) -> Result<Option<Stop>> {
         for (k, op) in ops.iter().enumerate() {
             if let Some(stop) = self.apply(k, op, changes)? {
                 return Ok(Some(stop));
@@ -1045,7 +1066,7 @@ impl Context<'_, '_> {
         if let Some((k, op)) = ops
             .iter()
             .enumerate()
-            .find(|(_, op)| self.tables.get(&op.table).is_some_and(|t| t.has_references))
+            .find(|(_, op)| self.tables.get(op.table).is_some_and(|t| t.has_references))
         {
             return Ok(Some(fallback("references", Some((k, &op.table)))));
         }
@@ -1145,7 +1166,7 @@ struct Request<'a> {
     created_at_ms: i64,
     running: i64,
     allowed: Allowed,
-    ops: Vec<Operation>,
+    ops: Vec<Operation<'a>>,
     declared: Vec<args::Declaration>,
     options: Options,
 }
@@ -1175,7 +1196,7 @@ fn open_tables(
     let mut tables = HashMap::new();
     let mut unknown = HashSet::new();
     for (k, op) in request.ops.iter().enumerate() {
-        let tbl = op.table.as_str();
+        let tbl = op.table;
         if tables.contains_key(tbl) || unknown.contains(tbl) {
             continue;
         }
@@ -1275,13 +1296,13 @@ fn failure<R>(outcome: &std::thread::Result<Result<R>>) -> String {
 }
 
 /// `(table, row_id)` of the rows more than one operation touches.
-fn repeated_rows(ops: &[Operation]) -> HashSet<(String, String)> {
+fn repeated_rows<'a>(ops: &[Operation<'a>]) -> HashSet<(&'a str, &'a str)> {
     let mut seen = HashSet::new();
     let mut repeated = HashSet::new();
     for op in ops {
-        let key = (op.table.as_str(), op.row_id.as_str());
+        let key = (op.table, op.row_id);
         if !seen.insert(key) {
-            repeated.insert((op.table.clone(), op.row_id.clone()));
+            repeated.insert(key);
         }
     }
     repeated
@@ -1439,8 +1460,8 @@ fn push_commit(
     created_at_ms: Option<i64>,
     running_schema_version: Option<i64>,
     allowed: Option<JsonArg>,
-    op_tables: Option<Array<&str>>,
-    op_row_ids: Option<Array<&str>>,
+    op_tables: Option<args::TextArray>,
+    op_row_ids: Option<args::TextArray>,
     op_kinds: Option<Array<i16>>,
     op_base_versions: Option<Array<i64>>,
     op_payloads: Option<Array<&[u8]>>,
@@ -1458,11 +1479,11 @@ fn push_commit(
         let declared = args::declarations(declared)?;
         let options = Options::parse(args::optional_json("options", options)?)?;
         let ops = operations(
-            op_tables,
-            op_row_ids,
-            op_kinds,
-            op_base_versions,
-            op_payloads,
+            op_tables.as_ref(),
+            op_row_ids.as_ref(),
+            op_kinds.as_ref(),
+            op_base_versions.as_ref(),
+            op_payloads.as_ref(),
         )?;
         // SAFETY: reads a backend global of the current transaction; never errors.
         if unsafe { pg_sys::XactIsoLevel } != pg_sys::XACT_READ_COMMITTED as i32 {

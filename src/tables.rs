@@ -83,15 +83,29 @@ pub struct StoredRow {
 impl StoredRow {
     /// The four meta columns (`_sync_server_version`, `_sync_scopes`, `_sync_payload`,
     /// `_sync_column_versions`) of a result row, starting at column `first` (1-based).
+    ///
+    /// Whoever can write the app row decides how large these are, so the copies are fallible
+    /// and the scopes are measured before they are parsed (docs/DESIGN.md §Memory).
     fn read(row: &pgrx::spi::SpiHeapTupleData<'_>, first: usize) -> error::Result<StoredRow> {
-        Ok(StoredRow {
-            server_version: row.get::<i64>(first)?.unwrap_or(0),
-            scopes: row
+        let scopes = match crate::jsonb::OwnedJsonb::column(row, first + 1)? {
+            Some(binary) if crate::jsonb::over_limits(binary.as_bytes()) => {
+                return Err(error::Error::Internal(
+                    "syncular: a stored _sync_scopes is larger than a jsonb argument may be \
+                     (docs/API.md, Limits)"
+                        .into(),
+                ))
+            }
+            Some(_) => row
                 .get::<JsonB>(first + 1)?
                 .map(|j| args::unwrap_json_text(j.0))
                 .unwrap_or(json!({})),
-            payload: row.get::<Vec<u8>>(first + 2)?.unwrap_or_default(),
-            column_versions: row.get::<Vec<u8>>(first + 3)?,
+            None => json!({}),
+        };
+        Ok(StoredRow {
+            server_version: row.get::<i64>(first)?.unwrap_or(0),
+            scopes,
+            payload: crate::alloc::bytes_column(row, first + 2)?.unwrap_or_default(),
+            column_versions: crate::alloc::bytes_column(row, first + 3)?,
         })
     }
 }
