@@ -528,7 +528,7 @@ impl<'a> Context<'a, '_> {
         if !merges {
             None
         } else if self.options.crdt_mergers {
-            Some(fallback("crdt_merge", Some((k, &op.table))))
+            Some(fallback("crdt_merge", Some((k, op.table))))
         } else {
             Some(Stop::Rejected(error_record(
                 k,
@@ -555,7 +555,7 @@ impl<'a> Context<'a, '_> {
             if let (ColumnType::BlobRef, Val::Text(raw)) = (column.ty, value) {
                 ids.push(
                     codec_json::blob_ref_id(raw)
-                        .map_err(|e| corrupt(&op.table, &op.row_id, "blob_ref", e.message()))?,
+                        .map_err(|e| corrupt(op.table, op.row_id, "blob_ref", e.message()))?,
                 );
             }
         }
@@ -574,7 +574,7 @@ impl<'a> Context<'a, '_> {
                 }
             }
             if !unverified.is_empty() {
-                let mut doc = fallback_doc("blob_check", Some((k, &op.table)));
+                let mut doc = fallback_doc("blob_check", Some((k, op.table)));
                 doc["blobIds"] = json!(unverified);
                 return Ok(Some(Stop::Fallback(doc)));
             }
@@ -690,7 +690,7 @@ impl<'a> Context<'a, '_> {
             return rejected(
                 k,
                 "sync.unknown_table",
-                format!("table {} is not handled by this server", quoted(&op.table)),
+                format!("table {} is not handled by this server", quoted(op.table)),
             );
         };
         let Some(allowed) = self.allowed else {
@@ -699,10 +699,9 @@ impl<'a> Context<'a, '_> {
         let prefetched = self.prefetched.borrow_mut().remove(&(op.table, op.row_id));
         let stored = match prefetched {
             Some(stored) => stored,
-            None => {
-                t.relation
-                    .fetch_row_as(self.client, self.caller, self.partition, &op.row_id)?
-            }
+            None => t
+                .relation
+                .fetch_row_as(self.client, self.caller, self.partition, op.row_id)?,
         };
         if op.delete {
             return self.delete(k, op, t, allowed, stored, changes);
@@ -750,8 +749,8 @@ impl<'a> Context<'a, '_> {
         let evidence = |stored: Option<Value>, version: Option<i64>| Evidence {
             op_index: k,
             delete: true,
-            table: &op.table,
-            row_id: &op.row_id,
+            table: op.table,
+            row_id: op.row_id,
             row: None,
             stored,
             stored_server_version: version,
@@ -766,15 +765,15 @@ impl<'a> Context<'a, '_> {
             return rejected(k, FORBIDDEN, "delete denied by scope authorization (§3.4)");
         }
         let stored_values = row::decode_full(&t.schema.layout, &stored.payload)
-            .map_err(|e| corrupt(&op.table, &op.row_id, "payload", e.message()))?;
-        if self.validated(&op.table) {
-            return Ok(Some(fallback("row_validator", Some((k, &op.table)))));
+            .map_err(|e| corrupt(op.table, op.row_id, "payload", e.message()))?;
+        if self.validated(op.table) {
+            return Ok(Some(fallback("row_validator", Some((k, op.table)))));
         }
         // A class-23 error here (a host foreign key) is a request error, not a rejection.
         self.flush()?;
         t.relation
-            .delete_row_as(self.client, self.caller, self.partition, &op.row_id)?;
-        rows::delete_meta(self.client, self.partition, &op.table, &op.row_id)?;
+            .delete_row_as(self.client, self.caller, self.partition, op.row_id)?;
+        rows::delete_meta(self.client, self.partition, op.table, op.row_id)?;
         changes.push(ChangeOut {
             table: op.table.to_string(),
             row_id: op.row_id.to_string(),
@@ -807,7 +806,7 @@ impl<'a> Context<'a, '_> {
             return rejected(k, FORBIDDEN, "write denied by scope authorization (§3.4)");
         }
         let mut values = row::decode_full(layout, &stored.payload)
-            .map_err(|e| corrupt(&op.table, &op.row_id, "payload", e.message()))?;
+            .map_err(|e| corrupt(op.table, op.row_id, "payload", e.message()))?;
         let moved = t.schema.scopes.iter().any(|(_, column)| {
             matches!(&patch[*column], Some(incoming) if !same_value(incoming, &values[*column]))
         });
@@ -826,7 +825,7 @@ impl<'a> Context<'a, '_> {
             );
         }
         let blob = versions::decode(stored.column_versions.as_deref(), layout.columns.len())
-            .map_err(|e| corrupt(&op.table, &op.row_id, "_sync_column_versions", e.message()))?;
+            .map_err(|e| corrupt(op.table, op.row_id, "_sync_column_versions", e.message()))?;
         let present = row::present_columns(&patch);
         let server_version = stored.server_version.max(0) as u64;
         if let versions::Check::Conflict(marked) = versions::check(
@@ -862,12 +861,12 @@ impl<'a> Context<'a, '_> {
             server_version,
         );
         let full = row::encode_full(layout, &values)
-            .map_err(|e| corrupt(&op.table, &op.row_id, "merged row", e.message()))?;
+            .map_err(|e| corrupt(op.table, op.row_id, "merged row", e.message()))?;
         if let Some(stop) = self.blob_refs(k, op, t, &values)? {
             return Ok(Some(stop));
         }
-        if self.validated(&op.table) {
-            return Ok(Some(fallback("row_validator", Some((k, &op.table)))));
+        if self.validated(op.table) {
+            return Ok(Some(fallback("row_validator", Some((k, op.table)))));
         }
         let scopes = scopes_map(&stored);
         let next = next as i64;
@@ -932,7 +931,7 @@ impl<'a> Context<'a, '_> {
             }
             Some(_) => {}
             None => {
-                if rows::tombstone_seq(self.client, self.partition, &op.table, &op.row_id, true)?
+                if rows::tombstone_seq(self.client, self.partition, op.table, op.row_id, true)?
                     .is_some()
                 {
                     return rejected(
@@ -974,14 +973,14 @@ impl<'a> Context<'a, '_> {
         }
         let values: Vec<Val> = patch.into_iter().flatten().collect();
         let full = row::encode_full(layout, &values)
-            .map_err(|e| corrupt(&op.table, &op.row_id, "payload", e.message()))?;
+            .map_err(|e| corrupt(op.table, op.row_id, "payload", e.message()))?;
         if let Some(stop) = self.blob_refs(k, op, t, &values)? {
             return Ok(Some(stop));
         }
-        if self.validated(&op.table) {
-            return Ok(Some(fallback("row_validator", Some((k, &op.table)))));
+        if self.validated(op.table) {
+            return Ok(Some(fallback("row_validator", Some((k, op.table)))));
         }
-        rows::delete_tombstone(self.client, self.partition, &op.table, &op.row_id)?;
+        rows::delete_tombstone(self.client, self.partition, op.table, op.row_id)?;
         let meta = RowMeta {
             version: 1,
             scopes: &scopes,
@@ -989,7 +988,7 @@ impl<'a> Context<'a, '_> {
             column_versions: None,
         };
         self.upsert(k, op, t, meta, &values)?;
-        rows::set_scopes(self.client, self.partition, &op.table, &op.row_id, &scopes)?;
+        rows::set_scopes(self.client, self.partition, op.table, op.row_id, &scopes)?;
         let upserted = Upserted {
             version: 1,
             scopes,
@@ -1032,8 +1031,8 @@ impl<'a> Context<'a, '_> {
             Evidence {
                 op_index: k,
                 delete: false,
-                table: &op.table,
-                row_id: &op.row_id,
+                table: op.table,
+                row_id: op.row_id,
                 row: Some(push_stage::row_map(&t.schema.layout.columns, values)),
                 stored,
                 stored_server_version,
@@ -1068,7 +1067,7 @@ impl<'a> Context<'a, '_> {
             .enumerate()
             .find(|(_, op)| self.tables.get(op.table).is_some_and(|t| t.has_references))
         {
-            return Ok(Some(fallback("references", Some((k, &op.table)))));
+            return Ok(Some(fallback("references", Some((k, op.table)))));
         }
         let hooks = self.options.commit_validator || self.options.reaction_planner;
         if hooks && self.options.stage {
