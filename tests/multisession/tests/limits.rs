@@ -1,12 +1,15 @@
-//! Argument caps under a memory limit (docs/SECURITY.md, docs/API.md "Limits").
+//! Memory under a limit (docs/SECURITY.md rule 9, docs/DESIGN.md §Memory, docs/API.md "Limits").
 //!
-//! A failed allocation in Rust aborts the process, and an aborted backend makes the postmaster
-//! restart every session with crash recovery. So no argument may make the extension allocate
-//! without bound: every text, array and document is measured before it is copied or parsed.
-//! This test calls every function of the API with each of its variable-size arguments
-//! oversized, on a cluster whose processes run under an address-space limit
-//! (`SYNCULAR_TEST_PG_LIMITED`, started by scripts/test.sh with `ulimit -v`), and shows that
-//! each call ends in a clean error while a sentinel session and the postmaster live on.
+//! An aborted backend makes the postmaster restart every session with crash recovery, and a
+//! failed allocation in Rust aborts unless it is made fallible. So out of memory must be an
+//! ERROR (`53200`): no argument and no stored value may make the extension allocate without
+//! bound, and what still runs out must end cleanly. The tests run on a cluster whose processes
+//! live under an address-space limit (`SYNCULAR_TEST_PG_LIMITED`, started by scripts/test.sh
+//! with `ulimit -v`): every function with each variable-size argument oversized, and with every
+//! argument at its cap at once; the three aborts of issue 25 (a pull over one large commit for
+//! many subscriptions, a huge stored column-versions blob, `push_commit` with both arrays at
+//! their caps); stored data at its largest read back by every reader. Each call answers or ends
+//! in a clean ERROR while a sentinel session and the postmaster live on.
 
 use postgres::{Client, NoTls};
 use serde_json::{json, Value};
@@ -604,6 +607,43 @@ fn stored_data_at_its_largest_is_read_back_cleanly() {
         c.batch_execute("ROLLBACK")
             .unwrap_or_else(|e| panic!("{sql}: the session ended ({e})"));
     }
+    // The update of the large row reads it, merges the new title and applies.
+    let update = up(
+        &mut c,
+        "tasks",
+        "t1",
+        None,
+        json!({"id": "t1", "title": "v2"}),
+    );
+    let outcome = clean("push_commit", try_push(&mut c, "k2", &[update], json!({})))
+        .expect("the large stored row is read and updated");
+    assert_eq!(outcome["outcome"], "applied", "{outcome}");
+    // Stored scopes beyond what a jsonb argument may be are measured, not parsed: the push
+    // refuses the row as damaged data (XX000), cleanly.
+    let insert = up(&mut c, "tasks", "t2", None, task("t2", "p1"));
+    assert_eq!(push(&mut c, "k3", &[insert])["outcome"], "applied");
+    c.batch_execute(
+        "UPDATE public.np_tasks
+            SET \"_sync_scopes\" = jsonb_build_object('project_id', 'p1', 'pad', repeat('q', 34000000))
+          WHERE \"_sync_row_id\" = 't2'",
+    )
+    .unwrap();
+    let update = up(
+        &mut c,
+        "tasks",
+        "t2",
+        None,
+        json!({"id": "t2", "title": "v2"}),
+    );
+    let refused = try_push(&mut c, "k4", &[update], json!({}))
+        .expect_err("scopes over the document caps are refused");
+    assert_eq!(
+        refused.as_db_error().map(|e| e.severity()),
+        Some("ERROR"),
+        "{refused}"
+    );
+    let refused = sql_error(&refused);
+    assert_eq!(refused.state, "XX000", "{refused:?}");
     let too_large = |argument: &str| {
         Err((
             "SY000".to_string(),
@@ -620,17 +660,6 @@ fn stored_data_at_its_largest_is_read_back_cleanly() {
         };
         assert_eq!(outcome, &expected, "{sql}");
     }
-    // The update of the large row reads it, merges the new title and applies.
-    let update = up(
-        &mut c,
-        "tasks",
-        "t1",
-        None,
-        json!({"id": "t1", "title": "v2"}),
-    );
-    let outcome = clean("push_commit", try_push(&mut c, "k2", &[update], json!({})))
-        .expect("the large stored row is read and updated");
-    assert_eq!(outcome["outcome"], "applied", "{outcome}");
     drop(c);
     l.assert_nobody_restarted();
 }
