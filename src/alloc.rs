@@ -339,9 +339,14 @@ pub fn text_column(
     }
 }
 
-#[cfg(test)]
+/// Unit tests (the allocator's bookkeeping) and, in a real backend after `_PG_init`
+/// (`cargo pgrx test`), the reserve itself.
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
 mod tests {
     use super::*;
+    #[cfg(feature = "pg_test")]
+    use pgrx::prelude::*;
 
     /// One test, not several: the generations are process-wide and tests run in threads.
     #[test]
@@ -380,5 +385,66 @@ mod tests {
             let bytes: Vec<u8> = (0..n).collect();
             assert_eq!(try_base64(&engine, &bytes).unwrap(), engine.encode(&bytes));
         }
+    }
+
+    /// Bytes of address space the backend uses now (`/proc/self/statm`, pages).
+    #[cfg(feature = "pg_test")]
+    fn address_space() -> u64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").expect("statm");
+        let pages: u64 = statm.split_whitespace().next().unwrap().parse().unwrap();
+        pages * 4096
+    }
+
+    /// An infallible allocation that fails (the backend's address space is exhausted) is served
+    /// by the reserve, and the check point reports it: the path a call takes to `ERROR 53200`
+    /// instead of an abort. The limit is lowered for the test and raised again before the end.
+    #[pg_test]
+    fn an_allocation_that_fails_is_served_by_the_reserve_and_reported() {
+        let call = Call::begin();
+        assert!(
+            !RESERVE_BLOCK.load(Relaxed).is_null(),
+            "the reserve is held"
+        );
+        let mut held: Vec<Box<[u8; 4096]>> = try_with_capacity(1 << 19).unwrap();
+        let mut saved = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit/setrlimit with a valid resource and a valid struct pointer.
+        unsafe {
+            assert_eq!(libc::getrlimit(libc::RLIMIT_AS, &mut saved), 0);
+            let lowered = libc::rlimit {
+                rlim_cur: address_space() + (16 << 20),
+                rlim_max: saved.rlim_max,
+            };
+            assert_eq!(libc::setrlimit(libc::RLIMIT_AS, &lowered), 0);
+        }
+        let mut reported = false;
+        while held.len() < held.capacity() {
+            held.push(Box::new([1u8; 4096]));
+            if check().is_err() {
+                reported = true;
+                break;
+            }
+        }
+        let allocated = held.len();
+        drop(held);
+        // SAFETY: as above; the soft limit goes back to what it was (at most the hard limit).
+        unsafe {
+            assert_eq!(libc::setrlimit(libc::RLIMIT_AS, &saved), 0);
+        }
+        assert!(reported, "no failure after {allocated} pages of 4 KiB");
+        assert!(
+            RESERVE_BLOCK.load(Relaxed).is_null(),
+            "the reserve was spent"
+        );
+        assert_eq!(call.end(), Some(4096));
+        // The next call takes the reserve again.
+        let next = Call::begin();
+        assert!(
+            !RESERVE_BLOCK.load(Relaxed).is_null(),
+            "the reserve is held again"
+        );
+        assert_eq!(next.end(), None);
     }
 }
