@@ -272,20 +272,28 @@ fn fallible<T>(allocate: impl FnOnce() -> T) -> T {
     result
 }
 
-/// Reserves room for `additional` more elements, or reports the failure.
+/// Reserves room for `additional` more elements (growing as `push` does, so a loop that reserves
+/// one at a time stays linear), or reports the failure.
 pub fn try_reserve<T>(vec: &mut Vec<T>, additional: usize) -> Result<(), OutOfMemory> {
-    fallible(|| vec.try_reserve_exact(additional)).map_err(|_| {
-        let size = additional.saturating_mul(std::mem::size_of::<T>());
-        record(size);
-        OutOfMemory(size)
-    })
+    if vec.capacity() - vec.len() >= additional {
+        return Ok(());
+    }
+    fallible(|| vec.try_reserve(additional)).map_err(|_| failure::<T>(additional))
 }
 
-/// An empty vector with room for `capacity` elements, or the failure.
+/// An empty vector with room for exactly `capacity` elements, or the failure.
 pub fn try_with_capacity<T>(capacity: usize) -> Result<Vec<T>, OutOfMemory> {
     let mut vec = Vec::new();
-    try_reserve(&mut vec, capacity)?;
+    fallible(|| vec.try_reserve_exact(capacity)).map_err(|_| failure::<T>(capacity))?;
     Ok(vec)
+}
+
+/// Records a failed reservation of `count` elements (also one that never reached the allocator:
+/// a size beyond `isize::MAX` is out of memory too).
+fn failure<T>(count: usize) -> OutOfMemory {
+    let size = count.saturating_mul(std::mem::size_of::<T>());
+    record(size);
+    OutOfMemory(size)
 }
 
 /// A copy of `bytes` (a value read from a row or an argument), or the failure.
