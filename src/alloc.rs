@@ -323,28 +323,90 @@ pub fn try_base64(engine: &impl base64::Engine, bytes: &[u8]) -> Result<String, 
     Ok(unsafe { String::from_utf8_unchecked(out) })
 }
 
-/// A `bytea` column of a result row, copied out fallibly (the value may be as large as whoever
-/// wrote the row made it). The detoasted datum is PostgreSQL's (`palloc`, whose failure is its
-/// own `53200`); only the copy is Rust's.
+/// A `bytea` value of a result row, copied into Rust memory fallibly (the value may be as large
+/// as whoever wrote the row made it): [`bytes_column`]. The datum is detoasted by PostgreSQL
+/// (`palloc`, whose failure is its own `53200`) only when it is toasted; the one copy is Rust's.
+struct Bytes(Vec<u8>);
+
+impl pgrx::FromDatum for Bytes {
+    unsafe fn from_polymorphic_datum(
+        datum: pgrx::pg_sys::Datum,
+        is_null: bool,
+        _: pgrx::pg_sys::Oid,
+    ) -> Option<Bytes> {
+        if is_null {
+            return None;
+        }
+        // SAFETY: a non-NULL bytea datum of a result row, alive while the row is read; its
+        // bytes are copied out before anything frees them.
+        let bytes = unsafe {
+            let varlena = pgrx::pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
+            pgrx::varlena_to_byte_slice(varlena)
+        };
+        // A failed copy reads as NULL here and is recorded: [`bytes_column`] checks at once.
+        try_copy(bytes).ok().map(Bytes)
+    }
+}
+
+impl pgrx::IntoDatum for Bytes {
+    fn into_datum(self) -> Option<pgrx::pg_sys::Datum> {
+        self.0.into_datum()
+    }
+
+    fn type_oid() -> pgrx::pg_sys::Oid {
+        pgrx::pg_sys::BYTEAOID
+    }
+}
+
+/// A `text` value of a result row, copied fallibly (see [`Bytes`]).
+struct Text(String);
+
+impl pgrx::FromDatum for Text {
+    unsafe fn from_polymorphic_datum(
+        datum: pgrx::pg_sys::Datum,
+        is_null: bool,
+        _: pgrx::pg_sys::Oid,
+    ) -> Option<Text> {
+        if is_null {
+            return None;
+        }
+        // SAFETY: as for `Bytes`, for a text datum.
+        let text = unsafe {
+            let varlena = pgrx::pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
+            pgrx::text_to_rust_str(varlena).expect("the database encoding is UTF-8")
+        };
+        try_string(text).ok().map(Text)
+    }
+}
+
+impl pgrx::IntoDatum for Text {
+    fn into_datum(self) -> Option<pgrx::pg_sys::Datum> {
+        self.0.into_datum()
+    }
+
+    fn type_oid() -> pgrx::pg_sys::Oid {
+        pgrx::pg_sys::TEXTOID
+    }
+}
+
+/// A `bytea` column of a result row, copied out fallibly ([`Bytes`]).
 pub fn bytes_column(
     row: &pgrx::spi::SpiHeapTupleData<'_>,
     ordinal: usize,
 ) -> crate::error::Result<Option<Vec<u8>>> {
-    match row.get::<&[u8]>(ordinal)? {
-        Some(bytes) => Ok(Some(try_copy(bytes)?)),
-        None => Ok(None),
-    }
+    let value = row.get::<Bytes>(ordinal)?;
+    check()?;
+    Ok(value.map(|b| b.0))
 }
 
-/// A `text` column of a result row, copied out fallibly (see [`bytes_column`]).
+/// A `text` column of a result row, copied out fallibly ([`Text`]).
 pub fn text_column(
     row: &pgrx::spi::SpiHeapTupleData<'_>,
     ordinal: usize,
 ) -> crate::error::Result<Option<String>> {
-    match row.get::<&str>(ordinal)? {
-        Some(text) => Ok(Some(try_string(text)?)),
-        None => Ok(None),
-    }
+    let value = row.get::<Text>(ordinal)?;
+    check()?;
+    Ok(value.map(|t| t.0))
 }
 
 /// Unit tests (the allocator's bookkeeping) and, in a real backend after `_PG_init`
