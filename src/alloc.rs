@@ -66,7 +66,8 @@ static RESERVE_BLOCK: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
 static READY: AtomicBool = AtomicBool::new(false);
 /// Set while a fallible allocation runs: its failure is reported to its caller, not handled.
 static FALLIBLE: AtomicBool = AtomicBool::new(false);
-/// Set once the allocator began ending the session (a failure while exiting aborts).
+/// Set once the allocator began ending the session (a failure while exiting aborts; the
+/// process is going away).
 static EXITING: AtomicBool = AtomicBool::new(false);
 /// The generation of the running call (0: none) and the next one to hand out.
 static CURRENT: AtomicU64 = AtomicU64::new(0);
@@ -210,7 +211,6 @@ fn rearm() {
         // SAFETY: `RESERVE` has a non-zero size.
         let block = unsafe { System.alloc(RESERVE) };
         if !block.is_null() {
-            EXITING.store(false, Relaxed);
             RESERVE_BLOCK.store(block, Relaxed);
         }
     }
