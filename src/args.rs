@@ -6,7 +6,7 @@
 
 use crate::error::{Error, Result};
 use crate::limits;
-use pgrx::datum::Array;
+use pgrx::datum::{Array, DatumWithOid};
 use pgrx::{pg_sys, FromDatum};
 use serde_json::{Map, Value};
 
@@ -143,37 +143,80 @@ pub fn at_least(name: &str, value: Option<i64>, min: i64) -> Result<i64> {
     Ok(value)
 }
 
+/// A `text[]` argument as it came: detoasted once (in the call's memory context), its elements
+/// read in place and the array itself handed on to statements ([`TextArray::datum`]) — never
+/// copied into Rust strings nor rebuilt as a new array (docs/DESIGN.md §Memory: an argument at
+/// its caps is 400 MB; a copy would double it, a rebuilt array for SPI triple it).
+pub struct TextArray {
+    /// The detoasted array, valid for the whole call.
+    datum: pg_sys::Datum,
+    /// The same array, read through pgrx (it does not own the memory: the datum is already
+    /// detoasted, so pgrx keeps it as it is and never frees it).
+    array: Array<'static, &'static str>,
+}
+
+crate::jsonb::jsonb_argument!(TextArray, "text[]");
+
+impl FromDatum for TextArray {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        typoid: pg_sys::Oid,
+    ) -> Option<TextArray> {
+        if is_null {
+            return None;
+        }
+        // SAFETY: a non-NULL `text[]` argument datum; `pg_detoast_datum` returns it or a copy in
+        // the call's memory context, which outlives the argument value.
+        unsafe {
+            let detoasted = pg_sys::Datum::from(pg_sys::pg_detoast_datum(datum.cast_mut_ptr()));
+            let array = Array::<&str>::from_polymorphic_datum(detoasted, false, typoid)?;
+            Some(TextArray {
+                datum: detoasted,
+                array,
+            })
+        }
+    }
+}
+
+impl TextArray {
+    /// The array as a statement parameter (`text[]`), without a copy.
+    pub fn datum(&self) -> DatumWithOid<'_> {
+        // SAFETY: `datum` is a detoasted `text[]` valid for the call, which outlives `self`.
+        unsafe { DatumWithOid::new(self.datum, pg_sys::TEXTARRAYOID) }
+    }
+}
+
 /// A required `text[]`: may be empty, but no NULL and no empty element; at most
-/// [`limits::ARRAY_ELEMENTS`] elements of at most [`limits::KEY_BYTES`] each, checked before
-/// any element is copied.
-pub fn text_array(name: &str, value: Option<Array<&str>>) -> Result<Vec<String>> {
+/// [`limits::ARRAY_ELEMENTS`] elements of at most [`limits::KEY_BYTES`] each. The elements are
+/// borrowed from the argument ([`TextArray`]).
+pub fn text_array<'a>(name: &str, value: Option<&'a TextArray>) -> Result<Vec<&'a str>> {
     array_of(name, value, false)
 }
 
 /// [`text_array`] whose elements may be empty strings (row ids).
-pub fn key_array(name: &str, value: Option<Array<&str>>) -> Result<Vec<String>> {
+pub fn key_array<'a>(name: &str, value: Option<&'a TextArray>) -> Result<Vec<&'a str>> {
     array_of(name, value, true)
 }
 
-fn array_of(name: &str, value: Option<Array<&str>>, empty_ok: bool) -> Result<Vec<String>> {
-    let array = required(name, value)?;
+fn array_of<'a>(name: &str, value: Option<&'a TextArray>, empty_ok: bool) -> Result<Vec<&'a str>> {
+    let array = &required(name, value)?.array;
     if array.len() > limits::ARRAY_ELEMENTS {
         return Err(Error::invalid_argument(name, "too_large"));
     }
-    array
-        .iter()
-        .map(|item| {
-            crate::interrupts::check();
-            match item {
-                None => Err(Error::invalid_argument(name, "missing")),
-                Some("") if !empty_ok => Err(Error::invalid_argument(name, "empty")),
-                Some(s) if s.len() > limits::KEY_BYTES => {
-                    Err(Error::invalid_argument(name, "too_large"))
-                }
-                Some(s) => Ok(s.to_string()),
+    let mut out = crate::alloc::try_with_capacity(array.len())?;
+    for item in array.iter() {
+        crate::interrupts::check();
+        out.push(match item {
+            None => return Err(Error::invalid_argument(name, "missing")),
+            Some("") if !empty_ok => return Err(Error::invalid_argument(name, "empty")),
+            Some(s) if s.len() > limits::KEY_BYTES => {
+                return Err(Error::invalid_argument(name, "too_large"))
             }
-        })
-        .collect()
+            Some(s) => s,
+        });
+    }
+    Ok(out)
 }
 
 /// Unwraps a jsonb string that holds the text of an object or array (drivers that bind JSON

@@ -192,13 +192,13 @@ END";
 fn source_changes(
     client: &SpiClient<'_>,
     partition: &str,
-    tables: Vec<String>,
+    tables: DatumWithOid<'_>,
     seq: i64,
     fresh: bool,
 ) -> Result<String> {
     let params = [
         DatumWithOid::from(partition),
-        DatumWithOid::from(tables),
+        tables,
         DatumWithOid::from(seq),
     ];
     let table = if fresh {
@@ -215,7 +215,7 @@ fn activate(
     name: &str,
     owner_epoch: i64,
     watermark: i64,
-    sources: Vec<String>,
+    sources: DatumWithOid<'_>,
     now_ms: i64,
 ) -> Result<&'static str> {
     // 1. Every writer that allocated before us is committed and visible from here on.
@@ -248,7 +248,7 @@ fn activate_locked(
     name: &str,
     owner_epoch: i64,
     watermark: i64,
-    sources: Vec<String>,
+    sources: DatumWithOid<'_>,
     now_ms: i64,
 ) -> Result<&'static str> {
     // 2.
@@ -425,7 +425,7 @@ fn activate_checkpoint(
     name: Option<&str>,
     owner_epoch: Option<i64>,
     watermark: Option<i64>,
-    sources: Option<Array<&str>>,
+    sources: Option<args::TextArray>,
     now_ms: Option<i64>,
 ) -> &'static str {
     error::run(|| {
@@ -433,7 +433,8 @@ fn activate_checkpoint(
         let name = args::text("name", name)?;
         let owner_epoch = args::count("owner_epoch", owner_epoch)?;
         let watermark = args::count("watermark", watermark)?;
-        let sources = args::text_array("sources", sources)?;
+        let sources = args::required("sources", sources.as_ref())?;
+        args::text_array("sources", Some(sources))?;
         let now_ms = args::count("now_ms", now_ms)?;
         db::with_spi(|client| {
             activate(
@@ -442,7 +443,7 @@ fn activate_checkpoint(
                 &name,
                 owner_epoch,
                 watermark,
-                sources,
+                sources.datum(),
                 now_ms,
             )
         })
@@ -478,10 +479,11 @@ fn read_checkpoints(
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
-fn source_coverage_seq(partition: Option<&str>, tables: Option<Array<&str>>) -> i64 {
+fn source_coverage_seq(partition: Option<&str>, tables: Option<args::TextArray>) -> i64 {
     error::run(|| {
         let partition = args::text("partition", partition)?;
-        let tables = args::text_array("tables", tables)?;
+        let tables = args::required("tables", tables.as_ref())?;
+        args::text_array("tables", Some(tables))?;
         db::with_spi(|client| {
             // One backward index probe of sync_changes_by_source per table.
             let table = db::read(
@@ -490,10 +492,7 @@ fn source_coverage_seq(partition: Option<&str>, tables: Option<Array<&str>>) -> 
                    FROM unnest($2::text[]) AS s(tbl),
                         LATERAL (SELECT max(c.commit_seq) AS seq FROM syncular.sync_changes c
                                   WHERE c.partition = $1 AND c.tbl = s.tbl COLLATE \"C\") AS m",
-                &[
-                    DatumWithOid::from(partition.as_str()),
-                    DatumWithOid::from(tables),
-                ],
+                &[DatumWithOid::from(partition.as_str()), tables.datum()],
             )?;
             Ok(db::first::<i64>(table)?.unwrap_or(0))
         })
@@ -504,14 +503,15 @@ fn source_coverage_seq(partition: Option<&str>, tables: Option<Array<&str>>) -> 
 #[search_path(pg_catalog, pg_temp)]
 fn has_source_changes_above(
     partition: Option<&str>,
-    tables: Option<Array<&str>>,
+    tables: Option<args::TextArray>,
     seq: Option<i64>,
 ) -> String {
     error::run(|| {
         let partition = args::text("partition", partition)?;
-        let tables = args::text_array("tables", tables)?;
+        let tables = args::required("tables", tables.as_ref())?;
+        args::text_array("tables", Some(tables))?;
         let seq = args::count("seq", seq)?;
-        db::with_spi(|client| source_changes(client, &partition, tables, seq, false))
+        db::with_spi(|client| source_changes(client, &partition, tables.datum(), seq, false))
     })
 }
 

@@ -147,6 +147,9 @@ pub enum Error {
     },
     /// A bug or an unexpected SPI failure: raised as `XX000`, never as a catalogue code.
     Internal(String),
+    /// An allocation of this many bytes failed: raised as PostgreSQL's own `53200`
+    /// (`src/alloc.rs`, docs/DESIGN.md §Memory).
+    OutOfMemory(usize),
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
@@ -193,6 +196,12 @@ impl Error {
     }
 }
 
+impl From<crate::alloc::OutOfMemory> for Error {
+    fn from(e: crate::alloc::OutOfMemory) -> Error {
+        Error::OutOfMemory(e.0)
+    }
+}
+
 impl From<pgrx::spi::SpiError> for Error {
     fn from(e: pgrx::spi::SpiError) -> Error {
         Error::Internal(format!("syncular: SPI failure: {e}"))
@@ -220,6 +229,10 @@ impl From<pgrx::heap_tuple::PgHeapTupleError> for Error {
 /// A call made by host code that runs inside another call of the API (a trigger of an app table
 /// firing under `push_commit`, a policy read by `pull`) is refused with `42501` before anything
 /// is read ([`crate::sandbox`], docs/SECURITY.md rule 12).
+///
+/// This is also the last check point of out of memory (`src/alloc.rs`): if an allocation failed
+/// while the body ran — even one the allocator's reserve served, or one the body turned into
+/// another error — the call ends in `53200`, after everything the body owned was dropped.
 pub fn run<T>(body: impl FnOnce() -> Result<T>) -> T {
     if let Err(message) = crate::sandbox::refuse_in_host_code() {
         drop(body);
@@ -237,8 +250,22 @@ pub fn run<T>(body: impl FnOnce() -> Result<T>) -> T {
 /// own triggers (the row-meta trigger fires on the host writes of a one-call push) and the fence
 /// guard's internals, which only check or refuse, and the row codec, which only reads.
 pub fn run_in_host_code<T>(body: impl FnOnce() -> Result<T>) -> T {
+    let call = crate::alloc::Call::begin();
     let outcome = catch_unwind(AssertUnwindSafe(body));
+    let failed = call.end();
     type Raised = (&'static str, String, Option<String>, Option<String>);
+    if let Some(size) = failed.or(match &outcome {
+        Ok(Err(Error::OutOfMemory(size))) => Some(*size),
+        _ => None,
+    }) {
+        drop(outcome);
+        raise(
+            "53200",
+            out_of_memory_message(),
+            Some(out_of_memory_detail(size)),
+            None,
+        )
+    }
     let (sqlstate, message, detail, hint): Raised = match outcome {
         Ok(Ok(value)) => return value,
         Ok(Err(Error::Sync { code, detail, hint })) => (
@@ -248,6 +275,7 @@ pub fn run_in_host_code<T>(body: impl FnOnce() -> Result<T>) -> T {
             hint,
         ),
         Ok(Err(Error::Internal(message))) => ("XX000", message, None, None),
+        Ok(Err(Error::OutOfMemory(_))) => unreachable!("handled above"),
         Err(payload) => match payload.downcast::<CaughtError>() {
             Ok(caught) => match *caught {
                 CaughtError::PostgresError(ref report) if raised_by_us(report) => {
@@ -267,6 +295,16 @@ pub fn run_in_host_code<T>(body: impl FnOnce() -> Result<T>) -> T {
         },
     };
     raise(sqlstate, message, detail, hint)
+}
+
+/// PostgreSQL's message and DETAIL for an allocation that failed (`mcxt.c`), so a host sees one
+/// out-of-memory error whichever side ran out.
+fn out_of_memory_message() -> String {
+    "out of memory".to_string()
+}
+
+fn out_of_memory_detail(size: usize) -> String {
+    format!("Failed on request of size {size} in syncular.")
 }
 
 /// The PostgreSQL error a caught panic carries (pgrx turns an ERROR raised under SPI into a

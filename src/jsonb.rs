@@ -459,12 +459,16 @@ pub fn numeric_integer(varlena: &[u8]) -> Read<Integer> {
     Ok(Integer::Safe(if negative { -value } else { value } as i64))
 }
 
-/// Declares `$ty` (which implements `FromDatum`) as a function argument of SQL type `jsonb`,
-/// and lets a NULL through to the body (functions are not STRICT, see [`crate::args`]).
+/// Declares `$ty` (which implements `FromDatum`) as a function argument of SQL type `jsonb`
+/// (or the type `$sql` names), and lets a NULL through to the body (functions are not STRICT,
+/// see [`crate::args`]).
 macro_rules! jsonb_argument {
     ($ty:ident) => {
-        // SAFETY: the SQL type named here, `jsonb`, is the type whose datums `$ty`'s `FromDatum`
-        // reads (a detoastable jsonb varlena).
+        $crate::jsonb::jsonb_argument!($ty, "jsonb");
+    };
+    ($ty:ident, $sql:literal) => {
+        // SAFETY: the SQL type named here, `$sql`, is the type whose datums `$ty`'s `FromDatum`
+        // reads (a detoastable varlena of that type).
         unsafe impl ::pgrx::pgrx_sql_entity_graph::metadata::SqlTranslatable for $ty {
             const TYPE_IDENT: &'static str = ::pgrx::pgrx_resolved_type!($ty);
             const TYPE_ORIGIN: ::pgrx::pgrx_sql_entity_graph::metadata::TypeOrigin =
@@ -472,21 +476,21 @@ macro_rules! jsonb_argument {
             const ARGUMENT_SQL: ::std::result::Result<
                 ::pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef,
                 ::pgrx::pgrx_sql_entity_graph::metadata::ArgumentError,
-            > = Ok(::pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"));
+            > = Ok(::pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal($sql));
             const RETURN_SQL: ::std::result::Result<
                 ::pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef,
                 ::pgrx::pgrx_sql_entity_graph::metadata::ReturnsError,
             > = Ok(::pgrx::pgrx_sql_entity_graph::metadata::ReturnsRef::One(
-                ::pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal("jsonb"),
+                ::pgrx::pgrx_sql_entity_graph::metadata::SqlMappingRef::literal($sql),
             ));
         }
 
-        // SAFETY: unboxing goes through `$ty`'s `FromDatum`, which reads a jsonb datum as pgrx's
-        // own argument types do; pgrx calls this only for a non-NULL `jsonb` argument.
+        // SAFETY: unboxing goes through `$ty`'s `FromDatum`, which reads a datum of `$sql` as
+        // pgrx's own argument types do; pgrx calls this only for a non-NULL argument.
         unsafe impl<'fcx> ::pgrx::callconv::ArgAbi<'fcx> for $ty {
             unsafe fn unbox_arg_unchecked(arg: ::pgrx::callconv::Arg<'_, 'fcx>) -> Self {
                 let index = arg.index();
-                // SAFETY: the argument is a jsonb datum of this call (see above).
+                // SAFETY: the argument is a datum of this call, of the type above.
                 unsafe {
                     arg.unbox_arg_using_from_datum()
                         .unwrap_or_else(|| panic!("argument {index} must not be null"))
@@ -660,16 +664,31 @@ impl OwnedJsonb {
         OwnedJsonb(JB_FARRAY.to_ne_bytes().to_vec())
     }
 
-    /// The binary form of a parsed value (one text round trip through `jsonb_in`).
-    pub fn from_value(value: pgrx::JsonB) -> Option<OwnedJsonb> {
-        let datum = value.into_datum()?;
-        // SAFETY: `datum` is the non-NULL jsonb just built in the current memory context.
-        unsafe { OwnedJsonb::from_polymorphic_datum(datum, false, pg_sys::JSONBOID) }
-    }
-
     /// The top container.
     pub fn container(&self) -> Read<Container<'_>> {
         Container::new(&self.0)
+    }
+
+    /// Bytes of the document (its container).
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The document's container bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// A `jsonb` column of a result row. The copy is fallible (a stored document may be as
+    /// large as its writer made it): a failed copy is `Err` here and the call ends in `53200`
+    /// (`src/alloc.rs`).
+    pub fn column(
+        row: &pgrx::spi::SpiHeapTupleData<'_>,
+        ordinal: usize,
+    ) -> crate::error::Result<Option<OwnedJsonb>> {
+        let value = row.get::<OwnedJsonb>(ordinal)?;
+        crate::alloc::check()?;
+        Ok(value)
     }
 }
 
@@ -684,7 +703,10 @@ impl FromDatum for OwnedJsonb {
         }
         // SAFETY: a non-NULL jsonb datum of a result row, alive while the row is read; its bytes
         // are copied out before anything frees them.
-        Some(OwnedJsonb(unsafe { container_bytes(datum) }.to_vec()))
+        let bytes = unsafe { container_bytes(datum) };
+        // A failed copy reads as NULL here, and is recorded: the call ends in `53200` at its next
+        // check point ([`OwnedJsonb::column`] checks at once).
+        crate::alloc::try_copy(bytes).ok().map(OwnedJsonb)
     }
 }
 

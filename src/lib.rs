@@ -2,7 +2,8 @@
 //!
 //! `lib.rs` only wires the modules together; each module owns one concern of the design
 //! (docs/DESIGN.md):
-//! - [`error`]: the error catalogue and the one place that raises it;
+//! - [`error`]: the error catalogue and the one place that raises it; [`alloc`]: the global
+//!   allocator and fallible allocation, so that out of memory is an ERROR, never an abort;
 //! - [`port`]: Rust ports of PostgreSQL header code, each quoting what it ports;
 //! - [`access`]: the calling role and the extension owner; [`sandbox`]: the one place that
 //!   switches between them and the host's roles, with the settings it pins and discards;
@@ -46,6 +47,7 @@ use pgrx::prelude::*;
 mod access;
 mod admin;
 mod adopt;
+mod alloc;
 mod args;
 mod barrier;
 mod checkpoint;
@@ -89,9 +91,15 @@ mod txn_local;
 
 ::pgrx::pg_module_magic!(name, version);
 
-/// Runs once per backend when the library loads: defines the extension's settings.
+/// Out of memory is an ERROR, never an abort ([`alloc`], docs/DESIGN.md §Memory).
+#[global_allocator]
+static ALLOCATOR: alloc::SoftFail = alloc::SoftFail;
+
+/// Runs once per backend when the library loads: takes the allocator's reserve, defines the
+/// extension's settings.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    alloc::init();
     notify::init();
 }
 

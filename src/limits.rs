@@ -1,7 +1,8 @@
-//! Size caps of the arguments (docs/API.md, "Limits"). They keep every call's memory a small
-//! multiple of a bounded input: a larger argument is refused with reason `too_large` before
-//! anything is copied or parsed, so no argument can exhaust a backend's memory (an allocation
-//! failure in Rust aborts the whole server, docs/SECURITY.md).
+//! Size caps of the arguments and of a call's output (docs/API.md, "Limits"). They keep every
+//! call's memory a small multiple of a bounded input: a larger argument is refused with reason
+//! `too_large` before anything is copied or parsed, and a call collects at most
+//! [`OUTPUT_BYTES`] of rows, so no argument and no stored data can make a call's memory grow
+//! without bound (what runs out anyway ends in `53200`, docs/DESIGN.md §Memory).
 
 /// Largest integer that round-trips through a JavaScript number.
 pub const MAX_SAFE: i64 = (1 << 53) - 1;
@@ -27,3 +28,20 @@ pub const SCOPE_VARIABLES: usize = 64;
 /// Columns of one table in a push schema: PostgreSQL's own limit for a table
 /// (`MaxHeapAttributeNumber`), so every per-row walk over the columns is bounded.
 pub const TABLE_COLUMNS: usize = 1600;
+
+/// Bytes of rows one call collects before returning the first (`pull` over all its
+/// subscriptions, `read_commit_window`, `scan_rows`): payloads, scopes, column versions and ids.
+/// The first commit or row always goes; past this, `pull` stops and reports the rest as not yet
+/// delivered, the two page readers refuse with `too_large` (src/pull.rs, `Budget`).
+pub const OUTPUT_BYTES: usize = 64 << 20;
+
+/// The refusal of a call whose rows would exceed [`OUTPUT_BYTES`] and that cannot answer in
+/// part (a shorter page would read as "exhausted", a claim would lose leases): its row limit
+/// `argument` is too large for the data.
+pub fn over_output(argument: &str) -> crate::error::Error {
+    crate::error::Error::invalid_argument(argument, "too_large").with_hint(format!(
+        "the rows would exceed {} MiB before {argument} is reached (docs/API.md, Limits): ask \
+         for fewer",
+        OUTPUT_BYTES >> 20
+    ))
+}

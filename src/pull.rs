@@ -7,17 +7,44 @@
 //! matched against the whole filter in SQL, so non-matching payloads never leave the executor.
 
 use crate::access;
+use crate::alloc;
 use crate::args;
 use crate::db;
 use crate::error::{self, Error, Result};
 use crate::jsonb::OwnedJsonb;
+use crate::limits;
 use crate::scope::{self, Filter};
 use crate::tables;
-pub use crate::tables::ScanRow;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
-use pgrx::JsonB;
+
+/// What one call collects before it returns its first row, in total over everything it reads
+/// (docs/API.md "Limits", docs/DESIGN.md §Memory): the bytes of the rows' payloads, scopes,
+/// column versions and ids. Another commit or row starts only while the total is below
+/// [`limits::OUTPUT_BYTES`]; the first one always goes (a commit is never split), so a call
+/// exceeds the budget by at most one commit or row and always makes progress.
+pub struct Budget {
+    used: usize,
+}
+
+impl Budget {
+    pub fn new() -> Budget {
+        Budget { used: 0 }
+    }
+
+    /// Whether another commit or row may start.
+    pub fn open(&self) -> bool {
+        self.used < limits::OUTPUT_BYTES
+    }
+
+    fn spend(&mut self, bytes: usize) {
+        self.used = self.used.saturating_add(bytes);
+    }
+}
+
+/// What a row costs in the budget besides its values: the columns' fixed part, roughly.
+const ROW_OVERHEAD: usize = 64;
 
 /// One page of the window in one statement, read through a cursor: the page's candidate commits
 /// (the distinct `commit_seq` above `$5`, ascending, at most `$6`: one bounded range of the
@@ -63,6 +90,15 @@ pub struct WindowRow {
 }
 
 impl WindowRow {
+    /// What the row counts against the [`Budget`].
+    fn size(&self) -> usize {
+        ROW_OVERHEAD
+            + self.actor_id.len()
+            + self.row_id.len()
+            + self.scopes.len()
+            + self.payload.as_ref().map_or(0, Vec::len)
+    }
+
     pub fn is_delete(&self) -> bool {
         self.op == 2
     }
@@ -108,10 +144,14 @@ impl WindowRow {
 }
 
 /// The fold of docs/DESIGN.md §Pull path over one page's rows: whole commits, oldest first,
-/// each with its changes matching the whole filter in `idx` order, until `limit` changes.
+/// each with its changes matching the whole filter in `idx` order, until `limit` changes or the
+/// call's [`Budget`] is spent.
 struct Fold<'f> {
     filter: &'f Filter,
     limit: i64,
+    budget: &'f mut Budget,
+    /// Stopped because the budget was spent (not because the window ended or the limit).
+    truncated: bool,
     total: i64,
     out: Vec<WindowRow>,
     /// The commit being read and its kept changes (delivered when it ends).
@@ -131,6 +171,9 @@ impl Fold<'_> {
         }
         self.pending.sort_by_key(|row| row.idx);
         self.total += self.pending.len() as i64;
+        for row in &self.pending {
+            self.budget.spend(row.size());
+        }
         self.out.append(&mut self.pending);
     }
 
@@ -143,6 +186,11 @@ impl Fold<'_> {
                 self.stopped = true;
                 return Ok(false);
             }
+            if !self.budget.open() {
+                self.stopped = true;
+                self.truncated = true;
+                return Ok(false);
+            }
             self.current = Some(seq);
             self.candidates += 1;
             self.last = Some(seq);
@@ -151,28 +199,36 @@ impl Fold<'_> {
         let (Some(created_at_ms), Some(idx)) = (row.get::<i64>(2)?, row.get::<i32>(4)?) else {
             return Ok(true);
         };
-        let scopes = row
-            .get::<OwnedJsonb>(8)?
+        let scopes = OwnedJsonb::column(&row, 8)?
             .ok_or_else(|| error::Error::Internal("a change without scopes".into()))?;
         if !self.filter.matches_binary(&scopes) {
             return Ok(true);
         }
+        alloc::try_reserve(&mut self.pending, 1)?;
         self.pending.push(WindowRow {
             commit_seq: seq,
             created_at_ms,
-            actor_id: row.get::<String>(3)?.unwrap_or_default(),
+            actor_id: alloc::text_column(&row, 3)?.unwrap_or_default(),
             idx,
-            row_id: row.get::<String>(5)?.unwrap_or_default(),
+            row_id: alloc::text_column(&row, 5)?.unwrap_or_default(),
             op: row.get::<i16>(6)?.unwrap_or_default(),
             row_version: row.get::<i64>(7)?,
             scopes,
-            payload: row.get::<Vec<u8>>(9)?,
+            payload: alloc::bytes_column(&row, 9)?,
         });
         Ok(true)
     }
 }
 
+/// What [`window`] read: the delivered changes, and whether the [`Budget`] cut the window
+/// short (it then ends at a commit boundary, not necessarily where the window ends).
+pub struct Window {
+    pub rows: Vec<WindowRow>,
+    pub truncated: bool,
+}
+
 /// The commit window (docs/API.md, `read_commit_window`). An empty range reads nothing.
+#[allow(clippy::too_many_arguments)]
 pub fn window(
     client: &SpiClient<'_>,
     partition: &str,
@@ -181,17 +237,26 @@ pub fn window(
     after_seq: i64,
     through_seq: i64,
     limit: i64,
-) -> Result<Vec<WindowRow>> {
+    budget: &mut Budget,
+) -> Result<Window> {
+    let empty = || {
+        Ok(Window {
+            rows: Vec::new(),
+            truncated: false,
+        })
+    };
     let Some((var, values)) = filter.first() else {
-        return Ok(Vec::new());
+        return empty();
     };
     if after_seq >= through_seq {
-        return Ok(Vec::new());
+        return empty();
     }
     let batch = limit.max(64);
     let mut fold = Fold {
         filter,
         limit,
+        budget,
+        truncated: false,
         total: 0,
         out: Vec::new(),
         current: None,
@@ -228,6 +293,7 @@ pub fn window(
             if rows.is_empty() {
                 break;
             }
+            alloc::check()?;
             for row in rows {
                 crate::interrupts::check();
                 if !fold.take(row)? {
@@ -246,7 +312,10 @@ pub fn window(
         }
         fold.current = None;
     }
-    Ok(fold.out)
+    Ok(Window {
+        rows: fold.out,
+        truncated: fold.truncated,
+    })
 }
 
 #[pg_extern(stable, parallel_unsafe, security_definer)]
@@ -281,11 +350,24 @@ fn read_commit_window(
         let through = args::count("through_seq", through_seq)?;
         let limit = args::row_limit("limit_changes", limit_changes)?;
         let limit = args::at_least("limit_changes", Some(limit.into()), 1)?;
-        let rows = db::with_spi(|client| {
-            window(client, &partition, &tbl, &filter, after, through, limit)
+        let window = db::with_spi(|client| {
+            let mut budget = Budget::new();
+            window(
+                client,
+                &partition,
+                &tbl,
+                &filter,
+                after,
+                through,
+                limit,
+                &mut budget,
+            )
         })?;
+        if window.truncated {
+            return Err(limits::over_output("limit_changes"));
+        }
         Ok(TableIterator::new(
-            rows.into_iter().map(WindowRow::into_columns),
+            window.rows.into_iter().map(WindowRow::into_columns),
         ))
     })
 }
@@ -325,8 +407,27 @@ fn latest_scoped_change_seq(
 }
 
 /// One current row of a bootstrap page, as `scan_rows` returns it.
+pub struct ScanRow {
+    pub row_id: String,
+    pub server_version: i64,
+    /// `_sync_scopes` in jsonb's binary form (a string-wrapped value unwrapped by the
+    /// statement), read in place and returned as it is.
+    pub scopes: OwnedJsonb,
+    pub payload: Vec<u8>,
+    pub column_versions: Option<Vec<u8>>,
+}
+
 impl ScanRow {
-    fn into_columns(self) -> (String, i64, JsonB, Vec<u8>, Option<Vec<u8>>) {
+    /// What the row counts against the [`Budget`].
+    fn size(&self) -> usize {
+        ROW_OVERHEAD
+            + self.row_id.len()
+            + self.scopes.len()
+            + self.payload.len()
+            + self.column_versions.as_ref().map_or(0, Vec::len)
+    }
+
+    fn into_columns(self) -> (String, i64, OwnedJsonb, Vec<u8>, Option<Vec<u8>>) {
         (
             self.row_id,
             self.server_version,
@@ -349,6 +450,13 @@ SELECT DISTINCT s.row_id
      ORDER BY r.row_id LIMIT $6) AS s
  ORDER BY s.row_id LIMIT $6";
 
+/// What [`scan`] read: the kept rows, and whether the [`Budget`] cut the page short.
+pub struct Scan {
+    pub rows: Vec<ScanRow>,
+    pub truncated: bool,
+}
+
+#[allow(clippy::too_many_arguments)]
 pub fn scan(
     client: &SpiClient<'_>,
     relation: &tables::AppRelation,
@@ -357,15 +465,21 @@ pub fn scan(
     filter: &Filter,
     after_row_id: Option<String>,
     lim: i64,
-) -> Result<Vec<ScanRow>> {
+    budget: &mut Budget,
+) -> Result<Scan> {
+    let mut out = Scan {
+        rows: Vec::new(),
+        truncated: false,
+    };
     let Some((var, values)) = filter.first() else {
-        return Ok(Vec::new());
+        return Ok(out);
     };
     let batch = lim.max(64);
     let mut after = after_row_id;
-    let mut out: Vec<ScanRow> = Vec::new();
     // The candidates come from the extension's index (read with the extension's rights), the
-    // rows from the host's table by its primary key (read as its owner, docs/SECURITY.md).
+    // rows from the host's table by its primary key (read on the caller's behalf,
+    // docs/SECURITY.md), in candidate order: a row's values are copied out only when the fold
+    // takes it, so the budget bounds what is copied, not just what is returned.
     loop {
         let candidates: Vec<String> = access::as_extension_owner(client, || {
             db::read(
@@ -389,22 +503,33 @@ pub fn scan(
         let Some(page_last) = candidates.last().cloned() else {
             break;
         };
-        let mut found = relation.scan_rows(client, partition, candidates.clone())?;
         // Candidate order; a row deleted since its entry was read is simply absent.
-        for row_id in &candidates {
+        let done = relation.scan_rows(client, partition, &candidates, |row| {
             crate::interrupts::check();
-            let Some(row) = found.remove(row_id) else {
-                continue;
+            alloc::check()?;
+            let Some(scopes) = OwnedJsonb::column(row, 3)? else {
+                return Ok(false);
             };
-            if !filter.matches(&row.scopes.0) {
-                continue;
+            if !filter.matches_binary(&scopes) {
+                return Ok(false);
             }
-            out.push(row);
-            if out.len() as i64 >= lim {
-                return Ok(out);
+            if !budget.open() {
+                out.truncated = true;
+                return Ok(true);
             }
-        }
-        if (candidates.len() as i64) < batch {
+            let scanned = ScanRow {
+                row_id: alloc::text_column(row, 1)?.unwrap_or_default(),
+                server_version: row.get::<i64>(2)?.unwrap_or_default(),
+                scopes,
+                payload: alloc::bytes_column(row, 4)?.unwrap_or_default(),
+                column_versions: alloc::bytes_column(row, 5)?,
+            };
+            budget.spend(scanned.size());
+            alloc::try_reserve(&mut out.rows, 1)?;
+            out.rows.push(scanned);
+            Ok(out.rows.len() as i64 >= lim)
+        })?;
+        if done || (candidates.len() as i64) < batch {
             break;
         }
         // Every candidate of the page was consumed: continue after the last one.
@@ -429,7 +554,7 @@ fn scan_rows(
     (
         name!(row_id, String),
         name!(server_version, i64),
-        name!(scopes, JsonB),
+        name!(scopes, OwnedJsonb),
         name!(payload, Vec<u8>),
         name!(column_versions, Option<Vec<u8>>),
     ),
@@ -445,8 +570,9 @@ fn scan_rows(
             return Err(Error::bare(crate::error::Code::ScanRequiresScope));
         }
         let caller = access::current_role();
-        let rows = db::with_spi(|client| {
+        let scan = db::with_spi(|client| {
             let relation = tables::open_for_read(client, &tbl, caller)?;
+            let mut budget = Budget::new();
             scan(
                 client,
                 &relation,
@@ -455,10 +581,14 @@ fn scan_rows(
                 &filter,
                 args::optional_key("after_row_id", after_row_id)?,
                 lim,
+                &mut budget,
             )
         })?;
+        if scan.truncated {
+            return Err(limits::over_output("lim"));
+        }
         Ok(TableIterator::new(
-            rows.into_iter().map(ScanRow::into_columns),
+            scan.rows.into_iter().map(ScanRow::into_columns),
         ))
     })
 }

@@ -25,7 +25,7 @@ use crate::error::{self, Code, Error, Result};
 use crate::gate::{self, SchemaState};
 use crate::jsonb::OwnedJsonb;
 use crate::limits;
-use crate::pull::{self, ScanRow, WindowRow};
+use crate::pull::{self, Budget, ScanRow, WindowRow};
 use crate::registry;
 use crate::scope::{self, Filter};
 use crate::tables;
@@ -323,7 +323,7 @@ impl Out {
             sub: Some(sub),
             row_id: Some(row.row_id),
             row_version: Some(row.server_version),
-            scopes: OwnedJsonb::from_value(row.scopes),
+            scopes: Some(row.scopes),
             payload: Some(row.payload),
             column_versions: row.column_versions,
             ..Out::default()
@@ -350,8 +350,16 @@ impl Out {
 
 /// The delivery rule of upstream's driver (`storage-api` §4.1): commits oldest first; the first
 /// always goes; another only if it keeps the changes within `limit`; stop once `limit` is
-/// reached. Returns the delivered changes and the next cursor.
-fn deliver(rows: Vec<WindowRow>, limit: i64, cursor: i64, max_seq: i64) -> (Vec<WindowRow>, i64) {
+/// reached. Returns the delivered changes and the next cursor. A window the call's budget cut
+/// short (`truncated`) is never exhausted: the cursor stops at the last delivered commit, and
+/// the next pull reads on from there.
+fn deliver(
+    rows: Vec<WindowRow>,
+    truncated: bool,
+    limit: i64,
+    cursor: i64,
+    max_seq: i64,
+) -> (Vec<WindowRow>, i64) {
     let returned = rows.len() as i64;
     let mut commits: Vec<Vec<WindowRow>> = Vec::new();
     for row in rows {
@@ -378,7 +386,7 @@ fn deliver(rows: Vec<WindowRow>, limit: i64, cursor: i64, max_seq: i64) -> (Vec<
             break;
         }
     }
-    let exhausted = returned <= limit && delivered_commits == total_commits;
+    let exhausted = !truncated && returned <= limit && delivered_commits == total_commits;
     let next = if exhausted {
         cursor.max(max_seq)
     } else {
@@ -388,6 +396,11 @@ fn deliver(rows: Vec<WindowRow>, limit: i64, cursor: i64, max_seq: i64) -> (Vec<
 }
 
 /// Serves one subscription: its outcome object, its rows, and its next cursor if active.
+///
+/// All subscriptions share the call's [`Budget`] (docs/API.md "Limits"): once it is spent, a
+/// subscription delivers what fit — whole commits, or snapshot rows — and reports the rest as
+/// not yet delivered in the protocol's own terms (`nextCursor` at its last delivered commit,
+/// or a `bootstrapState` at its last delivered row), after every check that could refuse it.
 #[allow(clippy::too_many_arguments)]
 fn serve(
     client: &SpiClient<'_>,
@@ -397,6 +410,7 @@ fn serve(
     sub: &Subscription,
     limits: &Limits,
     head: &Head,
+    budget: &mut Budget,
     out: &mut Vec<Out>,
 ) -> Result<(Value, Option<i64>)> {
     let outcome = |status: &str, reason: &str| {
@@ -411,7 +425,7 @@ fn serve(
     }
     if sub.token.is_none() && sub.cursor <= head.max_seq && sub.cursor >= 0 {
         let table = scope::log_table("request.subscriptions.table", Some(&sub.table))?;
-        let rows = pull::window(
+        let window = pull::window(
             client,
             partition,
             &table,
@@ -419,14 +433,22 @@ fn serve(
             sub.cursor,
             head.max_seq,
             limits.commits + 1,
+            budget,
         )?;
-        let (rows, next) = deliver(rows, limits.commits, sub.cursor, head.max_seq);
+        let (rows, next) = deliver(
+            window.rows,
+            window.truncated,
+            limits.commits,
+            sub.cursor,
+            head.max_seq,
+        );
         let commits = {
             let mut seqs: Vec<i64> = rows.iter().map(|r| r.commit_seq).collect();
             seqs.dedup();
             seqs.len()
         };
         let changes = rows.len();
+        crate::alloc::try_reserve(out, rows.len())?;
         out.extend(rows.into_iter().map(|row| Out::change(i, row)));
         return Ok((
             json!({"id": sub.id, "status": "active", "bootstrap": false, "nextCursor": next,
@@ -450,22 +472,26 @@ fn serve(
         .snapshot_pages
         .min((limits::RESULT_ROWS - 1) / rows_per_page)
         .max(1);
-    let budget = pages * rows_per_page;
-    let mut rows = pull::scan(
+    let wanted = pages * rows_per_page;
+    let scan = pull::scan(
         client,
         &relation,
         partition,
         &sub.table,
         effective,
-        start,
-        budget + 1,
+        start.clone(),
+        wanted + 1,
+        budget,
     )?;
-    let complete = rows.len() as i64 <= budget;
-    rows.truncate(budget as usize);
+    let mut rows = scan.rows;
+    let complete = !scan.truncated && rows.len() as i64 <= wanted;
+    rows.truncate(wanted as usize);
     let mut outcome = json!({"id": sub.id, "status": "active", "bootstrap": true,
                              "nextCursor": as_of, "rows": rows.len()});
     if !complete {
-        let row_cursor = rows.last().map(|r| r.row_id.clone());
+        // After the last delivered row; with none delivered (the budget was spent before this
+        // subscription), where this page began.
+        let row_cursor = rows.last().map(|r| r.row_id.clone()).or(start);
         // Upstream's JSON.stringify order: asOfCommitSeq, tables, tableIndex, rowCursor.
         let state = format!(
             "{{\"asOfCommitSeq\":{as_of},\"tables\":[{}],\"tableIndex\":0,\"rowCursor\":{}}}",
@@ -474,6 +500,7 @@ fn serve(
         );
         outcome["bootstrapState"] = Value::String(state);
     }
+    crate::alloc::try_reserve(out, rows.len())?;
     out.extend(rows.into_iter().map(|row| {
         crate::interrupts::check();
         Out::snapshot(i, row)
@@ -557,9 +584,11 @@ fn serve_request(
     let mut out = vec![Out::default()];
     let mut outcomes = Vec::new();
     let mut cursors = Vec::new();
+    let mut budget = Budget::new();
     if !mismatch {
         for (i, sub) in request.subscriptions.iter().enumerate() {
             crate::interrupts::check();
+            crate::alloc::check()?;
             let (outcome, next) = serve(
                 client,
                 caller,
@@ -568,6 +597,7 @@ fn serve_request(
                 sub,
                 &request.limits,
                 &head,
+                &mut budget,
                 &mut out,
             )?;
             outcomes.push(outcome);

@@ -82,7 +82,15 @@ pub struct Batch {
     payloads: Vec<Vec<u8>>,
     column_versions: Vec<Option<Vec<u8>>>,
     columns: Vec<Column>,
+    /// Bytes held, about (ids, payloads, column versions, scopes).
+    bytes: usize,
 }
+
+/// When a batch is written before the end of the run: its rows, or bytes, reach these. A commit
+/// of 100,000 operations would otherwise hold every row's copy and build arrays of all of them
+/// (docs/DESIGN.md §Memory); a batch this large gains nothing more from being larger.
+const BATCH_ROWS: usize = 1_000;
+const BATCH_BYTES: usize = 16 << 20;
 
 impl Batch {
     /// A batch for the app columns of `types` (none for a table that is not materialized).
@@ -94,7 +102,13 @@ impl Batch {
             payloads: Vec::new(),
             column_versions: Vec::new(),
             columns: types.iter().map(|t| Column::for_type(*t)).collect(),
+            bytes: 0,
         }
+    }
+
+    /// Whether the batch should be written now ([`BATCH_ROWS`], [`BATCH_BYTES`]).
+    pub fn is_full(&self) -> bool {
+        self.row_ids.len() >= BATCH_ROWS || self.bytes >= BATCH_BYTES
     }
 
     /// Whether the values can travel in arrays: a text holding U+0000 cannot (PostgreSQL's
@@ -114,6 +128,7 @@ impl Batch {
         column_versions: Option<&[u8]>,
         values: &[Val<'_>],
     ) {
+        self.bytes += row_id.len() + payload.len() + column_versions.map_or(0, <[u8]>::len);
         self.row_ids.push(row_id.to_string());
         self.versions.push(version);
         self.scopes.push(Value::Object(scopes.clone()).to_string());

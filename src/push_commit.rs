@@ -43,13 +43,14 @@ use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
-/// One operation of the commit, from the parallel arrays.
-struct Operation {
-    table: String,
-    row_id: String,
+/// One operation of the commit, from the parallel arrays: borrowed from the arguments, never
+/// copied (docs/DESIGN.md §Memory).
+struct Operation<'a> {
+    table: &'a str,
+    row_id: &'a str,
     delete: bool,
     base_version: Option<i64>,
-    payload: Option<Vec<u8>>,
+    payload: Option<&'a [u8]>,
 }
 
 /// `options` (docs/API.md `push_commit`): what host code exists, and what the call returns.
@@ -194,14 +195,14 @@ fn allowed_arg(value: Option<Value>) -> Result<Allowed> {
 }
 
 /// The parallel operation arrays: equal lengths (`shape`), at least one operation (`empty`),
-/// every element capped before it is copied.
-fn operations(
-    op_tables: Option<Array<&str>>,
-    op_row_ids: Option<Array<&str>>,
-    op_kinds: Option<Array<i16>>,
-    op_base_versions: Option<Array<i64>>,
-    op_payloads: Option<Array<&[u8]>>,
-) -> Result<Vec<Operation>> {
+/// every element capped before it is read; borrowed from the arguments.
+fn operations<'a>(
+    op_tables: Option<&'a args::TextArray>,
+    op_row_ids: Option<&'a args::TextArray>,
+    op_kinds: Option<&'a Array<'_, i16>>,
+    op_base_versions: Option<&'a Array<'_, i64>>,
+    op_payloads: Option<&'a Array<'_, &[u8]>>,
+) -> Result<Vec<Operation<'a>>> {
     // Every cap before any shape rule, so an oversized array is refused as `too_large`
     // whatever else is wrong (docs/SECURITY.md, rule 9).
     let tables = args::text_array("op_tables", op_tables)?;
@@ -258,23 +259,26 @@ fn operations(
             v => Ok(v),
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(tables
-        .into_iter()
-        .zip(row_ids)
-        .zip(kinds)
-        .zip(base_versions)
-        .zip(payloads.iter())
-        .map(|((((table, row_id), delete), base_version), payload)| {
-            crate::interrupts::check();
-            Operation {
-                table,
-                row_id,
-                delete,
-                base_version,
-                payload: payload.map(<[u8]>::to_vec),
-            }
-        })
-        .collect())
+    let mut ops = crate::alloc::try_with_capacity(n)?;
+    ops.extend(
+        tables
+            .into_iter()
+            .zip(row_ids)
+            .zip(kinds)
+            .zip(base_versions)
+            .zip(payloads.iter())
+            .map(|((((table, row_id), delete), base_version), payload)| {
+                crate::interrupts::check();
+                Operation {
+                    table,
+                    row_id,
+                    delete,
+                    base_version,
+                    payload,
+                }
+            }),
+    );
+    Ok(ops)
 }
 
 /// Why the native call stops before the append.
@@ -359,6 +363,9 @@ struct Table {
     is_crdt: Vec<bool>,
 }
 
+/// Rows one prefetch statement reads at most.
+const PREFETCH_ROWS: usize = 1_000;
+
 /// What every operation reads; the mutable part of a run is the change list.
 struct Context<'a, 'conn> {
     client: &'a SpiClient<'conn>,
@@ -377,12 +384,12 @@ struct Context<'a, 'conn> {
     /// written per table; off when the run is repeated after an error.
     batching: bool,
     /// `(table, row_id)` of rows the commit touches more than once: always one statement each.
-    repeated: &'a HashSet<(String, String)>,
+    repeated: &'a HashSet<(&'a str, &'a str)>,
     /// Tables with at least two batchable rows in the commit (one row gains nothing from a
     /// batch: its single statement is cheaper).
     batch_tables: RefCell<HashSet<String>>,
     /// Rows read up front (`None`: absent), taken by the operation that needs them.
-    prefetched: RefCell<HashMap<(String, String), Option<StoredRow>>>,
+    prefetched: RefCell<HashMap<(&'a str, &'a str), Option<StoredRow>>>,
     /// Upserts waiting for their table's batch, by table.
     pending: RefCell<BTreeMap<String, Batch>>,
     /// Something of this run was read or written in a batch.
@@ -434,8 +441,8 @@ fn loggable(stored: &StoredRow, at: usize, op: &Operation) -> Result<()> {
     let refusal = |path: String, reason: &str, what: String| {
         Err(Error::invalid_commit(&path, reason).with_hint(format!(
             "stored row {} of table {} has {what}",
-            quoted(&op.row_id),
-            quoted(&op.table)
+            quoted(op.row_id),
+            quoted(op.table)
         )))
     };
     let Value::Object(scopes) = &stored.scopes else {
@@ -475,7 +482,7 @@ fn scopes_map(row: &StoredRow) -> Map<String, Value> {
     }
 }
 
-impl Context<'_, '_> {
+impl<'a> Context<'a, '_> {
     /// Records an applied operation's evidence when the push may be staged.
     fn witness<'e>(&self, make: impl FnOnce() -> Evidence<'e>) {
         if let Some(evidence) = &self.evidence {
@@ -484,35 +491,33 @@ impl Context<'_, '_> {
     }
 
     /// Whether an operation's row is read and written in batches.
-    fn batchable(&self, op: &Operation, t: &Table) -> bool {
+    fn batchable(&self, op: &Operation<'a>, t: &Table) -> bool {
         self.batching
             && t.batch_sql.is_some()
-            && self.batch_tables.borrow().contains(&op.table)
-            && !self
-                .repeated
-                .contains(&(op.table.clone(), op.row_id.clone()))
+            && self.batch_tables.borrow().contains(op.table)
+            && !self.repeated.contains(&(op.table, op.row_id))
     }
 
     /// Reads every batchable row of the commit, one statement per table.
-    fn prefetch(&self, ops: &[Operation]) -> Result<()> {
+    fn prefetch(&self, ops: &[Operation<'a>]) -> Result<()> {
         if !self.batching || self.allowed.is_none() {
             return Ok(());
         }
         // A trigger on any table of the commit could change rows read up front: no batches.
         if ops.iter().any(|op| {
             self.tables
-                .get(&op.table)
+                .get(op.table)
                 .is_some_and(|t| t.batch_sql.is_none())
         }) {
             return Ok(());
         }
-        let mut wanted: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        let mut wanted: BTreeMap<&'a str, Vec<&'a str>> = BTreeMap::new();
         for op in ops {
             crate::interrupts::check();
-            let key = (op.table.clone(), op.row_id.clone());
-            if let Some(t) = self.tables.get(&op.table) {
-                if t.batch_sql.is_some() && !self.repeated.contains(&key) {
-                    wanted.entry(&op.table).or_default().push(&op.row_id);
+            crate::alloc::check()?;
+            if let Some(t) = self.tables.get(op.table) {
+                if t.batch_sql.is_some() && !self.repeated.contains(&(op.table, op.row_id)) {
+                    wanted.entry(op.table).or_default().push(op.row_id);
                 }
             }
         }
@@ -523,13 +528,21 @@ impl Context<'_, '_> {
         for (table, ids) in wanted {
             self.batched.set(true);
             let t = &self.tables[table];
-            let mut found =
-                t.relation
-                    .fetch_rows_as(self.client, self.caller, self.partition, ids.clone())?;
-            let mut prefetched = self.prefetched.borrow_mut();
-            for id in ids {
-                crate::interrupts::check();
-                prefetched.insert((table.to_string(), id.to_string()), found.remove(id));
+            // In slices, so no statement carries an array of every row id of a huge commit
+            // (docs/DESIGN.md §Memory).
+            for ids in ids.chunks(PREFETCH_ROWS) {
+                crate::alloc::check()?;
+                let mut found = t.relation.fetch_rows_as(
+                    self.client,
+                    self.caller,
+                    self.partition,
+                    ids.to_vec(),
+                )?;
+                let mut prefetched = self.prefetched.borrow_mut();
+                for &id in ids {
+                    crate::interrupts::check();
+                    prefetched.insert((table, id), found.remove(id));
+                }
             }
         }
         Ok(())
@@ -562,7 +575,7 @@ impl Context<'_, '_> {
     fn crdt_stop(
         &self,
         k: usize,
-        op: &Operation,
+        op: &Operation<'a>,
         t: &Table,
         patch: &[Option<Val>],
     ) -> Option<Stop> {
@@ -573,7 +586,7 @@ impl Context<'_, '_> {
         if !merges {
             None
         } else if self.options.crdt_mergers {
-            Some(fallback("crdt_merge", Some((k, &op.table))))
+            Some(fallback("crdt_merge", Some((k, op.table))))
         } else {
             Some(Stop::Rejected(error_record(
                 k,
@@ -588,7 +601,7 @@ impl Context<'_, '_> {
     fn blob_refs(
         &self,
         k: usize,
-        op: &Operation,
+        op: &Operation<'a>,
         t: &Table,
         values: &[Val],
     ) -> Result<Option<Stop>> {
@@ -600,7 +613,7 @@ impl Context<'_, '_> {
             if let (ColumnType::BlobRef, Val::Text(raw)) = (column.ty, value) {
                 ids.push(
                     codec_json::blob_ref_id(raw)
-                        .map_err(|e| corrupt(&op.table, &op.row_id, "blob_ref", e.message()))?,
+                        .map_err(|e| corrupt(op.table, op.row_id, "blob_ref", e.message()))?,
                 );
             }
         }
@@ -620,12 +633,20 @@ impl Context<'_, '_> {
                 }
             }
             if !unverified.is_empty() {
-                let mut doc = fallback_doc("blob_check", Some((k, &op.table)));
+                let mut doc = fallback_doc("blob_check", Some((k, op.table)));
                 doc["blobIds"] = json!(unverified);
                 return Ok(Some(Stop::Fallback(doc)));
             }
         }
-        rows::set_blobs(self.client, self.partition, &op.table, &op.row_id, ids)?;
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        rows::set_blobs(
+            self.client,
+            self.partition,
+            op.table,
+            op.row_id,
+            &ids,
+            DatumWithOid::from(ids.clone()),
+        )?;
         Ok(None)
     }
 
@@ -633,7 +654,7 @@ impl Context<'_, '_> {
     fn upsert(
         &self,
         k: usize,
-        op: &Operation,
+        op: &Operation<'a>,
         t: &Table,
         meta: RowMeta<'_>,
         values: &[Val],
@@ -646,7 +667,7 @@ impl Context<'_, '_> {
         } = meta;
         let mut args = vec![
             DatumWithOid::from(self.partition),
-            DatumWithOid::from(op.row_id.as_str()),
+            DatumWithOid::from(op.row_id),
             DatumWithOid::from(version),
             DatumWithOid::from(JsonB(Value::Object(scopes.clone()))),
             DatumWithOid::from(payload),
@@ -655,18 +676,19 @@ impl Context<'_, '_> {
         if self.batchable(op, t) && Batch::accepts(values) {
             self.batched.set(true);
             let values = if t.schema.materialize { values } else { &[] };
-            self.pending
-                .borrow_mut()
-                .entry(op.table.clone())
-                .or_insert_with(|| Batch::new(&t.column_types))
-                .push(
-                    &op.row_id,
-                    version,
-                    scopes,
-                    payload,
-                    column_versions,
-                    values,
-                );
+            let full = {
+                let mut pending = self.pending.borrow_mut();
+                let batch = pending
+                    .entry(op.table.to_string())
+                    .or_insert_with(|| Batch::new(&t.column_types));
+                batch.push(op.row_id, version, scopes, payload, column_versions, values);
+                batch.is_full()
+            };
+            // Written early once large (src/push_batch.rs): the rows are written in the order
+            // they were applied either way.
+            if full {
+                self.flush()?;
+            }
             return Ok(());
         }
         // A single statement keeps its place after every pending one.
@@ -720,29 +742,25 @@ impl Context<'_, '_> {
     fn apply(
         &self,
         k: usize,
-        op: &Operation,
+        op: &Operation<'a>,
         changes: &mut Vec<ChangeOut>,
     ) -> Result<Option<Stop>> {
-        let Some(t) = self.tables.get(&op.table) else {
+        let Some(t) = self.tables.get(op.table) else {
             return rejected(
                 k,
                 "sync.unknown_table",
-                format!("table {} is not handled by this server", quoted(&op.table)),
+                format!("table {} is not handled by this server", quoted(op.table)),
             );
         };
         let Some(allowed) = self.allowed else {
             return rejected(k, FORBIDDEN, "scope resolution failed (§3.4 step 4)");
         };
-        let prefetched = self
-            .prefetched
-            .borrow_mut()
-            .remove(&(op.table.clone(), op.row_id.clone()));
+        let prefetched = self.prefetched.borrow_mut().remove(&(op.table, op.row_id));
         let stored = match prefetched {
             Some(stored) => stored,
-            None => {
-                t.relation
-                    .fetch_row_as(self.client, self.caller, self.partition, &op.row_id)?
-            }
+            None => t
+                .relation
+                .fetch_row_as(self.client, self.caller, self.partition, op.row_id)?,
         };
         if op.delete {
             return self.delete(k, op, t, allowed, stored, changes);
@@ -765,9 +783,7 @@ impl Context<'_, '_> {
             }
         };
         let pk = layout.primary_key;
-        if number::render(layout.columns[pk].ty, patch[pk].as_ref()).as_deref()
-            != Some(op.row_id.as_str())
-        {
+        if number::render(layout.columns[pk].ty, patch[pk].as_ref()).as_deref() != Some(op.row_id) {
             return rejected(
                 k,
                 INVALID_REQUEST,
@@ -783,7 +799,7 @@ impl Context<'_, '_> {
     fn delete(
         &self,
         k: usize,
-        op: &Operation,
+        op: &Operation<'a>,
         t: &Table,
         allowed: &HashMap<String, Vec<String>>,
         stored: Option<StoredRow>,
@@ -792,8 +808,8 @@ impl Context<'_, '_> {
         let evidence = |stored: Option<Value>, version: Option<i64>| Evidence {
             op_index: k,
             delete: true,
-            table: &op.table,
-            row_id: &op.row_id,
+            table: op.table,
+            row_id: op.row_id,
             row: None,
             stored,
             stored_server_version: version,
@@ -809,18 +825,18 @@ impl Context<'_, '_> {
             return rejected(k, FORBIDDEN, "delete denied by scope authorization (§3.4)");
         }
         let stored_values = row::decode_full(&t.schema.layout, &stored.payload)
-            .map_err(|e| corrupt(&op.table, &op.row_id, "payload", e.message()))?;
-        if self.validated(&op.table) {
-            return Ok(Some(fallback("row_validator", Some((k, &op.table)))));
+            .map_err(|e| corrupt(op.table, op.row_id, "payload", e.message()))?;
+        if self.validated(op.table) {
+            return Ok(Some(fallback("row_validator", Some((k, op.table)))));
         }
         // A class-23 error here (a host foreign key) is a request error, not a rejection.
         self.flush()?;
         t.relation
-            .delete_row_as(self.client, self.caller, self.partition, &op.row_id)?;
-        rows::delete_meta(self.client, self.partition, &op.table, &op.row_id)?;
+            .delete_row_as(self.client, self.caller, self.partition, op.row_id)?;
+        rows::delete_meta(self.client, self.partition, op.table, op.row_id)?;
         changes.push(ChangeOut {
-            table: op.table.clone(),
-            row_id: op.row_id.clone(),
+            table: op.table.to_string(),
+            row_id: op.row_id.to_string(),
             delete: true,
             row_version: None,
             scopes: scopes_map(&stored),
@@ -838,7 +854,7 @@ impl Context<'_, '_> {
     fn update(
         &self,
         k: usize,
-        op: &Operation,
+        op: &Operation<'a>,
         t: &Table,
         allowed: &HashMap<String, Vec<String>>,
         stored: StoredRow,
@@ -851,7 +867,7 @@ impl Context<'_, '_> {
             return rejected(k, FORBIDDEN, "write denied by scope authorization (§3.4)");
         }
         let mut values = row::decode_full(layout, &stored.payload)
-            .map_err(|e| corrupt(&op.table, &op.row_id, "payload", e.message()))?;
+            .map_err(|e| corrupt(op.table, op.row_id, "payload", e.message()))?;
         let moved = t.schema.scopes.iter().any(|(_, column)| {
             matches!(&patch[*column], Some(incoming) if !same_value(incoming, &values[*column]))
         });
@@ -869,8 +885,8 @@ impl Context<'_, '_> {
                 "baseVersion exceeds the stored server version (§6.2)",
             );
         }
-        let blob = versions::decode(stored.column_versions.as_deref())
-            .map_err(|e| corrupt(&op.table, &op.row_id, "_sync_column_versions", e.message()))?;
+        let blob = versions::decode(stored.column_versions.as_deref(), layout.columns.len())
+            .map_err(|e| corrupt(op.table, op.row_id, "_sync_column_versions", e.message()))?;
         let present = row::present_columns(&patch);
         let server_version = stored.server_version.max(0) as u64;
         if let versions::Check::Conflict(marked) = versions::check(
@@ -886,7 +902,7 @@ impl Context<'_, '_> {
                 "opIndex": k, "status": "conflict", "code": "sync.version_conflict",
                 "message": "present columns moved past baseVersion (§6.2)",
                 "serverVersion": stored.server_version,
-                "serverRow": BASE64.encode(&stored.payload),
+                "serverRow": crate::alloc::try_base64(&BASE64, &stored.payload)?,
                 "conflictColumns": BASE64.encode(bitmap),
             }))));
         }
@@ -906,12 +922,12 @@ impl Context<'_, '_> {
             server_version,
         );
         let full = row::encode_full(layout, &values)
-            .map_err(|e| corrupt(&op.table, &op.row_id, "merged row", e.message()))?;
+            .map_err(|e| corrupt(op.table, op.row_id, "merged row", e.message()))?;
         if let Some(stop) = self.blob_refs(k, op, t, &values)? {
             return Ok(Some(stop));
         }
-        if self.validated(&op.table) {
-            return Ok(Some(fallback("row_validator", Some((k, &op.table)))));
+        if self.validated(op.table) {
+            return Ok(Some(fallback("row_validator", Some((k, op.table)))));
         }
         let scopes = scopes_map(&stored);
         let next = next as i64;
@@ -940,7 +956,7 @@ impl Context<'_, '_> {
     fn insert(
         &self,
         k: usize,
-        op: &Operation,
+        op: &Operation<'a>,
         t: &Table,
         allowed: &HashMap<String, Vec<String>>,
         patch: Vec<Option<Val>>,
@@ -976,7 +992,7 @@ impl Context<'_, '_> {
             }
             Some(_) => {}
             None => {
-                if rows::tombstone_seq(self.client, self.partition, &op.table, &op.row_id, true)?
+                if rows::tombstone_seq(self.client, self.partition, op.table, op.row_id, true)?
                     .is_some()
                 {
                     return rejected(
@@ -1018,14 +1034,14 @@ impl Context<'_, '_> {
         }
         let values: Vec<Val> = patch.into_iter().flatten().collect();
         let full = row::encode_full(layout, &values)
-            .map_err(|e| corrupt(&op.table, &op.row_id, "payload", e.message()))?;
+            .map_err(|e| corrupt(op.table, op.row_id, "payload", e.message()))?;
         if let Some(stop) = self.blob_refs(k, op, t, &values)? {
             return Ok(Some(stop));
         }
-        if self.validated(&op.table) {
-            return Ok(Some(fallback("row_validator", Some((k, &op.table)))));
+        if self.validated(op.table) {
+            return Ok(Some(fallback("row_validator", Some((k, op.table)))));
         }
-        rows::delete_tombstone(self.client, self.partition, &op.table, &op.row_id)?;
+        rows::delete_tombstone(self.client, self.partition, op.table, op.row_id)?;
         let meta = RowMeta {
             version: 1,
             scopes: &scopes,
@@ -1033,7 +1049,7 @@ impl Context<'_, '_> {
             column_versions: None,
         };
         self.upsert(k, op, t, meta, &values)?;
-        rows::set_scopes(self.client, self.partition, &op.table, &op.row_id, &scopes)?;
+        rows::set_scopes(self.client, self.partition, op.table, op.row_id, &scopes)?;
         let upserted = Upserted {
             version: 1,
             scopes,
@@ -1048,7 +1064,7 @@ impl Context<'_, '_> {
     fn applied_upsert(
         &self,
         k: usize,
-        op: &Operation,
+        op: &Operation<'a>,
         t: &Table,
         values: &[Val<'_>],
         upserted: Upserted,
@@ -1061,8 +1077,8 @@ impl Context<'_, '_> {
             before,
         } = upserted;
         changes.push(ChangeOut {
-            table: op.table.clone(),
-            row_id: op.row_id.clone(),
+            table: op.table.to_string(),
+            row_id: op.row_id.to_string(),
             delete: false,
             row_version: Some(version),
             scopes,
@@ -1076,8 +1092,8 @@ impl Context<'_, '_> {
             Evidence {
                 op_index: k,
                 delete: false,
-                table: &op.table,
-                row_id: &op.row_id,
+                table: op.table,
+                row_id: op.row_id,
                 row: Some(push_stage::row_map(&t.schema.layout.columns, values)),
                 stored,
                 stored_server_version,
@@ -1088,7 +1104,7 @@ impl Context<'_, '_> {
 
     /// Step C5 and the commit-level hooks C6…C8: every operation in order, then what host code
     /// would run once nothing terminated.
-    fn run(&self, ops: &[Operation], changes: &mut Vec<ChangeOut>) -> Result<Option<Stop>> {
+    fn run(&self, ops: &[Operation<'a>], changes: &mut Vec<ChangeOut>) -> Result<Option<Stop>> {
         self.prefetch(ops)?;
         let stop = self.operations(ops, changes)?;
         // Pending writes go first even before a stop: an error they raise comes before it in
@@ -1097,7 +1113,11 @@ impl Context<'_, '_> {
         Ok(stop)
     }
 
-    fn operations(&self, ops: &[Operation], changes: &mut Vec<ChangeOut>) -> Result<Option<Stop>> {
+    fn operations(
+        &self,
+        ops: &[Operation<'a>],
+        changes: &mut Vec<ChangeOut>,
+    ) -> Result<Option<Stop>> {
         for (k, op) in ops.iter().enumerate() {
             crate::interrupts::check();
             if let Some(stop) = self.apply(k, op, changes)? {
@@ -1107,9 +1127,9 @@ impl Context<'_, '_> {
         if let Some((k, op)) = ops
             .iter()
             .enumerate()
-            .find(|(_, op)| self.tables.get(&op.table).is_some_and(|t| t.has_references))
+            .find(|(_, op)| self.tables.get(op.table).is_some_and(|t| t.has_references))
         {
-            return Ok(Some(fallback("references", Some((k, &op.table)))));
+            return Ok(Some(fallback("references", Some((k, op.table)))));
         }
         let hooks = self.options.commit_validator || self.options.reaction_planner;
         if hooks && self.options.stage {
@@ -1207,7 +1227,7 @@ struct Request<'a> {
     created_at_ms: i64,
     running: i64,
     allowed: Allowed,
-    ops: Vec<Operation>,
+    ops: Vec<Operation<'a>>,
     declared: Vec<args::Declaration>,
     options: Options,
 }
@@ -1238,7 +1258,7 @@ fn open_tables(
     let mut unknown = HashSet::new();
     for (k, op) in request.ops.iter().enumerate() {
         crate::interrupts::check();
-        let tbl = op.table.as_str();
+        let tbl = op.table;
         if tables.contains_key(tbl) || unknown.contains(tbl) {
             continue;
         }
@@ -1338,14 +1358,14 @@ fn failure<R>(outcome: &std::thread::Result<Result<R>>) -> String {
 }
 
 /// `(table, row_id)` of the rows more than one operation touches.
-fn repeated_rows(ops: &[Operation]) -> HashSet<(String, String)> {
+fn repeated_rows<'a>(ops: &[Operation<'a>]) -> HashSet<(&'a str, &'a str)> {
     let mut seen = HashSet::new();
     let mut repeated = HashSet::new();
     for op in ops {
         crate::interrupts::check();
-        let key = (op.table.as_str(), op.row_id.as_str());
+        let key = (op.table, op.row_id);
         if !seen.insert(key) {
-            repeated.insert((op.table.clone(), op.row_id.clone()));
+            repeated.insert(key);
         }
     }
     repeated
@@ -1503,8 +1523,8 @@ fn push_commit(
     created_at_ms: Option<i64>,
     running_schema_version: Option<i64>,
     allowed: Option<JsonArg>,
-    op_tables: Option<Array<&str>>,
-    op_row_ids: Option<Array<&str>>,
+    op_tables: Option<args::TextArray>,
+    op_row_ids: Option<args::TextArray>,
     op_kinds: Option<Array<i16>>,
     op_base_versions: Option<Array<i64>>,
     op_payloads: Option<Array<&[u8]>>,
@@ -1522,11 +1542,11 @@ fn push_commit(
         let declared = args::declarations(declared)?;
         let options = Options::parse(args::optional_json("options", options)?)?;
         let ops = operations(
-            op_tables,
-            op_row_ids,
-            op_kinds,
-            op_base_versions,
-            op_payloads,
+            op_tables.as_ref(),
+            op_row_ids.as_ref(),
+            op_kinds.as_ref(),
+            op_base_versions.as_ref(),
+            op_payloads.as_ref(),
         )?;
         // SAFETY: reads a backend global of the current transaction; never errors.
         if unsafe { pg_sys::XactIsoLevel } != pg_sys::XACT_READ_COMMITTED as i32 {

@@ -274,28 +274,36 @@ fn set_blob_refs(
     partition: Option<&str>,
     tbl: Option<&str>,
     row_id: Option<&str>,
-    blob_ids: Option<Array<&str>>,
+    blob_ids: Option<args::TextArray>,
 ) -> i32 {
     error::run(|| {
         let (partition, tbl, row_id) = row_key(partition, tbl, row_id)?;
-        let blob_ids = args::text_array("blob_ids", blob_ids)?;
-        db::with_spi(|client| set_blobs(client, &partition, &tbl, &row_id, blob_ids))
-            .map(|held| held as i32)
+        let array = args::required("blob_ids", blob_ids.as_ref())?;
+        let blob_ids = args::text_array("blob_ids", Some(array))?;
+        db::with_spi(|client| {
+            set_blobs(client, &partition, &tbl, &row_id, &blob_ids, array.datum())
+        })
+        .map(|held| held as i32)
     })
 }
 
 /// Makes a row's `sync_blob_refs` exactly the distinct `blob_ids` (none clears them); returns
-/// how many it now holds.
+/// how many it now holds. `array` is the same ids as a `text[]` parameter (an argument passed on
+/// as it came, docs/DESIGN.md §Memory).
 pub fn set_blobs(
     client: &SpiClient<'_>,
     partition: &str,
     tbl: &str,
     row_id: &str,
-    mut blob_ids: Vec<String>,
+    blob_ids: &[&str],
+    array: DatumWithOid<'_>,
 ) -> Result<usize> {
-    blob_ids.sort();
-    blob_ids.dedup();
-    let held = blob_ids.len();
+    let mut distinct: Vec<&str> = crate::alloc::try_with_capacity(blob_ids.len())?;
+    distinct.extend_from_slice(blob_ids);
+    distinct.sort_unstable();
+    distinct.dedup();
+    let held = distinct.len();
+    drop(distinct);
     db::write(
         client,
         "WITH wanted AS (SELECT b.blob_id FROM unnest($4::text[]) AS b(blob_id)),
@@ -311,7 +319,7 @@ pub fn set_blobs(
             DatumWithOid::from(partition),
             DatumWithOid::from(tbl),
             DatumWithOid::from(row_id),
-            DatumWithOid::from(blob_ids),
+            array,
         ],
     )?;
     Ok(held)
@@ -358,12 +366,13 @@ pub fn tombstone_seq(
 fn tombstone_seqs(
     partition: Option<&str>,
     tbl: Option<&str>,
-    row_ids: Option<Array<&str>>,
+    row_ids: Option<args::TextArray>,
 ) -> TableIterator<'static, (name!(row_id, String), name!(commit_seq, i64))> {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let tbl = scope::log_table("tbl", tbl)?;
-        let ids = args::key_array("row_ids", row_ids)?;
+        let ids = args::required("row_ids", row_ids.as_ref())?;
+        args::key_array("row_ids", Some(ids))?;
         let rows = db::with_spi(|client| {
             db::read(
                 client,
@@ -371,7 +380,7 @@ fn tombstone_seqs(
                   WHERE t.partition = $1 AND t.tbl = $2
                     AND t.row_id IN (SELECT DISTINCT i COLLATE \"C\" FROM unnest($3::text[]) AS u(i))
                   ORDER BY t.row_id",
-                &[DatumWithOid::from(partition.as_str()), DatumWithOid::from(tbl.as_str()), DatumWithOid::from(ids)],
+                &[DatumWithOid::from(partition.as_str()), DatumWithOid::from(tbl.as_str()), ids.datum()],
             )?
             .map(|row| {
                 crate::interrupts::check();

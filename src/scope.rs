@@ -34,7 +34,9 @@ impl Filter {
 impl Filter {
     /// The matching rule (docs/DESIGN.md §Scopes) in Rust, for rows read from app tables: every
     /// key of the filter is present in `scopes` as a string that is one of the key's values.
-    /// Its SQL twin is [`scope_matches!`]; a test holds the two together.
+    /// Its SQL twin is [`scope_matches!`]; a test holds the two together, and holds
+    /// [`Filter::matches_binary`] (what the pull path runs, on rows it has not parsed) to both.
+    #[cfg(any(test, feature = "pg_test"))]
     pub fn matches(&self, scopes: &Value) -> bool {
         self.keys.iter().all(|(var, values)| {
             scopes

@@ -123,6 +123,14 @@ impl Writer {
         }
     }
 
+    /// [`Writer::with_capacity`] for a size that comes from the data (a stored row merged with a
+    /// patch): the allocation may fail, and the call then ends in `53200` (`src/alloc.rs`).
+    pub fn try_with_capacity(capacity: usize) -> Result<Writer> {
+        Ok(Writer {
+            out: crate::alloc::try_with_capacity(capacity)?,
+        })
+    }
+
     pub fn raw(&mut self, bytes: &[u8]) {
         self.out.extend_from_slice(bytes);
     }

@@ -39,6 +39,14 @@ impl CodecError {
     }
 }
 
+/// An allocation sized by the data failed (`src/alloc.rs`): the call that decodes or encodes
+/// ends in `53200` whatever becomes of this error.
+impl From<crate::alloc::OutOfMemory> for CodecError {
+    fn from(e: crate::alloc::OutOfMemory) -> CodecError {
+        CodecError(format!("out of memory (a request of {} bytes)", e.0))
+    }
+}
+
 impl fmt::Display for CodecError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

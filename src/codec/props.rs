@@ -211,7 +211,7 @@ proptest! {
         if let Err(e) = row::decode_sparse(&layout, &bytes) {
             prop_assert!(documented(&e.0, &layout), "{}", e.0);
         }
-        if let Err(e) = versions::decode(Some(&bytes)) {
+        if let Err(e) = versions::decode(Some(&bytes), layout.columns.len()) {
             prop_assert!(e.0.starts_with("corrupt _sync_column_versions blob: "), "{}", e.0);
         }
     }

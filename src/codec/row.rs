@@ -192,7 +192,7 @@ pub fn encode_full(layout: &Layout, values: &[Value<'_>]) -> Result<Vec<u8>> {
     check_count(layout, values.len())?;
     let bitmap_len = layout.bitmap_len();
     let size = bitmap_len + values.iter().map(wire_size).sum::<usize>();
-    let mut writer = Writer::with_capacity(size);
+    let mut writer = Writer::try_with_capacity(size)?;
     writer.out.resize(bitmap_len, 0);
     for (i, (column, value)) in layout.columns.iter().zip(values).enumerate() {
         if value.is_null() {
@@ -224,7 +224,7 @@ pub fn encode_sparse(layout: &Layout, values: &[Option<Value<'_>>]) -> Result<Ve
         )));
     }
     let size = bitmap_len + nulls_len + values.iter().flatten().map(wire_size).sum::<usize>();
-    let mut writer = Writer::with_capacity(size);
+    let mut writer = Writer::try_with_capacity(size)?;
     writer.out.resize(bitmap_len + nulls_len, 0);
     let mut present = 0;
     for (i, (column, value)) in layout.columns.iter().zip(values).enumerate() {

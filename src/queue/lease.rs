@@ -21,7 +21,7 @@ use std::collections::HashSet;
 fn claim_reactions(
     partition: Option<&str>,
     lease_owner: Option<&str>,
-    types: Option<Array<&str>>,
+    types: Option<args::TextArray>,
     now_ms: Option<i64>,
     lease_duration_ms: Option<i64>,
     lim: Option<i32>,
@@ -29,11 +29,11 @@ fn claim_reactions(
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let owner = args::text("lease_owner", lease_owner)?;
-        let types = args::text_array("types", types)?;
+        let listed = args::text_array("types", types.as_ref())?.len();
         let now = args::count("now_ms", now_ms)?;
         let duration = args::count("lease_duration_ms", lease_duration_ms)?;
         let lim = args::row_limit("lim", lim)?;
-        if types.is_empty() || lim <= 0 {
+        if listed == 0 || lim <= 0 {
             return Ok(OwnedJsonb::empty_array());
         }
         db::with_spi(|client| {
@@ -74,7 +74,7 @@ fn claim_reactions(
                 &[
                     DatumWithOid::from(partition.as_str()),
                     DatumWithOid::from(owner.as_str()),
-                    DatumWithOid::from(types),
+                    args::required("types", types.as_ref())?.datum(),
                     DatumWithOid::from(now),
                     DatumWithOid::from(duration),
                     DatumWithOid::from(lim as i64),
@@ -229,12 +229,13 @@ fn fail_reaction(
 }
 
 /// The keys of `changed` in the order of `asked` (first occurrences): what a batch call reports.
-fn in_order(asked: &[String], changed: &HashSet<String>) -> Vec<String> {
+fn in_order(asked: &[impl AsRef<str>], changed: &HashSet<String>) -> Vec<String> {
     let mut seen = HashSet::new();
     asked
         .iter()
-        .filter(|k| changed.contains(*k) && seen.insert(k.as_str()))
-        .cloned()
+        .map(AsRef::as_ref)
+        .filter(|k| changed.contains(*k) && seen.insert(*k))
+        .map(str::to_string)
         .collect()
 }
 
@@ -245,13 +246,13 @@ fn in_order(asked: &[String], changed: &HashSet<String>) -> Vec<String> {
 #[search_path(pg_catalog, pg_temp)]
 fn complete_reactions(
     partition: Option<&str>,
-    idempotency_keys: Option<Array<&str>>,
+    idempotency_keys: Option<args::TextArray>,
     lease_owner: Option<&str>,
     at_ms: Option<i64>,
 ) -> Vec<String> {
     error::run(|| {
         let partition = args::text("partition", partition)?;
-        let keys = args::text_array("idempotency_keys", idempotency_keys)?;
+        let keys = args::text_array("idempotency_keys", idempotency_keys.as_ref())?;
         let owner = args::text("lease_owner", lease_owner)?;
         let at = args::count("at_ms", at_ms)?;
         if keys.is_empty() {
@@ -270,7 +271,7 @@ fn complete_reactions(
                  RETURNING idempotency_key",
                 &[
                     DatumWithOid::from(partition.as_str()),
-                    DatumWithOid::from(keys.clone()),
+                    args::required("idempotency_keys", idempotency_keys.as_ref())?.datum(),
                     DatumWithOid::from(owner.as_str()),
                     DatumWithOid::from(at),
                 ],

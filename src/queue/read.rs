@@ -7,6 +7,7 @@ use crate::db;
 use crate::error::{self, Error, Result};
 use crate::jsonb::{self, Node, OwnedJsonb};
 use crate::jsonb_write::{Value, Writer};
+use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::{SpiHeapTupleData, SpiTupleTable};
 use pgrx::JsonB;
@@ -29,14 +30,24 @@ pub(super) use reaction_columns;
 /// (`jsonb_build_object`, `jsonb_agg`) measured about 25 µs a document more on PostgreSQL 15,
 /// and writing their text for `jsonb_in` was the largest cost of a claim of ten outside its
 /// statement (docs/DESIGN.md §8, "Reading reactions").
+///
+/// The documents are bounded in total ([`crate::limits::OUTPUT_BYTES`], docs/API.md "Limits"):
+/// `lim` reactions of 64 KiB payloads would be gigabytes, so past the budget the call is refused
+/// (`lim`, `too_large`; a claim rolls back with it) rather than answered in part.
 pub(super) fn documents(table: SpiTupleTable<'_>) -> Result<OwnedJsonb> {
-    let rows = table
-        .map(|row| {
-            crate::interrupts::check();
-            Reaction::read(&row)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let mut w = Writer::with_capacity(512 * rows.len() + 8);
+    let mut rows: Vec<Reaction> = crate::alloc::try_with_capacity(table.len())?;
+    let mut bytes = 0usize;
+    for row in table {
+        crate::interrupts::check();
+        crate::alloc::check()?;
+        if bytes >= crate::limits::OUTPUT_BYTES {
+            return Err(crate::limits::over_output("lim"));
+        }
+        let reaction = Reaction::read(&row)?;
+        bytes += reaction.size();
+        rows.push(reaction);
+    }
+    let mut w = Writer::with_capacity(bytes + 8);
     w.array(rows.len(), |w, i| rows[i].write(w))
         .map_err(unreadable)?;
     Ok(w.finish())
@@ -78,13 +89,23 @@ struct Reaction {
 }
 
 impl Reaction {
+    /// Bytes the reaction's document takes, about: its JSON values, its keys, and the rest.
+    fn size(&self) -> usize {
+        256 + self.key.len()
+            + self.kind.len()
+            + self.payload.len()
+            + self.source_client_id.len()
+            + self.source_client_commit_id.len()
+            + self.last_failure.as_ref().map_or(0, OwnedJsonb::len)
+    }
+
     fn read(row: &SpiHeapTupleData<'_>) -> Result<Reaction> {
         let string =
             |at: usize| -> Result<String> { Ok(row.get::<String>(at)?.unwrap_or_default()) };
         let int = |at: usize| -> Result<i64> { Ok(row.get::<i64>(at)?.unwrap_or_default()) };
         let int4 = |at: usize| -> Result<i32> { Ok(row.get::<i32>(at)?.unwrap_or_default()) };
         let json = |at: usize| -> Result<Option<OwnedJsonb>> {
-            row.get::<OwnedJsonb>(at)?.map(unwrapped).transpose()
+            OwnedJsonb::column(row, at)?.map(unwrapped).transpose()
         };
         Ok(Reaction {
             key: string(1)?,
@@ -183,19 +204,24 @@ fn get_reaction(partition: Option<&str>, idempotency_key: Option<&str>) -> Optio
 fn list_reactions(
     partition: Option<&str>,
     lim: Option<i32>,
-    statuses: default!(Option<Array<&str>>, "NULL"),
-    types: default!(Option<Array<&str>>, "NULL"),
+    statuses: default!(Option<args::TextArray>, "NULL"),
+    types: default!(Option<args::TextArray>, "NULL"),
 ) -> OwnedJsonb {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let lim = args::row_limit("lim", lim)?;
-        let filter = |name: &str, v: Option<Array<&str>>| -> Result<Option<Vec<String>>> {
-            Ok(v.map(|v| args::text_array(name, Some(v)))
-                .transpose()?
-                .filter(|v| !v.is_empty()))
-        };
-        let statuses = filter("statuses", statuses)?;
-        let types = filter("types", types)?;
+        // Checked, then passed on as they came (NULL for an empty list).
+        fn filter<'a>(
+            name: &str,
+            v: Option<&'a args::TextArray>,
+        ) -> Result<Option<&'a args::TextArray>> {
+            Ok(match v {
+                Some(array) if !args::text_array(name, Some(array))?.is_empty() => Some(array),
+                _ => None,
+            })
+        }
+        let statuses = filter("statuses", statuses.as_ref())?;
+        let types = filter("types", types.as_ref())?;
         if lim <= 0 {
             return Ok(OwnedJsonb::empty_array());
         }
@@ -214,8 +240,14 @@ fn list_reactions(
                 ),
                 &[
                     partition.as_str().into(),
-                    statuses.into(),
-                    types.into(),
+                    statuses.map_or(
+                        DatumWithOid::null_oid(pg_sys::TEXTARRAYOID),
+                        args::TextArray::datum,
+                    ),
+                    types.map_or(
+                        DatumWithOid::null_oid(pg_sys::TEXTARRAYOID),
+                        args::TextArray::datum,
+                    ),
                     (lim as i64).into(),
                 ],
             )?)?;

@@ -37,7 +37,7 @@ use std::ffi::CStr;
 pub mod row_meta;
 pub mod statements;
 
-pub use statements::{ScanRow, StoredRow};
+pub use statements::StoredRow;
 
 /// A registered app table's relation, checked and locked for this transaction.
 pub struct AppRelation {

@@ -38,15 +38,29 @@ pub struct StoredRow {
 impl StoredRow {
     /// The four meta columns (`_sync_server_version`, `_sync_scopes`, `_sync_payload`,
     /// `_sync_column_versions`) of a result row, starting at column `first` (1-based).
+    ///
+    /// Whoever can write the app row decides how large these are, so the copies are fallible
+    /// and the scopes are measured before they are parsed (docs/DESIGN.md §Memory).
     fn read(row: &pgrx::spi::SpiHeapTupleData<'_>, first: usize) -> error::Result<StoredRow> {
-        Ok(StoredRow {
-            server_version: row.get::<i64>(first)?.unwrap_or(0),
-            scopes: row
+        let scopes = match crate::jsonb::OwnedJsonb::column(row, first + 1)? {
+            Some(binary) if crate::jsonb::over_limits(binary.as_bytes()) => {
+                return Err(error::Error::Internal(
+                    "syncular: a stored _sync_scopes is larger than a jsonb argument may be \
+                     (docs/API.md, Limits)"
+                        .into(),
+                ))
+            }
+            Some(_) => row
                 .get::<JsonB>(first + 1)?
                 .map(|j| args::unwrap_json_text(j.0))
                 .unwrap_or(json!({})),
-            payload: row.get::<Vec<u8>>(first + 2)?.unwrap_or_default(),
-            column_versions: row.get::<Vec<u8>>(first + 3)?,
+            None => json!({}),
+        };
+        Ok(StoredRow {
+            server_version: row.get::<i64>(first)?.unwrap_or(0),
+            scopes,
+            payload: crate::alloc::bytes_column(row, first + 2)?.unwrap_or_default(),
+            column_versions: crate::alloc::bytes_column(row, first + 3)?,
         })
     }
 }
@@ -254,15 +268,6 @@ impl AppRelation {
     }
 }
 
-/// A row of a bootstrap scan (`scan_rows`, `pull`): the meta columns, scopes unwrapped.
-pub struct ScanRow {
-    pub row_id: String,
-    pub server_version: i64,
-    pub scopes: JsonB,
-    pub payload: Vec<u8>,
-    pub column_versions: Option<Vec<u8>>,
-}
-
 /// The readers of host rows for the API's reads, on behalf of the caller recorded by
 /// [`AppRelation::read_by`] after [`AppRelation::readable_by`] checked its `SELECT`.
 impl AppRelation {
@@ -308,42 +313,40 @@ impl AppRelation {
         })
     }
 
-    /// The rows of `row_ids` (a bootstrap scan's page of candidates), by row id; rows deleted
-    /// since their index entry was read are absent.
+    /// The rows of `row_ids` (a bootstrap scan's page of candidates) in that order, each handed
+    /// to `each` while the statement's result is alive (columns: row id, server version, scopes
+    /// with a string-wrapped value unwrapped, payload, column versions); a row deleted since its
+    /// index entry was read is absent. `each` returns `true` to stop; so does this.
     pub fn scan_rows(
         &self,
         client: &SpiClient<'_>,
         partition: &str,
-        row_ids: Vec<String>,
-    ) -> error::Result<HashMap<String, ScanRow>> {
+        row_ids: &[String],
+        mut each: impl FnMut(&pgrx::spi::SpiHeapTupleData<'_>) -> error::Result<bool>,
+    ) -> error::Result<bool> {
         let sql = format!(
             "SELECT a.\"_sync_row_id\", a.\"_sync_server_version\",
                     CASE WHEN pg_catalog.jsonb_typeof(a.\"_sync_scopes\") = 'string'
                          THEN (a.\"_sync_scopes\" #>> '{{}}')::jsonb ELSE a.\"_sync_scopes\" END,
                     a.\"_sync_payload\", a.\"_sync_column_versions\"
-               FROM unnest($2::text[]) AS k(row_id)
-               JOIN {} a ON a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = k.row_id",
+               FROM unnest($2::text[]) WITH ORDINALITY AS k(row_id, n)
+               JOIN {} a ON a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = k.row_id
+              ORDER BY k.n",
             self.qualified
         );
         self.as_reader(|| {
-            db::read_dynamic(
+            let ids: Vec<&str> = row_ids.iter().map(String::as_str).collect();
+            let rows = db::read_dynamic(
                 client,
                 &sql,
-                &[DatumWithOid::from(partition), DatumWithOid::from(row_ids)],
-            )?
-            .map(|row| {
-                crate::interrupts::check();
-                let row_id = row.get::<String>(1)?.unwrap_or_default();
-                let scanned = ScanRow {
-                    row_id: row_id.clone(),
-                    server_version: row.get::<i64>(2)?.unwrap_or_default(),
-                    scopes: row.get::<JsonB>(3)?.unwrap_or(JsonB(json!({}))),
-                    payload: row.get::<Vec<u8>>(4)?.unwrap_or_default(),
-                    column_versions: row.get::<Vec<u8>>(5)?,
-                };
-                Ok((row_id, scanned))
-            })
-            .collect()
+                &[DatumWithOid::from(partition), DatumWithOid::from(ids)],
+            )?;
+            for row in rows {
+                if each(&row)? {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
         })
     }
 
