@@ -13,7 +13,25 @@ use serde_json::{Map, Value};
 /// A `jsonb` argument, parsed without panicking. pgrx's `JsonB` panics (→ `XX000`) on documents
 /// serde cannot represent — nesting deeper than 128, numbers beyond f64 — before the function
 /// body runs; this type keeps the failure so the body can refuse it with a coded error.
-pub struct JsonArg(std::result::Result<Value, &'static str>);
+pub struct JsonArg(std::result::Result<Value, Unparsed>);
+
+/// Why a [`JsonArg`] holds no value.
+enum Unparsed {
+    /// An `invalid_argument` reason (`too_large`, `too_deep`, `range`, `type`).
+    Refused(&'static str),
+    /// The memory its parse would take could not be had (the size tried).
+    OutOfMemory(usize),
+}
+
+/// How much memory parsing a document takes, at most, per byte of its text: one `Value` per
+/// element (32 bytes), each string its own allocation, arrays and maps grown by doubling (the
+/// old and the new buffer live together while they grow). Measured: a 32 MB array of short
+/// strings peaks at about 4.3 times its text.
+const PARSE_BYTES_PER_TEXT_BYTE: usize = 5;
+
+/// Documents whose text is at most this long are parsed without the probe: what they take is
+/// small enough for the allocator's reserve.
+const PROBE_ABOVE_BYTES: usize = 64 << 10;
 
 crate::jsonb::jsonb_argument!(JsonArg);
 
@@ -37,26 +55,37 @@ impl FromDatum for JsonArg {
             let bytes =
                 std::slice::from_raw_parts(data, total - (data as usize - detoasted as usize));
             if crate::jsonb::over_limits(bytes) {
-                return Some(JsonArg(Err("too_large")));
+                return Some(JsonArg(Err(Unparsed::Refused("too_large"))));
             }
             let text: *mut std::ffi::c_char = pgrx::direct_function_call_as_datum(
                 pg_sys::jsonb_out,
                 &[Some(pg_sys::Datum::from(detoasted))],
             )?
             .cast_mut_ptr();
-            let parsed = std::ffi::CStr::from_ptr(text)
-                .to_str()
-                .map_err(|_| "type")
+            let text_bytes = std::ffi::CStr::from_ptr(text).to_bytes();
+            // The parse's allocations are infallible: try the memory it may take first, so a
+            // document that cannot be parsed ends in 53200 and not in a failure the allocator's
+            // reserve cannot cover (docs/DESIGN.md §Memory). The probe is only address space: it
+            // is freed untouched.
+            let need = text_bytes.len().saturating_mul(PARSE_BYTES_PER_TEXT_BYTE);
+            if text_bytes.len() > PROBE_ABOVE_BYTES
+                && crate::alloc::try_with_capacity::<u8>(need).is_err()
+            {
+                pg_sys::pfree(text.cast());
+                return Some(JsonArg(Err(Unparsed::OutOfMemory(need))));
+            }
+            let parsed = std::str::from_utf8(text_bytes)
+                .map_err(|_| Unparsed::Refused("type"))
                 .and_then(|t| {
                     serde_json::from_str::<Value>(t).map_err(|e| {
                         let message = e.to_string();
-                        if message.contains("recursion limit") {
+                        Unparsed::Refused(if message.contains("recursion limit") {
                             "too_deep"
                         } else if message.contains("number out of range") {
                             "range"
                         } else {
                             "type"
-                        }
+                        })
                     })
                 });
             pg_sys::pfree(text.cast());
@@ -68,8 +97,10 @@ impl FromDatum for JsonArg {
 impl JsonArg {
     /// The parsed value, or `invalid_argument` (`too_deep` / `range`) for `name`.
     pub fn value(self, name: &str) -> Result<Value> {
-        self.0
-            .map_err(|reason| Error::invalid_argument(name, reason))
+        self.0.map_err(|unparsed| match unparsed {
+            Unparsed::Refused(reason) => Error::invalid_argument(name, reason),
+            Unparsed::OutOfMemory(size) => Error::OutOfMemory(size),
+        })
     }
 }
 
