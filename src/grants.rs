@@ -95,18 +95,29 @@ const ADMIN: &[&str] = &[
     "set_push_schema(bigint, jsonb)",
 ];
 
-/// Roles are cluster-wide: the first database that installs the extension creates them.
+/// Roles are cluster-wide: the first database that installs the extension creates them. Two
+/// first installs in two databases at once both find no role; the second one's `CREATE ROLE`
+/// then waits for the first to commit and fails on the unique name — taken as "it exists".
 const ROLES_SQL: &str = "\
 DO $roles$
 BEGIN
   IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'syncular_host') THEN
-    CREATE ROLE syncular_host NOLOGIN;
+    BEGIN
+      CREATE ROLE syncular_host NOLOGIN;
+    EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+    END;
   END IF;
   IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'syncular_admin') THEN
-    CREATE ROLE syncular_admin NOLOGIN;
+    BEGIN
+      CREATE ROLE syncular_admin NOLOGIN;
+    EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+    END;
   END IF;
   IF NOT pg_catalog.pg_has_role('syncular_admin', 'syncular_host', 'MEMBER') THEN
-    GRANT syncular_host TO syncular_admin;
+    BEGIN
+      GRANT syncular_host TO syncular_admin;
+    EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+    END;
   END IF;
 END
 $roles$;

@@ -92,12 +92,7 @@ fn every_argument_is_capped_and_no_call_can_abort_a_backend() {
     }
     let mut sentinel = connect(&db);
     sentinel
-        .batch_execute(
-            // Serialized: the first install of a cluster creates the two roles, and two
-            // concurrent first installs would both try (duplicate key on pg_authid).
-            "SELECT pg_advisory_lock(4243); CREATE EXTENSION IF NOT EXISTS syncular;
-                 SELECT pg_advisory_unlock(4243);",
-        )
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS syncular")
         .unwrap();
     sentinel.batch_execute(&app_tables_sql()).unwrap();
     sentinel
@@ -216,12 +211,7 @@ impl Limited {
         }
         let mut sentinel = connect(&db);
         sentinel
-            .batch_execute(
-                // Serialized: the first install of a cluster creates the two roles, and two
-                // concurrent first installs would both try (duplicate key on pg_authid).
-                "SELECT pg_advisory_lock(4243); CREATE EXTENSION IF NOT EXISTS syncular;
-                 SELECT pg_advisory_unlock(4243);",
-            )
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS syncular")
             .unwrap();
         let started = sentinel
             .query_one("SELECT pg_postmaster_start_time()", &[])
