@@ -520,13 +520,17 @@ pub fn register(
             .with_hint("the primary key must be (_sync_partition, _sync_row_id)"));
     }
     let previous = registration(client, tbl, true)?;
-    if let Some(previous) = &previous {
-        require_registrant(caller, previous)?;
-    }
     let registered_by = match registrant {
         Registrant::Caller => caller,
         Registrant::RelationOwner => target.owner,
     };
+    if let Some(previous) = &previous {
+        require_registrant(caller, previous)?;
+        // Adoption registers on behalf of the relation's owner: the operator holds every role's
+        // privileges, the owner may not (a 0.24 schema a host prepared would otherwise re-point
+        // another role's registration to the host's own table).
+        require_registrant(registered_by, previous)?;
+    }
     access::as_extension_owner(client, || {
         if let Some(previous) = &previous {
             drop_row_meta_trigger(client, previous.relation)?;

@@ -689,3 +689,71 @@ fn adopt_checks_each_source_again_after_the_copies_before_it() {
     assert!(!calls, "the host's cast ran");
     assert!(!is_superuser(&mut c, &attacker));
 }
+
+#[test]
+fn adopt_cannot_re_point_a_registration_its_source_owner_does_not_hold() {
+    // Red team round 2: the layouts of a 0.24 schema a host prepared named a table another role
+    // had registered; adopting it with `app_schema` = the host's schema re-pointed that
+    // registration to the host's own look-alike table (the operator holds every registrant's
+    // privileges; the new registrant, the table's owner, was never checked).
+    let db = TestDb::new("adopt_repoint");
+    let mut c = db.connect();
+    let (victim, attacker) = (format!("{}_v", db.name), format!("{}_a", db.name));
+    exec(
+        &mut c,
+        &format!(
+            "CREATE ROLE {victim} NOLOGIN; GRANT syncular_admin TO {victim};
+             CREATE SCHEMA {victim} AUTHORIZATION {victim};
+             CREATE ROLE {attacker} NOLOGIN; GRANT syncular_admin TO {attacker};
+             CREATE SCHEMA {attacker} AUTHORIZATION {attacker};
+             CREATE SCHEMA legacy AUTHORIZATION {attacker};"
+        ),
+    );
+    let table = |schema: &str| app_table_sql(&format!("{schema}.payroll"), "who text,");
+    exec(&mut c, &format!("SET ROLE {victim}"));
+    exec(&mut c, &table(&victim));
+    exec(
+        &mut c,
+        &format!("SELECT syncular.register_table('payroll', '{victim}.payroll', true)"),
+    );
+    exec(&mut c, &format!("SET ROLE {attacker}"));
+    exec(&mut c, &table(&attacker));
+    exec(
+        &mut c,
+        r#"CREATE TABLE legacy.sync_commits (partition text NOT NULL, commit_seq bigint NOT NULL,
+             client_id text NOT NULL, client_commit_id text NOT NULL, actor_id text NOT NULL,
+             created_at_ms bigint NOT NULL, writer_version bigint, PRIMARY KEY (partition, commit_seq));
+           CREATE TABLE legacy.sync_partitions (partition text PRIMARY KEY,
+             max_commit_seq bigint NOT NULL, horizon_seq bigint NOT NULL);
+           CREATE TABLE legacy.sync_schema_meta (id int PRIMARY KEY, schema_version bigint NOT NULL,
+             layouts text NOT NULL);
+           INSERT INTO legacy.sync_partitions VALUES ('part-1', 1, 0);
+           INSERT INTO legacy.sync_commits VALUES ('part-1', 1, 'c1', 'k1', 'a1', 1750000000000, 1);
+           INSERT INTO legacy.sync_schema_meta
+             VALUES (1, 1, '{"payroll":[{"name":"who","type":"string","nullable":true}]}');"#,
+    );
+    exec(&mut c, "RESET ROLE");
+    // The operator adopts, naming the attacker's schema for the app tables.
+    exec(&mut c, "BEGIN");
+    let err = try_one::<Value>(
+        &mut c,
+        &format!("SELECT syncular.adopt_legacy_tables('legacy', '{attacker}')"),
+        &[],
+    )
+    .expect_err("the registration is not re-pointed");
+    exec(&mut c, "ROLLBACK");
+    let err = sql_error(&err);
+    assert_eq!(
+        (err.state.as_str(), err.detail),
+        (
+            "SY000",
+            Some(json!({"argument": "tbl", "reason": "privilege"}))
+        )
+    );
+    let relation: String = one(
+        &mut c,
+        "SELECT relation::text FROM syncular.sync_app_tables WHERE tbl = 'payroll'",
+        &[],
+    );
+    assert_eq!(relation, format!("{victim}.payroll"));
+}
