@@ -68,6 +68,7 @@ static READY: AtomicBool = AtomicBool::new(false);
 static FALLIBLE: AtomicBool = AtomicBool::new(false);
 /// Set once the allocator began ending the session (a failure while exiting aborts; the
 /// process is going away).
+#[cfg(not(test))]
 static EXITING: AtomicBool = AtomicBool::new(false);
 /// The generation of the running call (0: none) and the next one to hand out.
 static CURRENT: AtomicU64 = AtomicU64::new(0);
