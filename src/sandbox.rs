@@ -10,9 +10,10 @@
 //!   CHECK or policy calling a function, a domain's check — runs with its author's rights and
 //!   cannot `SET ROLE` or create temporary objects.
 //!
-//! Both scopes run in a **GUC nest level of their own** with `search_path = pg_catalog, pg_temp`,
-//! and discard it afterwards (`AtEOXact_GUC(false, level)`): every setting made inside — a
-//! `set_config('search_path', 'app, pg_catalog', false)` in a host trigger included, which
+//! Both scopes run with `search_path = pg_catalog, pg_temp`; a host-code scope runs in a **GUC
+//! nest level of its own** and discards it afterwards (`AtEOXact_GUC(false, level)`): every
+//! setting made inside — a `set_config('search_path', 'app, pg_catalog', false)` in a host
+//! trigger included, which
 //! `SECURITY_RESTRICTED_OPERATION` does not forbid — ends with the scope. Without the discard such
 //! a setting outlived the host statement and the extension's next statement of the same call,
 //! run with the owner's rights, resolved an unqualified operator to one the host had planted
@@ -43,7 +44,7 @@ thread_local! {
 
 /// Runs `body` (statements over `sync_*` tables) as `owner`, the extension owner.
 pub fn as_owner<R>(owner: pg_sys::Oid, body: impl FnOnce() -> Result<R>) -> Result<R> {
-    switched(owner, pg_sys::SECURITY_LOCAL_USERID_CHANGE, body)
+    switched(owner, pg_sys::SECURITY_LOCAL_USERID_CHANGE, false, body)
 }
 
 /// Runs `body` — statements over one host relation — as `role` in a restricted security
@@ -53,6 +54,7 @@ pub fn host_code<R>(role: pg_sys::Oid, body: impl FnOnce() -> Result<R>) -> Resu
     switched(
         role,
         pg_sys::SECURITY_LOCAL_USERID_CHANGE | pg_sys::SECURITY_RESTRICTED_OPERATION,
+        true,
         body,
     )
 }
@@ -82,25 +84,33 @@ impl Drop for HostCodeDepth {
     }
 }
 
-/// Runs `body` as `role` with the extra security-context `flags`, in a GUC nest level of its own
-/// with the pinned `search_path`, and restores identity and settings afterwards.
-fn switched<R>(role: pg_sys::Oid, flags: u32, body: impl FnOnce() -> Result<R>) -> Result<R> {
+/// Runs `body` as `role` with the extra security-context `flags` and the pinned `search_path`,
+/// and restores identity and settings afterwards. `discard`: in a GUC nest level of its own,
+/// discarded afterwards whatever was set inside (host code). Without it (the owner's scopes) a
+/// nest level is opened only when the path must be pinned: inside the API's functions (each
+/// `SET search_path TO pg_catalog, pg_temp`) it already is — host changes never outlive their
+/// own scope — and closing a nest level walks every setting on PostgreSQL 15
+/// (docs/BENCHMARKS.md, notes), which an owner's scope, where no host code runs, does not need.
+fn switched<R>(
+    role: pg_sys::Oid,
+    flags: u32,
+    discard: bool,
+    body: impl FnOnce() -> Result<R>,
+) -> Result<R> {
     let (mut user, mut context) = (pg_sys::InvalidOid, 0);
     // SAFETY: the pairs of miscinit.c and guc.c PostgreSQL's own restricted operations use
     // (ExecRefreshMatView): the identity saved here is restored below on every Rust return path
-    // and by the (sub)transaction's abort after an ERROR; the nest level opened here is closed
+    // and by the (sub)transaction's abort after an ERROR; a nest level opened here is closed
     // below on success and by that abort otherwise. `namespace_search_path` is the setting's
     // current NUL-terminated value (guc.c keeps it valid while it is the value). set_config_option
     // is given a valid setting name and value and raises no error for them (changeVal = true,
     // elevel 0 = ERROR on a bad value, which a constant cannot be).
     let level = unsafe {
         pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
-        let level = pg_sys::NewGUCNestLevel();
-        // Inside the API's functions (each `SET search_path TO pg_catalog, pg_temp`) the path is
-        // already this one — host changes never outlive their scope — so the setting, and the
-        // recomputation of the namespace path it causes, is made only when it differs.
         let current = pg_sys::namespace_search_path;
-        if current.is_null() || std::ffi::CStr::from_ptr(current) != PINNED_SEARCH_PATH {
+        let pinned = !current.is_null() && std::ffi::CStr::from_ptr(current) == PINNED_SEARCH_PATH;
+        let level = (discard || !pinned).then(|| pg_sys::NewGUCNestLevel());
+        if !pinned {
             pg_sys::set_config_option(
                 c"search_path".as_ptr(),
                 PINNED_SEARCH_PATH.as_ptr(),
@@ -120,10 +130,12 @@ fn switched<R>(role: pg_sys::Oid, flags: u32, body: impl FnOnce() -> Result<R>) 
     unsafe { pg_sys::SetUserIdAndSecContext(user, context) };
     match outcome {
         Ok(result) => {
-            // SAFETY: `level` is this scope's nest level and still open: every nested scope
-            // closed its own before returning (an inner error unwinds to here as a panic
-            // instead). `false` discards what was set inside, non-local `SET`s included.
-            unsafe { pg_sys::AtEOXact_GUC(false, level) };
+            if let Some(level) = level {
+                // SAFETY: `level` is this scope's nest level and still open: every nested scope
+                // closed its own before returning (an inner error unwinds to here as a panic
+                // instead). `false` discards what was set inside, non-local `SET`s included.
+                unsafe { pg_sys::AtEOXact_GUC(false, level) };
+            }
             result
         }
         Err(panic) => resume_unwind(panic),

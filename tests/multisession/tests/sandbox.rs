@@ -560,3 +560,67 @@ fn a_superusers_push_runs_host_code_as_the_tables_owner() {
         "the trigger ran as the table's owner"
     );
 }
+
+#[test]
+fn the_callers_temporary_objects_and_settings_never_reach_the_extension() {
+    // Red team, attempt 07: the serving role plants temporary views, tables and functions named
+    // like what the extension's statements use, and sets hostile session settings, before it
+    // calls the API. Every call answers as in a clean session and no temporary code runs.
+    let mut scene = Scene::new("sbx_session_state");
+    scene.as_migrator("GRANT CREATE ON SCHEMA {m} TO {s}");
+    let mut s = scene.db.connect_as(&scene.server);
+    exec(
+        &mut s,
+        &scene.sql(
+            "CREATE TABLE {m}.ran (who text);
+             CREATE FUNCTION pg_temp.boom() RETURNS boolean LANGUAGE plpgsql AS $$
+             BEGIN INSERT INTO {m}.ran VALUES (current_user); RETURN true; END $$;
+             CREATE TEMP VIEW sync_commits AS SELECT 'x'::text AS partition WHERE pg_temp.boom();
+             CREATE TEMP VIEW sync_changes AS SELECT 'x'::text AS partition WHERE pg_temp.boom();
+             CREATE TEMP TABLE sync_app_tables (tbl text, relation oid, registered_by oid);
+             CREATE TEMP VIEW t AS SELECT * FROM {m}.t WHERE pg_temp.boom();
+             CREATE TEMP VIEW k AS SELECT 'r'::text AS row_id WHERE pg_temp.boom();
+             CREATE TEMP VIEW a AS SELECT 1 AS x WHERE pg_temp.boom();
+             CREATE TEMP TABLE jsonb (x int);
+             CREATE FUNCTION pg_temp.unnest(text[]) RETURNS SETOF text LANGUAGE plpgsql
+               AS $$ BEGIN PERFORM pg_temp.boom(); RETURN; END $$;
+             SET search_path = pg_temp, public;
+             SET standard_conforming_strings = off; SET row_security = off;
+             SET plan_cache_mode = force_custom_plan; SET DateStyle = 'SQL, DMY';
+             SET bytea_output = 'escape'; SET extra_float_digits = -15;",
+        ),
+    );
+    let tbl = scene.tbl.clone();
+    let a = scene.op("r1", "a\\b");
+    let b = scene.op("r2", "b");
+    let allowed = json!({"project_id": ["p1"]});
+    let out = try_push_as(&mut s, P, "c1", "k1", &[a, b], Some(&allowed), &json!({})).unwrap();
+    assert_eq!(out["outcome"], "applied", "{out}");
+    let scopes = json!({"project_id": ["p1"]});
+    let request = json!({"subscriptions": [{"id": "s1", "table": tbl, "scopes": scopes,
+                                             "effective": scopes, "cursor": -1}]});
+    let rows: i64 = one(
+        &mut s,
+        "SELECT count(*) FROM syncular.pull($1, 'c2', 'a1', $2, 'e1', $3, $4) WHERE row_id IS NOT NULL",
+        &[&P, &NOW, &V, &request],
+    );
+    assert_eq!(rows, 2);
+    let found: Option<Value> = one(
+        &mut s,
+        "SELECT syncular.get_row_scopes($1, $2, 'r1')",
+        &[&P, &tbl],
+    );
+    assert_eq!(found.unwrap()["serverVersion"], json!(1));
+    let decoded: Value = one(
+        &mut s,
+        &scene.sql(
+            "SELECT syncular.decode_row('{t}', (SELECT \"_sync_payload\" FROM {m}.t
+                                                WHERE \"_sync_row_id\" = 'r1'))",
+        ),
+        &[],
+    );
+    assert_eq!(decoded["title"], json!("a\\b"));
+    assert_eq!(count(&mut scene.c, "syncular.sync_commits"), 1);
+    let ran = scene.sql("{m}.ran");
+    assert_eq!(count(&mut scene.c, &ran), 0, "a temporary function ran");
+}
