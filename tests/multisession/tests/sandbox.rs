@@ -169,6 +169,17 @@ fn server_pushes(scene: &mut Scene, key: &str, ops: &[Op]) {
     assert_eq!(out["outcome"], "applied", "{out}");
 }
 
+/// The server pushes one new row, then two (on a table no trigger can fire on: the batched path,
+/// docs/DESIGN.md §Push path); both apply and nothing escaped the sandbox.
+fn one_row_then_a_batch(scene: &mut Scene) {
+    let a = scene.op("r1", "a");
+    server_pushes(scene, "k1", &[a]);
+    let b = scene.op("r2", "b");
+    let c = scene.op("r3", "c");
+    server_pushes(scene, "k2", &[b, c]);
+    scene.assert_contained();
+}
+
 #[test]
 fn a_trigger_cannot_leave_a_setting_behind_in_push_commit() {
     let mut scene = Scene::new("sbx_trigger");
@@ -190,13 +201,7 @@ fn a_trigger_cannot_leave_a_setting_behind_in_push_commit() {
 fn a_column_default_cannot_leave_a_setting_behind_one_row_or_a_batch() {
     let mut scene = Scene::new("sbx_default");
     scene.as_migrator("ALTER TABLE {m}.t ADD COLUMN note text DEFAULT {m}.poison_text()");
-    let a = scene.op("r1", "a");
-    server_pushes(&mut scene, "k1", &[a]);
-    // Two new rows of a triggerless table: the batched path (docs/DESIGN.md §Push path).
-    let b = scene.op("r2", "b");
-    let c = scene.op("r3", "c");
-    server_pushes(&mut scene, "k2", &[b, c]);
-    scene.assert_contained();
+    one_row_then_a_batch(&mut scene);
     let noted = scene.sql("{m}.t WHERE note = 'x'");
     assert_eq!(count(&mut scene.c, &noted), 3);
 }
@@ -205,24 +210,14 @@ fn a_column_default_cannot_leave_a_setting_behind_one_row_or_a_batch() {
 fn an_index_expression_cannot_leave_a_setting_behind() {
     let mut scene = Scene::new("sbx_index");
     scene.as_migrator("CREATE INDEX poison ON {m}.t ({m}.poison_key(id))");
-    let a = scene.op("r1", "a");
-    server_pushes(&mut scene, "k1", &[a]);
-    let b = scene.op("r2", "b");
-    let c = scene.op("r3", "c");
-    server_pushes(&mut scene, "k2", &[b, c]);
-    scene.assert_contained();
+    one_row_then_a_batch(&mut scene);
 }
 
 #[test]
 fn a_check_constraint_cannot_leave_a_setting_behind() {
     let mut scene = Scene::new("sbx_check");
     scene.as_migrator("ALTER TABLE {m}.t ADD CONSTRAINT poison CHECK ({m}.poison())");
-    let a = scene.op("r1", "a");
-    server_pushes(&mut scene, "k1", &[a]);
-    let b = scene.op("r2", "b");
-    let c = scene.op("r3", "c");
-    server_pushes(&mut scene, "k2", &[b, c]);
-    scene.assert_contained();
+    one_row_then_a_batch(&mut scene);
 }
 
 #[test]
@@ -233,12 +228,7 @@ fn a_domain_check_cannot_leave_a_setting_behind() {
          GRANT USAGE ON TYPE {m}.flag TO {s};
          ALTER TABLE {m}.t ADD COLUMN flag {m}.flag DEFAULT 'x'",
     );
-    let a = scene.op("r1", "a");
-    server_pushes(&mut scene, "k1", &[a]);
-    let b = scene.op("r2", "b");
-    let c = scene.op("r3", "c");
-    server_pushes(&mut scene, "k2", &[b, c]);
-    scene.assert_contained();
+    one_row_then_a_batch(&mut scene);
 }
 
 #[test]
