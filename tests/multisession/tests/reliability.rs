@@ -525,9 +525,10 @@ impl Drop for OwnCluster {
 fn a_crash_under_load_loses_no_acknowledged_commit() {
     let dir = std::env::temp_dir().join(format!("syncular-crash-{}", std::process::id()));
     let dir_s = dir.to_str().unwrap().to_string();
-    // A port of its own per run: a previous run's cluster may still be shutting down.
+    // A port of its own per run (a previous run's cluster may still be shutting down), below
+    // Linux's ephemeral range 32768-60999, where any client connection can hold a port.
     let port = std::env::var("SYNCULAR_CRASH_PORT")
-        .unwrap_or_else(|_| (56000 + std::process::id() % 1000).to_string());
+        .unwrap_or_else(|_| (27000 + std::process::id() % 1000).to_string());
     let _ = std::fs::remove_dir_all(&dir);
     let _own = OwnCluster(dir_s.clone());
     cluster(&["start", &dir_s, &port]);
