@@ -7,7 +7,7 @@ import { SyncularServerStorage, type SyncularServerStorageOptions } from '../src
 import type { CompiledSchema, CompiledTable, RowColumn } from '../src/types.js';
 
 /** libpq-style base URL of the cluster; the tests create their own databases in it. */
-export const BASE_URL = process.env.SYNCULAR_TS_PG ?? 'postgres://postgres@127.0.0.1:55490/postgres';
+export const BASE_URL = process.env.SYNCULAR_TS_PG ?? 'postgres://postgres@127.0.0.1:25439/postgres';
 
 /** The URL of `database` as `user` on the cluster of `base` (the tests' cluster by default). */
 export function urlFor(database: string, user = 'postgres', base = BASE_URL): string {
