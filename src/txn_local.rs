@@ -134,14 +134,7 @@ unsafe extern "C-unwind" fn on_subxact(
 /// Whether `push_commit` staged a push in this transaction that neither `push_finish` took nor a
 /// rollback to its savepoint undid.
 fn staged_push_stands() -> bool {
-    ENTRIES.with(|entries| {
-        entries
-            .borrow()
-            .iter()
-            .rev()
-            .find(|e| e.key == Key::PushStagedId)
-            .is_some_and(|e| !e.value.is_empty())
-    })
+    get(Key::PushStagedId).is_some_and(|id| !id.is_empty())
 }
 
 /// A transaction that still holds a staged push does not commit: its candidate rows would land
