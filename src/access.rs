@@ -6,7 +6,10 @@
 //! `REFRESH MATERIALIZED VIEW` do), so whatever code the host attached to it (policies,
 //! triggers, functions in defaults) runs with its author's rights and cannot change role.
 //!
-//! The switches themselves, and the settings they pin and discard, are [`crate::sandbox`]'s.
+//! The switch itself ([`switched`]) pins `search_path` for both identities; the host's side of
+//! it — a restricted security context and a GUC nest level discarded afterwards — is reached
+//! only through src/tables/sandbox.rs, the one place host code runs (docs/SECURITY.md, rules 1
+//! and 12).
 //!
 //! Functions that need the caller's identity (to check its privileges) are declared
 //! `SECURITY INVOKER` and switch to the owner themselves with [`as_extension_owner`]: inside a
@@ -14,10 +17,10 @@
 
 use crate::db;
 use crate::error::{Error, Result};
-use crate::sandbox;
 use crate::txn_local::{self, Key};
 use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
 /// The role the current statement runs as (the caller, in a `SECURITY INVOKER` function).
 pub fn current_role() -> pg_sys::Oid {
@@ -64,10 +67,77 @@ pub fn require_operator(client: &SpiClient<'_>, argument: &str) -> Result<()> {
 }
 
 /// Runs `body` with the extension owner's rights, for statements over `sync_*` tables only, under
-/// the pinned `search_path` ([`sandbox::as_owner`]).
+/// the pinned `search_path`.
+#[allow(clippy::disallowed_methods)] // the owner's side of the switch (clippy.toml)
 pub fn as_extension_owner<R>(
     client: &SpiClient<'_>,
     body: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
-    sandbox::as_owner(extension_owner(client)?, body)
+    switched(
+        extension_owner(client)?,
+        pg_sys::SECURITY_LOCAL_USERID_CHANGE,
+        false,
+        body,
+    )
+}
+
+/// The only `search_path` any statement of the extension runs under, owner's or host's.
+const PINNED_SEARCH_PATH: &std::ffi::CStr = c"pg_catalog, pg_temp";
+
+/// Runs `body` as `role` with the extra security-context `flags` and the pinned `search_path`,
+/// and restores identity and settings afterwards. `discard`: in a GUC nest level of its own,
+/// discarded afterwards whatever was set inside (host code). Without it (the owner's scopes) a
+/// nest level is opened only when the path must be pinned: inside the API's functions (each
+/// `SET search_path TO pg_catalog, pg_temp`) it already is — host changes never outlive their
+/// own scope — and closing a nest level walks every setting on PostgreSQL 15
+/// (docs/BENCHMARKS.md, notes), which an owner's scope, where no host code runs, does not need.
+pub fn switched<R>(
+    role: pg_sys::Oid,
+    flags: u32,
+    discard: bool,
+    body: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    let (mut user, mut context) = (pg_sys::InvalidOid, 0);
+    // SAFETY: the pairs of miscinit.c and guc.c PostgreSQL's own restricted operations use
+    // (ExecRefreshMatView): the identity saved here is restored below on every Rust return path
+    // and by the (sub)transaction's abort after an ERROR; a nest level opened here is closed
+    // below on success and by that abort otherwise. `namespace_search_path` is the setting's
+    // current NUL-terminated value (guc.c keeps it valid while it is the value). set_config_option
+    // is given a valid setting name and value and raises no error for them (changeVal = true,
+    // elevel 0 = ERROR on a bad value, which a constant cannot be).
+    let level = unsafe {
+        pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
+        let current = pg_sys::namespace_search_path;
+        let pinned = !current.is_null() && std::ffi::CStr::from_ptr(current) == PINNED_SEARCH_PATH;
+        let level = (discard || !pinned).then(|| pg_sys::NewGUCNestLevel());
+        if !pinned {
+            pg_sys::set_config_option(
+                c"search_path".as_ptr(),
+                PINNED_SEARCH_PATH.as_ptr(),
+                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+                pg_sys::GucAction::GUC_ACTION_SAVE,
+                true,
+                0,
+                false,
+            );
+        }
+        pg_sys::SetUserIdAndSecContext(role, context | flags as i32);
+        level
+    };
+    let outcome = catch_unwind(AssertUnwindSafe(body));
+    // SAFETY: as above.
+    unsafe { pg_sys::SetUserIdAndSecContext(user, context) };
+    match outcome {
+        Ok(result) => {
+            if let Some(level) = level {
+                // SAFETY: `level` is this scope's nest level and still open: every nested scope
+                // closed its own before returning (an inner error unwinds to here as a panic
+                // instead). `false` discards what was set inside, non-local `SET`s included.
+                unsafe { pg_sys::AtEOXact_GUC(false, level) };
+            }
+            result
+        }
+        Err(panic) => resume_unwind(panic),
+    }
 }

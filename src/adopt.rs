@@ -30,7 +30,7 @@ use crate::access;
 use crate::args;
 use crate::db;
 use crate::error::{self, Error, Result};
-use crate::push;
+use crate::push::result;
 use crate::tables;
 use pgrx::prelude::*;
 use pgrx::spi::{quote_identifier, SpiClient};
@@ -530,7 +530,7 @@ SELECT partition, client_id, client_commit_id, result::text FROM syncular.sync_p
 
 /// Whether some copied push result is one `get_push_result` could not read: not JSON serde can
 /// represent (deeper than 128, numbers beyond f64 — where get_push_result fails), or rejected
-/// by [`push::normalize`], the very rule `get_push_result` applies. Row by row, so walked in
+/// by [`result::normalize`], the very rule `get_push_result` applies. Row by row, so walked in
 /// pages of the primary key, each in its own SPI connection: memory stays bounded.
 fn unreadable_push_result() -> Result<bool> {
     let mut after: Option<[String; 3]> = None;
@@ -556,7 +556,7 @@ fn unreadable_push_result() -> Result<bool> {
                 let text = row.get::<String>(4)?.unwrap_or_default();
                 let readable = serde_json::from_str::<Value>(&text)
                     .ok()
-                    .is_some_and(|stored| push::normalize(stored).is_ok());
+                    .is_some_and(|stored| result::normalize(stored).is_ok());
                 if !readable {
                     return Ok((rows, None, true));
                 }

@@ -325,9 +325,9 @@ pub fn try_base64(engine: &impl base64::Engine, bytes: &[u8]) -> Result<String, 
 }
 
 /// A `bytea` value of a result row, copied into Rust memory fallibly (the value may be as large
-/// as whoever wrote the row made it): [`bytes_column`]. The datum is detoasted by PostgreSQL
+/// as whoever wrote the row made it): `db::bytes_column`. The datum is detoasted by PostgreSQL
 /// (`palloc`, whose failure is its own `53200`) only when it is toasted; the one copy is Rust's.
-struct Bytes(Vec<u8>);
+pub struct Bytes(pub Vec<u8>);
 
 impl pgrx::FromDatum for Bytes {
     unsafe fn from_polymorphic_datum(
@@ -344,7 +344,7 @@ impl pgrx::FromDatum for Bytes {
             let varlena = pgrx::pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
             pgrx::varlena_to_byte_slice(varlena)
         };
-        // A failed copy reads as NULL here and is recorded: [`bytes_column`] checks at once.
+        // A failed copy reads as NULL here and is recorded: `db::bytes_column` checks at once.
         try_copy(bytes).ok().map(Bytes)
     }
 }
@@ -360,7 +360,7 @@ impl pgrx::IntoDatum for Bytes {
 }
 
 /// A `text` value of a result row, copied fallibly (see [`Bytes`]).
-struct Text(String);
+pub struct Text(pub String);
 
 impl pgrx::FromDatum for Text {
     unsafe fn from_polymorphic_datum(
@@ -388,26 +388,6 @@ impl pgrx::IntoDatum for Text {
     fn type_oid() -> pgrx::pg_sys::Oid {
         pgrx::pg_sys::TEXTOID
     }
-}
-
-/// A `bytea` column of a result row, copied out fallibly ([`Bytes`]).
-pub fn bytes_column(
-    row: &pgrx::spi::SpiHeapTupleData<'_>,
-    ordinal: usize,
-) -> crate::error::Result<Option<Vec<u8>>> {
-    let value = row.get::<Bytes>(ordinal)?;
-    check()?;
-    Ok(value.map(|b| b.0))
-}
-
-/// A `text` column of a result row, copied out fallibly ([`Text`]).
-pub fn text_column(
-    row: &pgrx::spi::SpiHeapTupleData<'_>,
-    ordinal: usize,
-) -> crate::error::Result<Option<String>> {
-    let value = row.get::<Text>(ordinal)?;
-    check()?;
-    Ok(value.map(|t| t.0))
 }
 
 /// Unit tests (the allocator's bookkeeping) and, in a real backend after `_PG_init`

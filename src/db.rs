@@ -12,6 +12,7 @@
 //! `col = v.x COLLATE "C"`, so the collation is never ambiguous and the key stays usable as an
 //! index condition.
 
+use crate::alloc;
 use crate::error::Result;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::{self, PgOid};
@@ -236,4 +237,24 @@ pub fn first<T: pgrx::FromDatum + pgrx::IntoDatum>(table: SpiTupleTable<'_>) -> 
         return Ok(None);
     }
     Ok(table.first().get::<T>(1)?)
+}
+
+/// A `bytea` column of a result row, copied out fallibly ([`alloc::Bytes`]).
+pub fn bytes_column(
+    row: &pgrx::spi::SpiHeapTupleData<'_>,
+    ordinal: usize,
+) -> Result<Option<Vec<u8>>> {
+    let value = row.get::<alloc::Bytes>(ordinal)?;
+    alloc::check()?;
+    Ok(value.map(|b| b.0))
+}
+
+/// A `text` column of a result row, copied out fallibly ([`alloc::Text`]).
+pub fn text_column(
+    row: &pgrx::spi::SpiHeapTupleData<'_>,
+    ordinal: usize,
+) -> Result<Option<String>> {
+    let value = row.get::<alloc::Text>(ordinal)?;
+    alloc::check()?;
+    Ok(value.map(|t| t.0))
 }

@@ -228,22 +228,50 @@ impl From<pgrx::heap_tuple::PgHeapTupleError> for Error {
 ///
 /// A call made by host code that runs inside another call of the API (a trigger of an app table
 /// firing under `push_commit`, a policy read by `pull`) is refused with `42501` before anything
-/// is read ([`crate::sandbox`], docs/SECURITY.md rule 12).
+/// is read ([`HostCode`], src/tables/sandbox.rs, docs/SECURITY.md rule 12).
 ///
 /// This is also the last check point of out of memory (`src/alloc.rs`): if an allocation failed
 /// while the body ran — even one the allocator's reserve served, or one the body turned into
 /// another error — the call ends in `53200`, after everything the body owned was dropped.
 pub fn run<T>(body: impl FnOnce() -> Result<T>) -> T {
-    if let Err(message) = crate::sandbox::refuse_in_host_code() {
+    if HostCode::depth() > 0 {
         drop(body);
         raise(
             "42501",
-            message.to_string(),
+            "syncular functions cannot be called by host code that runs inside a syncular call"
+                .to_string(),
             None,
             Some("a trigger, default, index expression, CHECK or policy of an app table runs inside the syncular call that reads or writes that table; call syncular from the host itself (for reactions of a one-call push, its reactionPlanner), docs/SECURITY.md".to_string()),
         )
     }
     run_in_host_code(body)
+}
+
+thread_local! {
+    /// How many host-code scopes (src/tables/sandbox.rs) are open in this backend.
+    static HOST_CODE_DEPTH: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// An open host-code scope (src/tables/sandbox.rs), counted while it lives so that [`run`] can
+/// refuse calls of the API made by host code; the count drops when the scope ends, unwinding
+/// included.
+pub struct HostCode;
+
+impl HostCode {
+    pub fn enter() -> HostCode {
+        HOST_CODE_DEPTH.with(|d| d.set(d.get() + 1));
+        HostCode
+    }
+
+    fn depth() -> u32 {
+        HOST_CODE_DEPTH.with(std::cell::Cell::get)
+    }
+}
+
+impl Drop for HostCode {
+    fn drop(&mut self) {
+        HOST_CODE_DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+    }
 }
 
 /// [`run`] for the few functions host code may call inside a call of the API: the extension's

@@ -245,7 +245,6 @@ impl DirectInsert {
             // owner may read it, as the statement shows it).
             pg_sys::InitResultRelInfo(info, relation, 0, std::ptr::null_mut(), 0);
             pg_sys::ExecOpenIndices(info, false);
-            port::set_result_relation(estate, info);
             let slot = pg_sys::MakeSingleTupleTableSlot((*relation).rd_att, &pg_sys::TTSOpsVirtual);
             let constraints = (*(*relation).rd_att).constr;
             let checks = !constraints.is_null() && (*constraints).num_check > 0;
@@ -291,8 +290,8 @@ impl DirectInsert {
         // the slot receives a well-formed virtual tuple. The slot, estate and index info were
         // made for this relation by `open` and live until `drop`; `ExecConstraints` evaluates the
         // relation's own CHECK constraints on that slot in that executor state, its error path
-        // safe for a relation outside any range table on the majors where it runs
-        // (`port::CHECKS_BELOW_SQL`).
+        // safe for a relation outside any range table (`ExecGetInsertedCols` answers "none" for
+        // range table index 0 on every supported major).
         unsafe {
             let slot = self.slot;
             let attributes = pgrx::PgTupleDesc::from_pg_unchecked((*self.relation).rd_att);
@@ -373,10 +372,7 @@ unsafe fn is_plain(relation: pg_sys::Relation, columns: &[(&CStr, pg_sys::Oid)])
         }
         let descriptor = (*relation).rd_att;
         let constraints = (*descriptor).constr;
-        if !constraints.is_null()
-            && ((*constraints).has_generated_stored
-                || ((*constraints).num_check > 0 && !port::CHECKS_BELOW_SQL))
-        {
+        if !constraints.is_null() && (*constraints).has_generated_stored {
             return false;
         }
         let attributes = pgrx::PgTupleDesc::from_pg_unchecked(descriptor);

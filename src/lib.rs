@@ -1,37 +1,36 @@
 //! syncular: the storage core of the Syncular sync engine, native inside PostgreSQL.
 //!
-//! `lib.rs` only wires the modules together; each module owns one concern of the design
-//! (docs/DESIGN.md):
-//! - [`error`]: the error catalogue and the one place that raises it; [`alloc`]: the global
-//!   allocator and fallible allocation, so that out of memory is an ERROR, never an abort;
-//! - [`port`]: Rust ports of PostgreSQL header code, each quoting what it ports;
-//! - [`access`]: the calling role and the extension owner; [`sandbox`]: the one place that
-//!   switches between them and the host's roles, with the settings it pins and discards;
+//! `lib.rs` only wires the modules together. One folder per request path, named after what the
+//! user calls (docs/DESIGN.md, "Where the rules live"):
+//! - [`push`]: the push path, a file a step (the classic calls and the one-call `push_commit`);
+//! - [`pull`]: the pull path (the commit window, the bootstrap scan, the one-call `pull`);
+//! - [`reactions`]: the reaction outbox (enqueue, lease, read, the document);
+//! - [`schema`]: schema versions (`migrate_schema` and the barrier, the push schema, the row
+//!   codec's SQL face);
+//! - [`tables`]: the app-table registry and the one module that touches host relations, with
+//!   the sandbox, the one place host code runs.
+//!
+//! Below them, one concern a module:
+//! - [`fence`]: the writer-fence trigger and functions (docs/DESIGN.md §Writer fence);
+//! - [`jsonb`], [`commit`], [`log`]: the binary commit document, allocation and append
+//!   (docs/DESIGN.md §Commit log); [`push_guard`]: one result and one commit per push in a
+//!   transaction (below the push path, because `append_commit` consults it too);
+//! - [`gate`]: the serve gate (docs/DESIGN.md §Serve gate); [`checkpoint`]: backfill
+//!   checkpoints (docs/DESIGN.md §Checkpoints); [`notify`]: the opt-in NOTIFY after each commit;
+//! - [`registry`], [`prune`]: partition registry and retention; [`scope`]: scope filters;
+//!   [`rows`]: row metadata (scopes, blobs, tombstones); [`clients`]: client records and cursors;
+//! - [`admin`]: blob-reference and admin reads; [`adopt`]: adoption of a 0.24 database;
+//!   [`repair`]: the owner-only way back from a marker or fence set too high;
+//! - [`codec`] (pure, no SQL): upstream's row codec and column versions (docs/CODEC.md);
+//! - [`grants`]: what the roles `syncular_host` and `syncular_admin` may call;
+//! - [`access`]: the calling role, the extension owner and the switch between identities;
+//!   [`txn_local`]: transaction-local control state no session can set;
 //! - [`args`], [`limits`], [`db`]: argument decoding and the size caps, SPI with kept plans;
 //!   [`interrupts`]: the interrupt check of every loop over input; [`heap`]: the extension's
 //!   tables below SQL (cached OIDs, direct inserts into the commit log);
-//! - [`fence`]: the writer-fence trigger and functions (docs/DESIGN.md §Writer fence);
-//! - [`jsonb`], [`commit`], [`log`]: the binary commit document, allocation and append
-//!   (docs/DESIGN.md §Commit log);
-//! - [`gate`]: the serve gate (docs/DESIGN.md §Serve gate);
-//! - [`checkpoint`]: backfill checkpoints (docs/DESIGN.md §Checkpoints);
-//! - [`barrier`]: the schema barrier (docs/DESIGN.md §Schema barrier);
-//! - [`notify`]: the opt-in NOTIFY after each appended commit;
-//! - [`push_guard`]: the classic push's own consistency (ids and commit_seq of the push begun);
-//! - [`push_commit`]: the one-call push (a whole commit of the default path in one call);
-//! - [`registry`], [`push`], [`prune`]: partition registry, push path and retention
-//!   (docs/DESIGN.md §Around the native parts);
-//! - [`scope`], [`pull`]: scope filters, the commit window and the bootstrap scan;
-//!   [`pull_request`]: the one-call pull of a whole request;
-//! - [`tables`]: the app-table registry and the one module that touches host relations;
-//!   [`rows`]: row metadata (scopes, blobs, tombstones);
-//! - [`queue`]: the reaction outbox; [`clients`]: client records and cursors;
-//! - [`txn_local`]: transaction-local control state no session can set;
-//! - [`admin`]: blob-reference and admin reads; [`adopt`]: adoption of a 0.24 database;
-//! - [`repair`]: the owner-only way back from a marker or fence set too high;
-//! - [`codec`] (pure, no SQL), [`push_schema`], [`codec_sql`]: upstream's row codec, the
-//!   stored push schema and `encode_row`/`decode_row` (docs/CODEC.md);
-//! - [`grants`]: what the roles `syncular_host` and `syncular_admin` may call.
+//! - [`error`]: the error catalogue and the one place that raises it; [`alloc`]: the global
+//!   allocator and fallible allocation, so that out of memory is an ERROR, never an abort;
+//! - [`port`]: Rust ports of PostgreSQL header code, each quoting what it ports.
 //!
 //! Privileges, decided per function (docs/SECURITY.md): the API functions are
 //! `SECURITY DEFINER` (pinned `search_path = pg_catalog, pg_temp`) so that a host role needs only
@@ -49,11 +48,9 @@ mod admin;
 mod adopt;
 mod alloc;
 mod args;
-mod barrier;
 mod checkpoint;
 mod clients;
 mod codec;
-mod codec_sql;
 mod commit;
 mod db;
 mod error;
@@ -70,19 +67,13 @@ mod notify;
 mod port;
 mod prune;
 mod pull;
-mod pull_request;
 mod push;
-mod push_append;
-mod push_batch;
-mod push_commit;
 mod push_guard;
-mod push_schema;
-mod push_stage;
-mod queue;
+mod reactions;
 mod registry;
 mod repair;
 mod rows;
-mod sandbox;
+mod schema;
 mod scope;
 mod tables;
 #[cfg(any(test, feature = "pg_test"))]

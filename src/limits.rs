@@ -32,7 +32,7 @@ pub const TABLE_COLUMNS: usize = 1600;
 /// Bytes of rows one call collects before returning the first (`pull` over all its
 /// subscriptions, `read_commit_window`, `scan_rows`): payloads, scopes, column versions and ids.
 /// The first commit or row always goes; past this, `pull` stops and reports the rest as not yet
-/// delivered, the two page readers refuse with `too_large` (src/pull.rs, `Budget`).
+/// delivered, the two page readers refuse with `too_large` (src/pull/budget.rs, `Budget`).
 pub const OUTPUT_BYTES: usize = 64 << 20;
 
 /// The refusal of a call whose rows would exceed [`OUTPUT_BYTES`] and that cannot answer in

@@ -2,6 +2,13 @@
 //! bind, constants of on-disk formats, and calls whose signature differs between majors. Each
 //! item quotes what it ports, so "how PostgreSQL works" stays apart from "what we do"; the rest
 //! of the crate calls these instead of repeating them.
+//!
+//! The supported majors are the ones built and tested: PostgreSQL 15 and 18 (Cargo features
+//! `pg15`, `pg18`; docs/DESIGN.md §Supported PostgreSQL). Where a signature differs, each item
+//! has exactly those two branches.
+
+#[cfg(not(any(feature = "pg15", feature = "pg18")))]
+compile_error!("syncular builds for PostgreSQL 15 or 18: enable the feature pg15 or pg18");
 
 use pgrx::pg_sys;
 use std::ffi::c_int;
@@ -54,7 +61,7 @@ pub unsafe fn exec_clear_tuple(slot: *mut pg_sys::TupleTableSlot) {
 }
 
 /// `ExecInsertIndexTuples` (`src/backend/executor/execIndexing.c`), whose signature changed:
-/// PostgreSQL 14 added the `ResultRelInfo` and `update` arguments, 16 `onlySummarizing`.
+/// PostgreSQL 16 added `onlySummarizing`.
 /// Inserts `slot`'s index entries with uniqueness checked; returns the list of indexes to
 /// recheck (always empty without deferred constraints).
 ///
@@ -69,12 +76,7 @@ pub unsafe fn exec_insert_index_tuples(
     let (no_conflict, no_arbiters) = (std::ptr::null_mut(), std::ptr::null_mut());
     // SAFETY: the caller's contract; the flags ask for a plain, non-update insertion.
     unsafe {
-        #[cfg(feature = "pg13")]
-        {
-            let _ = info;
-            pg_sys::ExecInsertIndexTuples(slot, estate, false, no_conflict, no_arbiters)
-        }
-        #[cfg(any(feature = "pg14", feature = "pg15"))]
+        #[cfg(feature = "pg15")]
         {
             pg_sys::ExecInsertIndexTuples(
                 info,
@@ -86,7 +88,7 @@ pub unsafe fn exec_insert_index_tuples(
                 no_arbiters,
             )
         }
-        #[cfg(any(feature = "pg16", feature = "pg17", feature = "pg18"))]
+        #[cfg(feature = "pg18")]
         {
             pg_sys::ExecInsertIndexTuples(
                 info,
@@ -100,22 +102,6 @@ pub unsafe fn exec_insert_index_tuples(
             )
         }
     }
-}
-
-/// Where the executor finds the result relation of an insert outside a plan: PostgreSQL 13 reads
-/// `EState.es_result_relation_info` in `ExecInsertIndexTuples`; 14 passes the `ResultRelInfo`
-/// as an argument instead (see [`exec_insert_index_tuples`]) and dropped the field.
-///
-/// # Safety
-/// `estate` is a live executor state and `info` a result relation info made for it.
-pub unsafe fn set_result_relation(estate: *mut pg_sys::EState, info: *mut pg_sys::ResultRelInfo) {
-    #[cfg(feature = "pg13")]
-    // SAFETY: the caller's contract.
-    unsafe {
-        (*estate).es_result_relation_info = info;
-    }
-    #[cfg(not(feature = "pg13"))]
-    let _ = (estate, info);
 }
 
 /// The `numeric` varlena's header word (`src/backend/utils/adt/numeric.c`): sign and format bits,
@@ -132,15 +118,6 @@ pub mod numeric {
     pub const SHORT_WEIGHT_MASK: u16 = 0x003F;
 }
 
-/// Whether a row inserted below SQL ([`crate::heap::DirectInsert`]) can have its CHECK
-/// constraints evaluated by `ExecConstraints`. Its error path asks `ExecGetInsertedCols` for the
-/// inserted columns: from PostgreSQL 14 on, a result relation outside any range table (index 0,
-/// as `ExecGetTriggerResultRel` makes them) gets "none"; 13 takes such a relation for a partition
-/// routed from a parent and follows a root it does not have. On 13 (declared, not tested) a table
-/// with CHECK constraints is written by a statement instead. Tested on 15 and 18: a violation
-/// below SQL (the queue's `check_constraints_hold_below_sql`).
-pub const CHECKS_BELOW_SQL: bool = cfg!(not(feature = "pg13"));
-
 /// `RelationGetPrimaryKeyIndex(relation)` (`src/backend/utils/cache/relcache.c`); PostgreSQL 18
 /// added `deferrable_ok` (we want only immediate primary keys, the old behaviour).
 ///
@@ -149,7 +126,7 @@ pub const CHECKS_BELOW_SQL: bool = cfg!(not(feature = "pg13"));
 pub unsafe fn relation_primary_key_index(relation: pg_sys::Relation) -> pg_sys::Oid {
     // SAFETY: the caller passes an open relation.
     unsafe {
-        #[cfg(not(feature = "pg18"))]
+        #[cfg(feature = "pg15")]
         {
             pg_sys::RelationGetPrimaryKeyIndex(relation)
         }
@@ -158,6 +135,25 @@ pub unsafe fn relation_primary_key_index(relation: pg_sys::Relation) -> pg_sys::
             pg_sys::RelationGetPrimaryKeyIndex(relation, false)
         }
     }
+}
+
+/// Whether `role` holds `USAGE` on schema `namespace`: `pg_namespace_aclcheck` on PostgreSQL 15,
+/// `object_aclcheck(NamespaceRelationId, …)` from 16 on (`src/include/utils/acl.h`).
+pub fn namespace_usage(namespace: pg_sys::Oid, role: pg_sys::Oid) -> bool {
+    let usage = pg_sys::ACL_USAGE as pg_sys::AclMode;
+    // SAFETY: an ACL lookup through the syscache; an error (a vanished schema) is raised as a
+    // PostgreSQL error, caught by pgrx.
+    let result = unsafe {
+        #[cfg(feature = "pg15")]
+        {
+            pg_sys::pg_namespace_aclcheck(namespace, role, usage)
+        }
+        #[cfg(feature = "pg18")]
+        {
+            pg_sys::object_aclcheck(pg_sys::NamespaceRelationId, namespace, role, usage)
+        }
+    };
+    result == pg_sys::AclResult::ACLCHECK_OK
 }
 
 #[cfg(test)]
@@ -175,23 +171,4 @@ mod tests {
     fn int_align_rounds_up_to_four() {
         assert_eq!([0, 1, 3, 4, 5, 8].map(jsonb::int_align), [0, 4, 4, 4, 8, 8]);
     }
-}
-
-/// Whether `role` holds `USAGE` on schema `namespace`: `pg_namespace_aclcheck` up to
-/// PostgreSQL 15, `object_aclcheck(NamespaceRelationId, …)` from 16 on (`src/include/utils/acl.h`).
-pub fn namespace_usage(namespace: pg_sys::Oid, role: pg_sys::Oid) -> bool {
-    let usage = pg_sys::ACL_USAGE as pg_sys::AclMode;
-    // SAFETY: an ACL lookup through the syscache; an error (a vanished schema) is raised as a
-    // PostgreSQL error, caught by pgrx.
-    let result = unsafe {
-        #[cfg(any(feature = "pg13", feature = "pg14", feature = "pg15"))]
-        {
-            pg_sys::pg_namespace_aclcheck(namespace, role, usage)
-        }
-        #[cfg(any(feature = "pg16", feature = "pg17", feature = "pg18"))]
-        {
-            pg_sys::object_aclcheck(pg_sys::NamespaceRelationId, namespace, role, usage)
-        }
-    };
-    result == pg_sys::AclResult::ACLCHECK_OK
 }

@@ -6,7 +6,7 @@
 //! at someone else's commit, or a rejection over an append that stands, is refused instead of
 //! becoming a wrong idempotency answer forever.
 //!
-//! A staged push (src/push_stage.rs) stands too, whether or not `push_begin` began it: its
+//! A staged push (src/push/stage.rs) stands too, whether or not `push_begin` began it: its
 //! candidate rows are written and only `push_finish` appends their commit. Until it is finished
 //! or rolled back, no other commit may be appended in the transaction (`append_commit`,
 //! `push_commit`: `SY004` `prior_writes`), and no result may be stored for its key
@@ -46,7 +46,7 @@ fn begun() -> Option<Vec<String>> {
     txn_local::get(Key::PushBegun).map(parts)
 }
 
-/// `push_commit` staged this push (src/push_stage.rs): it stands from now on.
+/// `push_commit` staged this push (src/push/stage.rs): it stands from now on.
 pub fn stage(partition: &str, client_id: &str, client_commit_id: &str) {
     txn_local::set(
         Key::PushStagedId,

@@ -127,7 +127,7 @@ pub enum Check {
 
 /// The conflict rule (docs/CODEC.md §Conflicts). `present`: the payload's present columns;
 /// `crdt`: whether a column is a crdt column; `base_version`: `None` when absent.
-pub fn check(
+pub fn conflict(
     base_version: Option<i64>,
     present: &[usize],
     is_crdt: impl Fn(usize) -> bool,
@@ -277,7 +277,7 @@ mod tests {
         // E3: patch {id, done, priority} with bv 2 on the v2 row: no conflict.
         let v2 = decode(Some(&hex("02 02")), TASKS).unwrap().unwrap();
         assert_eq!(
-            check(Some(2), &[0, 3, 4], no_crdt, 0, Some(&v2), 2),
+            conflict(Some(2), &[0, 3, 4], no_crdt, 0, Some(&v2), 2),
             Check::Apply
         );
         for (i, want) in [(0, 1), (3, 1), (4, 1), (2, 2)] {
@@ -299,7 +299,7 @@ mod tests {
     fn worked_examples_conflicts() {
         let blob = e3();
         let run =
-            |bv: Option<i64>, present: &[usize]| check(bv, present, no_crdt, 0, Some(&blob), 3);
+            |bv: Option<i64>, present: &[usize]| conflict(bv, present, no_crdt, 0, Some(&blob), 3);
         assert_eq!(bitmap_of(run(Some(1), &[0, 2])), hex("04"));
         assert_eq!(bitmap_of(run(Some(1), &[0, 3])), hex("08"));
         assert_eq!(run(Some(2), &[0, 2]), Check::Apply);
@@ -315,7 +315,7 @@ mod tests {
         // crdt columns are never marked.
         let crdt = |i: usize| i == 2;
         assert_eq!(
-            check(Some(1), &[0, 2], crdt, 0, Some(&blob), 3),
+            conflict(Some(1), &[0, 2], crdt, 0, Some(&blob), 3),
             Check::Apply
         );
     }
@@ -357,10 +357,13 @@ mod tests {
     #[test]
     fn worked_examples_legacy_rows() {
         assert_eq!(
-            bitmap_of(check(Some(4), &[0, 2], no_crdt, 0, None, 5)),
+            bitmap_of(conflict(Some(4), &[0, 2], no_crdt, 0, None, 5)),
             hex("05")
         );
-        assert_eq!(check(Some(5), &[0, 2], no_crdt, 0, None, 5), Check::Apply);
+        assert_eq!(
+            conflict(Some(5), &[0, 2], no_crdt, 0, None, 5),
+            Check::Apply
+        );
         assert_eq!(
             after_update(TASKS, &[0, 2], 0, None, 5),
             (6, Some(hex("00 05 01 05 02 06 03 05 04 05 05 05")))

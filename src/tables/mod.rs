@@ -9,13 +9,15 @@
 //! §App tables at their exact built-in types, still owned by a role the registrant holds the
 //! privileges of.
 //! Host rows are then read as the relation's owner, or written as the caller, in the sandbox of
-//! [`crate::sandbox::host_code`] — every such statement is in [`statements`], the only code of
+//! [`sandbox::host_code`] — every such statement is in [`statements`], the only code of
 //! the extension that can make host code run — never with the extension owner's rights, and
 //! read only for a caller that holds `SELECT` on the relation. docs/SECURITY.md explains the
 //! rules.
 //!
 //! - [`statements`]: every statement over a host relation's rows;
-//! - [`row_meta`]: the row-meta trigger that keeps row scopes in step with the host's writes.
+//! - [`row_meta`]: the row-meta trigger that keeps row scopes in step with the host's writes;
+//! - [`sandbox`]: the one place host code runs (a restricted security context, the pinned
+//!   `search_path`, a GUC nest level discarded afterwards).
 //!
 //! `register_table` and `retire_table` are SECURITY INVOKER: they check the calling role
 //! (ownership of the relation, the registrant's privileges for an existing registration), then
@@ -35,6 +37,7 @@ use serde_json::json;
 use std::ffi::CStr;
 
 pub mod row_meta;
+mod sandbox;
 pub mod statements;
 
 pub use statements::StoredRow;

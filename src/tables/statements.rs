@@ -13,11 +13,11 @@
 // The one module allowed to call `sandbox::host_code` (clippy.toml forbids it everywhere else).
 #![allow(clippy::disallowed_methods)]
 
+use super::sandbox;
 use super::AppRelation;
 use crate::args;
 use crate::db;
 use crate::error;
-use crate::sandbox;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::spi::{quote_identifier, SpiClient};
@@ -59,8 +59,8 @@ impl StoredRow {
         Ok(StoredRow {
             server_version: row.get::<i64>(first)?.unwrap_or(0),
             scopes,
-            payload: crate::alloc::bytes_column(row, first + 2)?.unwrap_or_default(),
-            column_versions: crate::alloc::bytes_column(row, first + 3)?,
+            payload: crate::db::bytes_column(row, first + 2)?.unwrap_or_default(),
+            column_versions: crate::db::bytes_column(row, first + 3)?,
         })
     }
 }

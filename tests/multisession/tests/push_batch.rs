@@ -1,4 +1,4 @@
-//! Batches of the one-call push keep upstream's statement order (src/push_batch.rs,
+//! Batches of the one-call push keep upstream's statement order (src/push/batch.rs,
 //! docs/DESIGN.md §Push path "Batches"): rows of a triggerless table are read up front and
 //! upserted one statement per table; whatever a batch cannot attribute (a constraint error, a
 //! value PostgreSQL refuses) makes the push run again statement by statement, so the outcome is

@@ -8,7 +8,7 @@ use crate::args::{self, JsonArg};
 use crate::codec::{row, CodecError, Column, ColumnType, Value};
 use crate::db;
 use crate::error::{self, Error};
-use crate::push_schema;
+use crate::schema::push_schema;
 use base64::Engine;
 use pgrx::prelude::*;
 use pgrx::JsonB;

@@ -1,13 +1,12 @@
-//! The push path around the commit append (docs/DESIGN.md §Push path): `push_begin` (partition
-//! lock, gate under the lock, idempotency re-check) and the first-writer-wins push results.
+//! Push results and idempotency (docs/DESIGN.md §Push path, "Idempotency"): one stored result per
+//! `(partition, clientId, clientCommitId)`, the first writer wins ([`store_result`]); a replay
+//! reads it back normalized ([`stored_result`]); `get_push_result` / `put_push_result` are the
+//! classic calls, with the push guard's checks (src/push_guard.rs).
 
 use crate::args::{self, json_int, IntProblem};
-use crate::barrier;
 use crate::commit::BASE64;
 use crate::db;
 use crate::error::{self, Code, Error, Result};
-use crate::gate;
-use crate::log;
 use crate::push_guard;
 use base64::Engine;
 use pgrx::datum::DatumWithOid;
@@ -213,21 +212,21 @@ pub fn stored_result(
         .transpose()
 }
 
-struct PushKey {
-    partition: String,
-    client_id: String,
-    client_commit_id: String,
+pub(super) struct PushKey {
+    pub(super) partition: String,
+    pub(super) client_id: String,
+    pub(super) client_commit_id: String,
 }
 
 impl PushKey {
-    fn new(p: Option<&str>, c: Option<&str>, k: Option<&str>) -> Result<PushKey> {
+    pub(super) fn new(p: Option<&str>, c: Option<&str>, k: Option<&str>) -> Result<PushKey> {
         Ok(PushKey {
             partition: args::text("partition", p)?,
             client_id: args::text("client_id", c)?,
             client_commit_id: args::text("client_commit_id", k)?,
         })
     }
-    fn parts(&self) -> [&str; 3] {
+    pub(super) fn parts(&self) -> [&str; 3] {
         [&self.partition, &self.client_id, &self.client_commit_id]
     }
 }
@@ -242,35 +241,6 @@ fn get_push_result(
     error::run(|| {
         let key = PushKey::new(partition, client_id, client_commit_id)?;
         Ok(db::with_spi(|client| stored_result(client, &key.parts(), false))?.map(JsonB))
-    })
-}
-
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
-#[search_path(pg_catalog, pg_temp)]
-fn push_begin(
-    partition: Option<&str>,
-    client_id: Option<&str>,
-    client_commit_id: Option<&str>,
-    running_schema_version: Option<i64>,
-    declared: default!(Option<args::JsonArg>, "'[]'"),
-) -> Option<JsonB> {
-    error::run(|| {
-        barrier::require_transaction(false)?;
-        let key = PushKey::new(partition, client_id, client_commit_id)?;
-        let running = args::count("running_schema_version", running_schema_version)?;
-        let declared = args::declarations(declared)?;
-        db::with_spi(|client| {
-            log::lock(client, &key.partition)?;
-            // Under the lock, with a snapshot taken after it was granted.
-            gate::read_state(client, Some(&key.partition), running, true)?
-                .assert_ready(running, &declared)?;
-            let stored = stored_result(client, &key.parts(), true)?;
-            if stored.is_none() {
-                push_guard::begin(&key.partition, &key.client_id, &key.client_commit_id);
-            }
-            Ok(stored)
-        })
-        .map(|r| r.map(JsonB))
     })
 }
 

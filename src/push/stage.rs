@@ -17,15 +17,15 @@
 //! per push (D8, docs/DESIGN.md §Invariants; docs/API.md `push_finish` says why refuse rather
 //! than replay).
 
+use super::append::{self, ChangeOut, Header};
+use super::result;
 use crate::access;
 use crate::args::{self, JsonArg};
 use crate::codec::{Column, Value as Val};
-use crate::codec_sql;
 use crate::db;
 use crate::error::{self, Error, Result};
-use crate::push;
-use crate::push_append::{self, ChangeOut, Header};
 use crate::push_guard;
+use crate::schema::encode_row;
 use crate::txn_local::{self, Key};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
@@ -39,7 +39,7 @@ pub fn row_map(columns: &[Column], values: &[Val<'_>]) -> Value {
         columns
             .iter()
             .zip(values)
-            .map(|(column, value)| (column.name.clone(), codec_sql::to_json(value)))
+            .map(|(column, value)| (column.name.clone(), encode_row::to_json(value)))
             .collect::<Map<_, _>>(),
     )
 }
@@ -207,13 +207,13 @@ fn push_finish(
                 // stored a result for the key while it was staged (src/push_guard.rs), but
                 // another transaction can (put_push_result takes no lock). A replay is not
                 // possible here: the candidate rows stand and only the host can roll them back.
-                if let Some(stored) = push::stored_result(client, &key, true)? {
+                if let Some(stored) = result::stored_result(client, &key, true)? {
                     return Err(already_stored(&stored));
                 }
-                let appended = push_append::append(client, &header, changes)?;
+                let appended = append::append(client, &header, changes)?;
                 let reactions = sourced(reactions, &header, appended.seq)?;
                 if reactions.as_array().is_some_and(|r| !r.is_empty()) {
-                    // The queue's own validation, caps and duplicate rule (src/queue/enqueue.rs).
+                    // The queue's own validation, caps and duplicate rule (src/reactions/enqueue.rs).
                     db::write(
                         client,
                         "SELECT syncular.enqueue_reactions($1, $2)",
@@ -223,7 +223,7 @@ fn push_finish(
                         ],
                     )?;
                 }
-                push_append::store_applied(client, &header, operations, appended)
+                append::store_applied(client, &header, operations, appended)
             })
         })
         .map(JsonB)

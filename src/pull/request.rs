@@ -17,6 +17,9 @@
 //! tables, which needs the caller's identity ([`tables::open_for_read`], docs/SECURITY.md); the
 //! `sync_*` statements run with the extension owner's rights.
 
+use super::bootstrap::{self, ScanRow};
+use super::budget::Budget;
+use super::window::{self, deliver, WindowRow};
 use crate::access;
 use crate::args::{self, json_int, IntProblem, MAX_SAFE};
 use crate::clients;
@@ -25,7 +28,6 @@ use crate::error::{self, Code, Error, Result};
 use crate::gate::{self, SchemaState};
 use crate::jsonb::OwnedJsonb;
 use crate::limits;
-use crate::pull::{self, Budget, ScanRow, WindowRow};
 use crate::registry;
 use crate::scope::{self, Filter};
 use crate::tables;
@@ -348,53 +350,6 @@ impl Out {
     }
 }
 
-/// The delivery rule of upstream's driver (`storage-api` §4.1): commits oldest first; the first
-/// always goes; another only if it keeps the changes within `limit`; stop once `limit` is
-/// reached. Returns the delivered changes and the next cursor. A window the call's budget cut
-/// short (`truncated`) is never exhausted: the cursor stops at the last delivered commit, and
-/// the next pull reads on from there.
-fn deliver(
-    rows: Vec<WindowRow>,
-    truncated: bool,
-    limit: i64,
-    cursor: i64,
-    max_seq: i64,
-) -> (Vec<WindowRow>, i64) {
-    let returned = rows.len() as i64;
-    let mut commits: Vec<Vec<WindowRow>> = Vec::new();
-    for row in rows {
-        crate::interrupts::check();
-        match commits.last_mut() {
-            Some(commit) if commit[0].commit_seq == row.commit_seq => commit.push(row),
-            _ => commits.push(vec![row]),
-        }
-    }
-    let total_commits = commits.len();
-    let (mut delivered, mut delivered_commits, mut last) = (0i64, 0usize, cursor);
-    let mut out = Vec::new();
-    for commit in commits {
-        crate::interrupts::check();
-        let size = commit.len() as i64;
-        if delivered > 0 && delivered + size > limit {
-            break;
-        }
-        delivered += size;
-        delivered_commits += 1;
-        last = commit[0].commit_seq;
-        out.extend(commit);
-        if delivered >= limit {
-            break;
-        }
-    }
-    let exhausted = !truncated && returned <= limit && delivered_commits == total_commits;
-    let next = if exhausted {
-        cursor.max(max_seq)
-    } else {
-        cursor.max(last)
-    };
-    (out, next)
-}
-
 /// Serves one subscription: its outcome object, its rows, and its next cursor if active.
 ///
 /// All subscriptions share the call's [`Budget`] (docs/API.md "Limits"): once it is spent, a
@@ -425,7 +380,7 @@ fn serve(
     }
     if sub.token.is_none() && sub.cursor <= head.max_seq && sub.cursor >= 0 {
         let table = scope::log_table("request.subscriptions.table", Some(&sub.table))?;
-        let window = pull::window(
+        let window = window::window(
             client,
             partition,
             &table,
@@ -473,7 +428,7 @@ fn serve(
         .min((limits::RESULT_ROWS - 1) / rows_per_page)
         .max(1);
     let wanted = pages * rows_per_page;
-    let scan = pull::scan(
+    let scan = bootstrap::scan(
         client,
         &relation,
         partition,

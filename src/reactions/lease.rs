@@ -2,7 +2,7 @@
 //! acknowledgements that act only while the caller holds the lease, single and batch, and the
 //! operator's `retry_reaction`.
 
-use super::read::{documents, reaction_columns};
+use super::document::{documents, reaction_columns};
 use super::{MAX_DEPTH, MAX_DETAILS_BYTES};
 use crate::args;
 use crate::args::MAX_SAFE;

@@ -6,7 +6,7 @@
 //! the same rows: without triggers nothing observes the order of distinct rows, and the unique
 //! checks run row by row in operation order as they would statement by statement. What a batch
 //! cannot tell is *which* operation a constraint error belongs to, so the push runs again
-//! without batches after an error in a batched run (`push_commit::push`; not after a cancel,
+//! without batches after an error in a batched run (`src/push/one_call.rs`, `push`; not after a cancel,
 //! timeout, deadlock or shutdown): the outcome is always the one of upstream's
 //! statement-by-statement order.
 

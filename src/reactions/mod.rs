@@ -7,9 +7,10 @@
 //!   SQL (or by one statement where the table needs one), naming a duplicate;
 //! - [`lease`]: the worker's calls — `claim_reactions` and the acknowledgements under the lease
 //!   (`complete_reaction(s)`, `extend_reaction_lease`, `fail_reaction(s)`) and `retry_reaction`;
-//! - [`read`]: the reaction documents (written in jsonb's binary layout), `get_reaction`,
-//!   `list_reactions` and the retention call `prune_reactions`.
+//! - [`read`]: `get_reaction`, `list_reactions` and the retention call `prune_reactions`;
+//! - [`document`]: the reaction document every reader returns, written in jsonb's binary layout.
 
+mod document;
 mod enqueue;
 mod lease;
 mod read;

@@ -1,50 +1,21 @@
-//! The pull path (docs/DESIGN.md §Pull path): the commit window through the inverted scope
-//! index of the log, the bootstrap scan through the scope index of current rows, and the
-//! newest scoped seq.
-//!
-//! Candidates come only from primary-key ranges of `sync_change_scopes` / `sync_row_scopes`,
-//! one bounded index range per value of the first variable; rows are then fetched by key and
-//! matched against the whole filter in SQL, so non-matching payloads never leave the executor.
+//! The commit window (docs/DESIGN.md §Pull path, "Window"): the commits after a cursor that
+//! carry changes of one table in scope, read through the inverted scope index of the log
+//! (`sync_change_scopes`, one bounded primary-key range per value of the first variable; the
+//! changes then fetched by key and matched against the whole filter in SQL, so non-matching
+//! payloads never leave the executor), cut by the delivery rule ([`deliver`]); and the newest
+//! scoped seq (`latest_scoped_change_seq`).
 
-use crate::access;
+use super::budget::{Budget, ROW_OVERHEAD};
 use crate::alloc;
 use crate::args;
 use crate::db;
-use crate::error::{self, Error, Result};
+use crate::error::{self, Result};
 use crate::jsonb::OwnedJsonb;
 use crate::limits;
 use crate::scope::{self, Filter};
-use crate::tables;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
-
-/// What one call collects before it returns its first row, in total over everything it reads
-/// (docs/API.md "Limits", docs/DESIGN.md §Memory): the bytes of the rows' payloads, scopes,
-/// column versions and ids. Another commit or row starts only while the total is below
-/// [`limits::OUTPUT_BYTES`]; the first one always goes (a commit is never split), so a call
-/// exceeds the budget by at most one commit or row and always makes progress.
-pub struct Budget {
-    used: usize,
-}
-
-impl Budget {
-    pub fn new() -> Budget {
-        Budget { used: 0 }
-    }
-
-    /// Whether another commit or row may start.
-    pub fn open(&self) -> bool {
-        self.used < limits::OUTPUT_BYTES
-    }
-
-    fn spend(&mut self, bytes: usize) {
-        self.used = self.used.saturating_add(bytes);
-    }
-}
-
-/// What a row costs in the budget besides its values: the columns' fixed part, roughly.
-const ROW_OVERHEAD: usize = 64;
 
 /// One page of the window in one statement, read through a cursor: the page's candidate commits
 /// (the distinct `commit_seq` above `$5`, ascending, at most `$6`: one bounded range of the
@@ -208,13 +179,13 @@ impl Fold<'_> {
         self.pending.push(WindowRow {
             commit_seq: seq,
             created_at_ms,
-            actor_id: alloc::text_column(&row, 3)?.unwrap_or_default(),
+            actor_id: db::text_column(&row, 3)?.unwrap_or_default(),
             idx,
-            row_id: alloc::text_column(&row, 5)?.unwrap_or_default(),
+            row_id: db::text_column(&row, 5)?.unwrap_or_default(),
             op: row.get::<i16>(6)?.unwrap_or_default(),
             row_version: row.get::<i64>(7)?,
             scopes,
-            payload: alloc::bytes_column(&row, 9)?,
+            payload: db::bytes_column(&row, 9)?,
         });
         Ok(true)
     }
@@ -406,189 +377,49 @@ fn latest_scoped_change_seq(
     })
 }
 
-/// One current row of a bootstrap page, as `scan_rows` returns it.
-pub struct ScanRow {
-    pub row_id: String,
-    pub server_version: i64,
-    /// `_sync_scopes` in jsonb's binary form (a string-wrapped value unwrapped by the
-    /// statement), read in place and returned as it is.
-    pub scopes: OwnedJsonb,
-    pub payload: Vec<u8>,
-    pub column_versions: Option<Vec<u8>>,
-}
-
-impl ScanRow {
-    /// What the row counts against the [`Budget`].
-    fn size(&self) -> usize {
-        ROW_OVERHEAD
-            + self.row_id.len()
-            + self.scopes.len()
-            + self.payload.len()
-            + self.column_versions.as_ref().map_or(0, Vec::len)
+/// The delivery rule of upstream's driver (`storage-api` §4.1): commits oldest first; the first
+/// always goes; another only if it keeps the changes within `limit`; stop once `limit` is
+/// reached. Returns the delivered changes and the next cursor. A window the call's budget cut
+/// short (`truncated`) is never exhausted: the cursor stops at the last delivered commit, and
+/// the next pull reads on from there.
+pub fn deliver(
+    rows: Vec<WindowRow>,
+    truncated: bool,
+    limit: i64,
+    cursor: i64,
+    max_seq: i64,
+) -> (Vec<WindowRow>, i64) {
+    let returned = rows.len() as i64;
+    let mut commits: Vec<Vec<WindowRow>> = Vec::new();
+    for row in rows {
+        crate::interrupts::check();
+        match commits.last_mut() {
+            Some(commit) if commit[0].commit_seq == row.commit_seq => commit.push(row),
+            _ => commits.push(vec![row]),
+        }
     }
-
-    fn into_columns(self) -> (String, i64, OwnedJsonb, Vec<u8>, Option<Vec<u8>>) {
-        (
-            self.row_id,
-            self.server_version,
-            self.scopes,
-            self.payload,
-            self.column_versions,
-        )
-    }
-}
-
-/// One page of bootstrap candidates: one bounded range of the `sync_row_scopes` primary key per
-/// value, merged, ascending.
-const SCAN_CANDIDATES_SQL: &str = "\
-SELECT DISTINCT s.row_id
-  FROM unnest($4::text[]) AS v(value)
-  CROSS JOIN LATERAL (
-    SELECT r.row_id FROM syncular.sync_row_scopes r
-     WHERE r.partition = $1 AND r.tbl = $2 AND r.var = $3 AND r.value = v.value COLLATE \"C\"
-       AND ($5::text IS NULL OR r.row_id > $5::text)
-     ORDER BY r.row_id LIMIT $6) AS s
- ORDER BY s.row_id LIMIT $6";
-
-/// What [`scan`] read: the kept rows, and whether the [`Budget`] cut the page short.
-pub struct Scan {
-    pub rows: Vec<ScanRow>,
-    pub truncated: bool,
-}
-
-#[allow(clippy::too_many_arguments)]
-pub fn scan(
-    client: &SpiClient<'_>,
-    relation: &tables::AppRelation,
-    partition: &str,
-    tbl: &str,
-    filter: &Filter,
-    after_row_id: Option<String>,
-    lim: i64,
-    budget: &mut Budget,
-) -> Result<Scan> {
-    let mut out = Scan {
-        rows: Vec::new(),
-        truncated: false,
-    };
-    let Some((var, values)) = filter.first() else {
-        return Ok(out);
-    };
-    let batch = lim.max(64);
-    let mut after = after_row_id;
-    // The candidates come from the extension's index (read with the extension's rights), the
-    // rows from the host's table by its primary key (read on the caller's behalf,
-    // docs/SECURITY.md), in candidate order: a row's values are copied out only when the fold
-    // takes it, so the budget bounds what is copied, not just what is returned.
-    loop {
-        let candidates: Vec<String> = access::as_extension_owner(client, || {
-            db::read(
-                client,
-                SCAN_CANDIDATES_SQL,
-                &[
-                    DatumWithOid::from(partition),
-                    DatumWithOid::from(tbl),
-                    DatumWithOid::from(var),
-                    DatumWithOid::from(values.to_vec()),
-                    DatumWithOid::from(after.clone()),
-                    DatumWithOid::from(batch),
-                ],
-            )?
-            .map(|row| {
-                crate::interrupts::check();
-                Ok(row.get::<String>(1)?.unwrap_or_default())
-            })
-            .collect()
-        })?;
-        let Some(page_last) = candidates.last().cloned() else {
-            break;
-        };
-        // Candidate order; a row deleted since its entry was read is simply absent.
-        let done = relation.scan_rows(client, partition, &candidates, |row| {
-            crate::interrupts::check();
-            alloc::check()?;
-            let Some(scopes) = OwnedJsonb::column(row, 3)? else {
-                return Ok(false);
-            };
-            if !filter.matches_binary(&scopes) {
-                return Ok(false);
-            }
-            if !budget.open() {
-                out.truncated = true;
-                return Ok(true);
-            }
-            let scanned = ScanRow {
-                row_id: alloc::text_column(row, 1)?.unwrap_or_default(),
-                server_version: row.get::<i64>(2)?.unwrap_or_default(),
-                scopes,
-                payload: alloc::bytes_column(row, 4)?.unwrap_or_default(),
-                column_versions: alloc::bytes_column(row, 5)?,
-            };
-            budget.spend(scanned.size());
-            alloc::try_reserve(&mut out.rows, 1)?;
-            out.rows.push(scanned);
-            Ok(out.rows.len() as i64 >= lim)
-        })?;
-        if done || (candidates.len() as i64) < batch {
+    let total_commits = commits.len();
+    let (mut delivered, mut delivered_commits, mut last) = (0i64, 0usize, cursor);
+    let mut out = Vec::new();
+    for commit in commits {
+        crate::interrupts::check();
+        let size = commit.len() as i64;
+        if delivered > 0 && delivered + size > limit {
             break;
         }
-        // Every candidate of the page was consumed: continue after the last one.
-        after = Some(page_last);
+        delivered += size;
+        delivered_commits += 1;
+        last = commit[0].commit_seq;
+        out.extend(commit);
+        if delivered >= limit {
+            break;
+        }
     }
-    Ok(out)
-}
-
-/// SECURITY INVOKER: the caller must hold `SELECT` on the registered relation, which is read
-/// as its owner in a restricted security context (docs/SECURITY.md).
-#[pg_extern(stable, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
-#[allow(clippy::type_complexity)]
-fn scan_rows(
-    partition: Option<&str>,
-    tbl: Option<&str>,
-    scope_filter: Option<args::JsonArg>,
-    after_row_id: Option<&str>,
-    lim: Option<i32>,
-) -> TableIterator<
-    'static,
-    (
-        name!(row_id, String),
-        name!(server_version, i64),
-        name!(scopes, OwnedJsonb),
-        name!(payload, Vec<u8>),
-        name!(column_versions, Option<Vec<u8>>),
-    ),
-> {
-    error::run(|| {
-        let partition = args::text("partition", partition)?;
-        let tbl = args::text("tbl", tbl)?;
-        let filter = scope::filter("scope_filter", scope_filter)?;
-        let lim = args::row_limit("lim", lim)?;
-        let lim = args::at_least("lim", Some(lim.into()), 1)?;
-        if filter.keys.is_empty() {
-            // Before the table check, so the refusal never names the table (upstream order).
-            return Err(Error::bare(crate::error::Code::ScanRequiresScope));
-        }
-        let caller = access::current_role();
-        let scan = db::with_spi(|client| {
-            let relation = tables::open_for_read(client, &tbl, caller)?;
-            let mut budget = Budget::new();
-            scan(
-                client,
-                &relation,
-                &partition,
-                &tbl,
-                &filter,
-                args::optional_key("after_row_id", after_row_id)?,
-                lim,
-                &mut budget,
-            )
-        })?;
-        if scan.truncated {
-            return Err(limits::over_output("lim"));
-        }
-        Ok(TableIterator::new(
-            scan.rows.into_iter().map(ScanRow::into_columns),
-        ))
-    })
+    let exhausted = !truncated && returned <= limit && delivered_commits == total_commits;
+    let next = if exhausted {
+        cursor.max(max_seq)
+    } else {
+        cursor.max(last)
+    };
+    (out, next)
 }

@@ -1,17 +1,17 @@
 //! Steps C9/C10 of the one-call push (docs/DESIGN.md §Push path): the append of an applied
 //! commit and its stored result, shared by `push_commit` (one call) and `push_finish` (the end
-//! of a staged push, src/push_stage.rs). The append reuses `log::append`, the code behind
+//! of a staged push, src/push/stage.rs). The append reuses `log::append`, the code behind
 //! `append_commit`, so both paths store the same bytes; the result goes through
-//! `push::store_result`, where the first writer of an idempotency key wins — and a result
+//! `result::store_result`, where the first writer of an idempotency key wins — and a result
 //! another transaction stored first fails the call, so its commit never stands next to it
 //! (`push_guard::check_stored`).
 
+use super::result;
 use crate::commit::{Change, Commit, Op, BASE64};
 use crate::error::{Error, Result};
 use crate::jsonb::{JsonbArg, Node};
 use crate::log;
 use crate::notify;
-use crate::push;
 use crate::push_guard;
 use base64::Engine;
 use pgrx::spi::SpiClient;
@@ -29,7 +29,7 @@ pub struct ChangeOut {
 
 impl ChangeOut {
     /// The change as `returnChanges` shows it (payload in base64); also the form a staged push
-    /// keeps until `push_finish` (src/push_stage.rs).
+    /// keeps until `push_finish` (src/push/stage.rs).
     pub fn to_json(&self) -> Value {
         let mut change = json!({"table": self.table, "rowId": self.row_id,
             "op": if self.delete { "delete" } else { "upsert" }, "scopes": self.scopes});
@@ -173,7 +173,7 @@ pub fn store_applied(
         "results": (0..results).map(|k| json!({"opIndex": k, "status": "applied"})).collect::<Vec<_>>(),
         "recordedAtMs": header.created_at_ms, "cacheIdentity": header.identity,
     });
-    let canonical = push::store_result(client, &header.key, document)?;
+    let canonical = result::store_result(client, &header.key, document)?;
     // First writer wins, but the commit just appended must not stand next to another
     // transaction's result for the key (D8): then the call fails and the append goes with it.
     push_guard::check_stored(appended.seq, &canonical)?;

@@ -1,0 +1,131 @@
+//! The static refusals of the one-call push before the partition lock (docs/DESIGN.md §Push
+//! path): the push schema at the running version, and each touched table registered, usable,
+//! of an eligible primary-key type and in agreement with the stored layouts.
+
+use super::batch;
+use super::context::Table;
+use super::outcome::{fallback, Stop};
+use super::request::Request;
+use crate::codec::ColumnType;
+use crate::db;
+use crate::error::Result;
+use crate::schema::push_schema::{self};
+use crate::tables::{self};
+use pgrx::datum::DatumWithOid;
+use pgrx::spi::SpiClient;
+use std::collections::{HashMap, HashSet};
+
+/// The static refusals of docs/DESIGN.md §Push path (before the lock): the push schema at the
+/// running version, each touched table registered, usable, of an eligible primary-key type and
+/// in agreement with the stored layouts. Tables the schema does not have are left out (step
+/// A1 rejects them at their operation).
+pub(super) fn open_tables(
+    client: &SpiClient<'_>,
+    request: &Request<'_>,
+) -> Result<std::result::Result<HashMap<String, Table>, Stop>> {
+    let running = request.running;
+    if request
+        .options
+        .client_schema_version
+        .is_some_and(|v| v != running)
+    {
+        return Ok(Err(fallback("client_schema_version", None)));
+    }
+    let marker_at_running = db::first::<bool>(db::read(
+        client,
+        "SELECT EXISTS (SELECT 1 FROM syncular.sync_schema_meta m
+                         WHERE m.id = 1 AND m.schema_version = $1)",
+        &[DatumWithOid::from(running)],
+    )?)? == Some(true);
+    let mut tables = HashMap::new();
+    let mut unknown = HashSet::new();
+    for (k, op) in request.ops.iter().enumerate() {
+        crate::interrupts::check();
+        let tbl = op.table;
+        if tables.contains_key(tbl) || unknown.contains(tbl) {
+            continue;
+        }
+        let at = Some((k, tbl));
+        let schema = match push_schema::table_at(client, running, tbl)? {
+            None => return Ok(Err(fallback("schema_not_registered", None))),
+            Some(None) => {
+                unknown.insert(tbl);
+                continue;
+            }
+            Some(Some(schema)) => schema,
+        };
+        let pk = &schema.layout.columns[schema.layout.primary_key];
+        if !matches!(
+            pk.ty,
+            ColumnType::String | ColumnType::Integer | ColumnType::Boolean | ColumnType::Json
+        ) {
+            return Ok(Err(fallback("pk_type", at)));
+        }
+        let Ok(relation) = tables::open(client, tbl)? else {
+            return Ok(Err(fallback("schema_not_registered", at)));
+        };
+        if marker_at_running && !push_schema::agrees_with_layouts(client, running, tbl, &schema)? {
+            return Ok(Err(fallback("descriptor_mismatch", at)));
+        }
+        let columns: Vec<(&str, Option<&str>)> = if schema.materialize {
+            schema
+                .layout
+                .columns
+                .iter()
+                .map(|c| {
+                    (
+                        c.name.as_str(),
+                        (c.ty == ColumnType::Json).then_some("jsonb"),
+                    )
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let upsert_sql = relation.upsert_sql(&columns);
+        let column_types: Vec<ColumnType> = if schema.materialize {
+            schema.layout.columns.iter().map(|c| c.ty).collect()
+        } else {
+            Vec::new()
+        };
+        let batch_sql = relation.triggerless.then(|| {
+            let names = schema.layout.columns.iter().map(|c| c.name.as_str());
+            let batched: Vec<(&str, &str, Option<&str>)> = names
+                .zip(&column_types)
+                .map(|(name, ty)| {
+                    let (element, cast) = batch::sql_type(*ty);
+                    (name, element, cast)
+                })
+                .collect();
+            relation.upsert_rows_sql(&batched)
+        });
+        let has_references = ["references", "referencedBy"].iter().any(|key| {
+            schema.stored[*key]
+                .as_array()
+                .is_some_and(|list| !list.is_empty())
+        });
+        tables.insert(
+            tbl.to_string(),
+            Table {
+                has_blob_refs: schema
+                    .layout
+                    .columns
+                    .iter()
+                    .any(|c| c.ty == ColumnType::BlobRef),
+                is_crdt: schema
+                    .layout
+                    .columns
+                    .iter()
+                    .map(|c| c.ty == ColumnType::Crdt)
+                    .collect(),
+                has_references,
+                upsert_sql,
+                batch_sql,
+                column_types,
+                relation,
+                schema,
+            },
+        );
+    }
+    Ok(Ok(tables))
+}
