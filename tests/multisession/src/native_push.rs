@@ -172,6 +172,11 @@ pub fn del(tbl: &str, id: &str) -> Op {
     }
 }
 
+/// Upstream's E2 edit of `tasks` row `t1`: the title "v2" only, unversioned.
+pub fn e2(c: &mut impl GenericClient) -> Op {
+    up(c, "tasks", "t1", None, json!({"id": "t1", "title": "v2"}))
+}
+
 /// The full `tasks` row of upstream's `taskRow(id, project)`.
 pub fn task(id: &str, project: &str) -> Value {
     json!({"id": id, "project_id": project, "title": "task", "done": false,
@@ -240,6 +245,18 @@ pub fn assert_error(outcome: &Value, op: usize, code: &str, message: &str) {
         &json!({"opIndex": op, "status": "error", "code": code, "message": message, "retryable": false}),
         "{outcome}"
     );
+}
+
+/// Each `(key, op, code, message)` in turn: `op` pushed alone under `key` is rejected at
+/// operation 0 with this `code` and `message`.
+#[track_caller]
+pub fn assert_rejections<const N: usize>(
+    c: &mut impl GenericClient,
+    rejections: [(&str, Op, &str, &str); N],
+) {
+    for (key, op, code, message) in rejections {
+        assert_error(&push(c, key, &[op]), 0, code, message);
+    }
 }
 
 /// The rejection a class-23 error of an app-row upsert becomes, at operation `op`.

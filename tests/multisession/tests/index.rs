@@ -29,6 +29,15 @@ fn plans_of(c: &mut Client, notices: &Arc<Mutex<Vec<String>>>, sql: &str) -> Str
     notices.lock().unwrap().join("\n----\n")
 }
 
+/// The plans of `sql` with hash and merge joins off, so that an app-table probe shows as the
+/// nested loop's inner index scan.
+fn nested_loop_plans_of(c: &mut Client, notices: &Arc<Mutex<Vec<String>>>, sql: &str) -> String {
+    exec(c, "SET enable_hashjoin = off; SET enable_mergejoin = off");
+    let plans = plans_of(c, notices, sql);
+    exec(c, "RESET enable_hashjoin; RESET enable_mergejoin");
+    plans
+}
+
 fn assert_no_seq_scan(plans: &str, tables: &[&str]) {
     for t in tables {
         assert!(
@@ -100,11 +109,7 @@ fn idx_01_to_07_index_usage() {
     assert_no_seq_scan(&plans, &log);
 
     // IDX-02: a scan_rows page, and the app-table probe uses both primary-key columns.
-    exec(
-        &mut c,
-        "SET enable_hashjoin = off; SET enable_mergejoin = off",
-    );
-    let plans = plans_of(
+    let plans = nested_loop_plans_of(
         &mut c,
         &notices,
         r#"SELECT * FROM syncular.scan_rows('part-1', 'tasks', '{"project_id":["p3"]}', NULL, 50)"#,
@@ -112,7 +117,6 @@ fn idx_01_to_07_index_usage() {
     assert_no_seq_scan(&plans, &["sync_row_scopes", "tasks"]);
     assert!(plans.contains("tasks_pkey"), "{plans}");
     assert_probes_row_id(&plans);
-    exec(&mut c, "RESET enable_hashjoin; RESET enable_mergejoin");
 
     // IDX-03: the lateral multi-subscription window.
     let specs = json!([{"i":1,"scopes":{"project_id":["p3"]},"after":0},{"i":2,"scopes":{"project_id":["p4","p5"]},"after":10}]);
@@ -155,18 +159,13 @@ fn idx_01_to_07_index_usage() {
     );
 
     // IDX-05: the blob lookup and the app-row probes.
-    exec(
-        &mut c,
-        "SET enable_hashjoin = off; SET enable_mergejoin = off",
-    );
-    let plans = plans_of(
+    let plans = nested_loop_plans_of(
         &mut c,
         &notices,
         "SELECT syncular.rows_referencing_blob('part-1', 'sha256:3')",
     );
     assert!(plans.contains("sync_blob_refs_by_blob"), "{plans}");
     assert_probes_row_id(&plans);
-    exec(&mut c, "RESET enable_hashjoin; RESET enable_mergejoin");
 
     // IDX-06: source coverage and the source-change probe.
     let by_source = "sync_changes_by_source";

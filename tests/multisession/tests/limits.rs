@@ -82,45 +82,9 @@ fn is_clean(state: &str) -> bool {
 
 #[test]
 fn every_argument_is_capped_and_no_call_can_abort_a_backend() {
-    let db = format!("limits_{}", std::process::id());
-    let mut admin = connect("postgres");
-    for statement in [
-        format!("DROP DATABASE IF EXISTS {db}"),
-        format!("CREATE DATABASE {db}"),
-    ] {
-        admin.batch_execute(&statement).unwrap();
-    }
-    let mut sentinel = connect(&db);
-    sentinel
-        .batch_execute("CREATE EXTENSION IF NOT EXISTS syncular")
-        .unwrap();
-    sentinel.batch_execute(&app_tables_sql()).unwrap();
-    sentinel
-        .batch_execute("SELECT syncular.register_table('tasks', 'public.tasks')")
-        .unwrap();
-    let started: std::time::SystemTime = sentinel
-        .query_one("SELECT pg_postmaster_start_time()", &[])
-        .unwrap()
-        .get(0);
-
-    // Every SQL-callable function with its argument types (trigger functions cannot be called).
-    let functions: Vec<(String, Vec<String>)> = sentinel
-        .query(
-            "SELECT p.proname::text,
-                    coalesce(array(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) AS t), '{}')
-               FROM pg_proc p
-              WHERE p.pronamespace = 'syncular'::regnamespace
-                AND p.prorettype NOT IN ('trigger'::regtype, 'event_trigger'::regtype)
-              ORDER BY 1",
-            &[],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-    assert!(functions.len() >= 70, "{} functions", functions.len());
-
-    let mut c = connect(&db);
+    let (l, mut c) = Limited::new("every_argument");
+    register_tasks(&mut c);
+    let functions = callable_functions(&mut c);
     let mut calls = 0;
     let mut too_large = 0;
     for (function, types) in &functions {
@@ -178,21 +142,56 @@ fn every_argument_is_capped_and_no_call_can_abort_a_backend() {
     }
 
     // Nobody was restarted: the sentinel session is alive, the postmaster is the same.
-    let now: std::time::SystemTime = sentinel
-        .query_one("SELECT pg_postmaster_start_time()", &[])
-        .expect("the sentinel session survived")
-        .get(0);
-    assert_eq!(started, now, "the postmaster restarted");
-    drop(c);
-    drop(sentinel);
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+    l.assert_nobody_restarted(c);
+}
+
+/// Appends commit `ccid` of client `c1` in partition `p`: one upsert of `tasks` row `row_id`
+/// (project `p1`) whose payload is `bytes` bytes, base64 in the document.
+fn append_large_row(c: &mut Client, ccid: &str, row_id: &str, bytes: usize) {
+    c.batch_execute(&format!(
+        "SELECT syncular.append_commit('p', jsonb_build_object(
+           'clientId', 'c1', 'clientCommitId', '{ccid}', 'actorId', 'a1', 'createdAtMs', 1,
+           'changes', jsonb_build_array(jsonb_build_object(
+             'table', 'tasks', 'rowId', '{row_id}', 'op', 'upsert', 'rowVersion', 1,
+             'scopes', jsonb_build_object('project_id', 'p1'),
+             'payload', translate(encode(convert_to(repeat('x', {bytes}), 'UTF8'), 'base64'),
+                                  E'\\n', '')))))"
+    ))
+    .unwrap();
+}
+
+/// The app tables, with `tasks` registered.
+fn register_tasks(c: &mut Client) {
+    c.batch_execute(&app_tables_sql()).unwrap();
+    c.batch_execute("SELECT syncular.register_table('tasks', 'public.tasks')")
         .unwrap();
+}
+
+/// Every SQL-callable function of the extension with its argument types (trigger functions
+/// cannot be called): at least the 70 there are.
+fn callable_functions(c: &mut Client) -> Vec<(String, Vec<String>)> {
+    let functions: Vec<(String, Vec<String>)> = c
+        .query(
+            "SELECT p.proname::text,
+                    coalesce(array(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) AS t), '{}')
+               FROM pg_proc p
+              WHERE p.pronamespace = 'syncular'::regnamespace
+                AND p.prorettype NOT IN ('trigger'::regtype, 'event_trigger'::regtype)
+              ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert!(functions.len() >= 70, "{} functions", functions.len());
+    functions
 }
 
 /// A database of its own on the memory-limited cluster, with a sentinel session and the
 /// postmaster's start time: [`Limited::assert_nobody_restarted`] shows that no backend aborted
-/// (an abort makes the postmaster end every session and restart).
+/// (an abort makes the postmaster end every session and restart). [`Limited::new`] also opens
+/// the test's own session.
 struct Limited {
     db: String,
     sentinel: Client,
@@ -200,7 +199,7 @@ struct Limited {
 }
 
 impl Limited {
-    fn new(test: &str) -> Limited {
+    fn new(test: &str) -> (Limited, Client) {
         let db = format!("limits_{test}_{}", std::process::id());
         let mut admin = connect("postgres");
         for statement in [
@@ -217,19 +216,19 @@ impl Limited {
             .query_one("SELECT pg_postmaster_start_time()", &[])
             .unwrap()
             .get(0);
-        Limited {
+        let c = connect(&db);
+        let limited = Limited {
             db,
             sentinel,
             started,
-        }
+        };
+        (limited, c)
     }
 
-    fn connect(&self) -> Client {
-        connect(&self.db)
-    }
-
+    /// Ends the test's session `c`, then checks the sentinel and drops the database.
     #[track_caller]
-    fn assert_nobody_restarted(mut self) {
+    fn assert_nobody_restarted(mut self, c: Client) {
+        drop(c);
         let now: std::time::SystemTime = self
             .sentinel
             .query_one("SELECT pg_postmaster_start_time()", &[])
@@ -285,21 +284,9 @@ const OUTPUT_BYTES: i64 = 64 << 20;
 /// and keep their cursor (the next pull continues), and the session lives on.
 #[test]
 fn a_pull_over_one_large_commit_for_many_subscriptions_stays_within_its_budget() {
-    let l = Limited::new("pull_budget");
-    let mut c = l.connect();
-    c.batch_execute(&app_tables_sql()).unwrap();
-    c.batch_execute("SELECT syncular.register_table('tasks', 'public.tasks')")
-        .unwrap();
-    c.batch_execute(
-        "SELECT syncular.append_commit('p', jsonb_build_object(
-           'clientId', 'c1', 'clientCommitId', 'k1', 'actorId', 'a1', 'createdAtMs', 1,
-           'changes', jsonb_build_array(jsonb_build_object(
-             'table', 'tasks', 'rowId', 'r1', 'op', 'upsert', 'rowVersion', 1,
-             'scopes', jsonb_build_object('project_id', 'p1'),
-             'payload', translate(encode(convert_to(repeat('x', 20971520), 'UTF8'), 'base64'),
-                                  E'\\n', '')))))",
-    )
-    .unwrap();
+    let (l, mut c) = Limited::new("pull_budget");
+    register_tasks(&mut c);
+    append_large_row(&mut c, "k1", "r1", 20_971_520);
     let subscriptions: Vec<Value> = (0..1000)
         .map(|i| {
             json!({"id": format!("s{i}"), "table": "tasks", "scopes": {"project_id": ["p1"]},
@@ -349,8 +336,7 @@ fn a_pull_over_one_large_commit_for_many_subscriptions_stays_within_its_budget()
         )
         .unwrap();
     assert_eq!(again.len(), delivered.len().min(1000 - delivered.len()));
-    drop(c);
-    l.assert_nobody_restarted();
+    l.assert_nobody_restarted(c);
 }
 
 /// Issue 25: a stored `_sync_column_versions` of 150 MB was decoded at about 16 times its size
@@ -359,8 +345,7 @@ fn a_pull_over_one_large_commit_for_many_subscriptions_stays_within_its_budget()
 #[test]
 fn a_huge_stored_column_versions_blob_is_read_in_bounded_memory() {
     use native_push::*;
-    let l = Limited::new("column_versions");
-    let mut c = l.connect();
+    let (l, mut c) = Limited::new("column_versions");
     setup(&mut c);
     let insert = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
     assert_eq!(push(&mut c, "k1", &[insert])["outcome"], "applied");
@@ -370,13 +355,7 @@ fn a_huge_stored_column_versions_blob_is_read_in_bounded_memory() {
           WHERE \"_sync_row_id\" = 't1'",
     )
     .unwrap();
-    let update = up(
-        &mut c,
-        "tasks",
-        "t1",
-        None,
-        json!({"id": "t1", "title": "v2"}),
-    );
+    let update = e2(&mut c);
     let outcome = clean("push_commit", try_push(&mut c, "k2", &[update], json!({})))
         .expect("the update is read and applied");
     assert_eq!(outcome["outcome"], "applied", "{outcome}");
@@ -389,8 +368,7 @@ fn a_huge_stored_column_versions_blob_is_read_in_bounded_memory() {
         .unwrap()
         .get(0);
     assert_eq!(versions, Some(vec![2, 2]));
-    drop(c);
-    l.assert_nobody_restarted();
+    l.assert_nobody_restarted(c);
 }
 
 /// Issue 25: `push_commit` with its two `text[]` arguments at their caps (100,000 elements of
@@ -398,8 +376,7 @@ fn a_huge_stored_column_versions_blob_is_read_in_bounded_memory() {
 /// aborted under the limit. The arguments are borrowed: the call answers.
 #[test]
 fn push_commit_with_both_text_arrays_at_their_caps_answers() {
-    let l = Limited::new("push_arrays");
-    let mut c = l.connect();
+    let (l, mut c) = Limited::new("push_arrays");
     // The simple protocol, as psql sends it: a prepared statement would also keep the folded
     // arrays in its cached plan, and PostgreSQL would refuse that copy first.
     let outcome = clean(
@@ -419,8 +396,7 @@ fn push_commit_with_both_text_arrays_at_their_caps_answers() {
         outcome,
         json!({"outcome": "fallback", "reason": "schema_not_registered"})
     );
-    drop(c);
-    l.assert_nobody_restarted();
+    l.assert_nobody_restarted(c);
 }
 
 /// Values at the caps of docs/API.md "Limits", computed once into a table (each call reads them
@@ -457,32 +433,15 @@ fn at_cap(typ: &str) -> &'static str {
 /// at once": each call answers or fails with a clean ERROR, and nobody restarts.
 #[test]
 fn every_function_with_every_argument_at_its_cap_at_once_ends_cleanly() {
-    let l = Limited::new("at_caps");
-    let mut c = l.connect();
-    c.batch_execute(&app_tables_sql()).unwrap();
-    c.batch_execute("SELECT syncular.register_table('tasks', 'public.tasks')")
-        .unwrap();
+    let (l, mut c) = Limited::new("at_caps");
+    register_tasks(&mut c);
     c.batch_execute(CAPS_SQL).unwrap();
     let document_bytes: i64 = c
         .query_one("SELECT octet_length(doc::text)::bigint FROM caps", &[])
         .unwrap()
         .get(0);
     assert!(document_bytes > 32_000_000, "{document_bytes}");
-    let functions: Vec<(String, Vec<String>)> = c
-        .query(
-            "SELECT p.proname::text,
-                    coalesce(array(SELECT format_type(t, NULL) FROM unnest(p.proargtypes) AS t), '{}')
-               FROM pg_proc p
-              WHERE p.pronamespace = 'syncular'::regnamespace
-                AND p.prorettype NOT IN ('trigger'::regtype, 'event_trigger'::regtype)
-              ORDER BY 1",
-            &[],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-    assert!(functions.len() >= 70, "{} functions", functions.len());
+    let functions = callable_functions(&mut c);
     for (function, types) in &functions {
         let args: Vec<&str> = types.iter().map(|t| at_cap(t)).collect();
         let sql = format!("SELECT syncular.{function}({})", args.join(", "));
@@ -491,8 +450,7 @@ fn every_function_with_every_argument_at_its_cap_at_once_ends_cleanly() {
         c.batch_execute("ROLLBACK")
             .unwrap_or_else(|e| panic!("{sql}: the session ended ({e})"));
     }
-    drop(c);
-    l.assert_nobody_restarted();
+    l.assert_nobody_restarted(c);
 }
 
 /// The little-endian `u32` of a codec length prefix, as SQL hex.
@@ -507,21 +465,11 @@ fn le32(n: usize) -> String {
 #[test]
 fn stored_data_at_its_largest_is_read_back_cleanly() {
     use native_push::*;
-    let l = Limited::new("stored");
-    let mut c = l.connect();
+    let (l, mut c) = Limited::new("stored");
     setup(&mut c);
     // Four commits, each a document at the 32 MiB cap (a 24 MB payload in base64).
     for k in 1..=4 {
-        c.batch_execute(&format!(
-            "SELECT syncular.append_commit('p', jsonb_build_object(
-               'clientId', 'c1', 'clientCommitId', 'big-{k}', 'actorId', 'a1', 'createdAtMs', 1,
-               'changes', jsonb_build_array(jsonb_build_object(
-                 'table', 'tasks', 'rowId', 'r{k}', 'op', 'upsert', 'rowVersion', 1,
-                 'scopes', jsonb_build_object('project_id', 'p1'),
-                 'payload', translate(encode(convert_to(repeat('x', 24000000), 'UTF8'), 'base64'),
-                                      E'\\n', '')))))"
-        ))
-        .unwrap();
+        append_large_row(&mut c, &format!("big-{k}"), &format!("r{k}"), 24_000_000);
     }
     // A push result and a client record at the document cap.
     c.batch_execute(
@@ -608,13 +556,7 @@ fn stored_data_at_its_largest_is_read_back_cleanly() {
             .unwrap_or_else(|e| panic!("{sql}: the session ended ({e})"));
     }
     // The update of the large row reads it, merges the new title and applies.
-    let update = up(
-        &mut c,
-        "tasks",
-        "t1",
-        None,
-        json!({"id": "t1", "title": "v2"}),
-    );
+    let update = e2(&mut c);
     let outcome = clean("push_commit", try_push(&mut c, "k2", &[update], json!({})))
         .expect("the large stored row is read and updated");
     assert_eq!(outcome["outcome"], "applied", "{outcome}");
@@ -660,6 +602,5 @@ fn stored_data_at_its_largest_is_read_back_cleanly() {
         };
         assert_eq!(outcome, &expected, "{sql}");
     }
-    drop(c);
-    l.assert_nobody_restarted();
+    l.assert_nobody_restarted(c);
 }

@@ -9,6 +9,33 @@ use syncular_multisession::native_push::*;
 use syncular_multisession::rng::Rng;
 use syncular_multisession::*;
 
+/// A fresh fixture database with row `t1` of project `p1` inserted by commit `k1`.
+fn with_t1(name: &str) -> (TestDb, Client) {
+    let (db, mut c) = fixture(name);
+    let insert = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
+    push(&mut c, "k1", &[insert]);
+    (db, c)
+}
+
+/// Upstream's E3 edit of `t1`: done and priority at baseVersion 2.
+fn e3(c: &mut Client) -> Op {
+    up(
+        c,
+        "tasks",
+        "t1",
+        Some(2),
+        json!({"id": "t1", "done": true, "priority": 300}),
+    )
+}
+
+/// `(title, done, priority)` of the one `tasks` row, read from its projected columns.
+fn projection(c: &mut Client) -> (String, bool, Option<i64>) {
+    let r = c
+        .query_one("SELECT title, done, priority FROM public.np_tasks", &[])
+        .unwrap();
+    (r.get(0), r.get(1), r.get(2))
+}
+
 #[test]
 fn np01_insert_is_applied_with_upstreams_bytes() {
     let (_db, mut c) = fixture("np01");
@@ -34,13 +61,7 @@ fn np01_insert_is_applied_with_upstreams_bytes() {
     );
     let scopes: Value = one(&mut c, "SELECT \"_sync_scopes\" FROM public.np_tasks", &[]);
     assert_eq!(scopes, json!({"project_id": "p1"}));
-    let projection: (String, bool, Option<i64>) = {
-        let r = c
-            .query_one("SELECT title, done, priority FROM public.np_tasks", &[])
-            .unwrap();
-        (r.get(0), r.get(1), r.get(2))
-    };
-    assert_eq!(projection, ("task".into(), false, None));
+    assert_eq!(projection(&mut c), ("task".into(), false, None));
     assert_eq!(
         count(
             &mut c,
@@ -68,17 +89,9 @@ fn np01_insert_is_applied_with_upstreams_bytes() {
 
 #[test]
 fn np02_np03_np04_updates_write_column_versions() {
-    let (_db, mut c) = fixture("np02");
-    let insert = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
-    push(&mut c, "k1", &[insert]);
+    let (_db, mut c) = with_t1("np02");
     // NP-03: E2 (title only), then E3 (done, priority at baseVersion 2).
-    let e2 = up(
-        &mut c,
-        "tasks",
-        "t1",
-        None,
-        json!({"id": "t1", "title": "v2"}),
-    );
+    let e2 = e2(&mut c);
     assert_eq!(
         e2.payload.as_deref().unwrap(),
         hex("05 00 02000000 7431 02000000 7632")
@@ -92,13 +105,7 @@ fn np02_np03_np04_updates_write_column_versions() {
             Some("0202".into())
         ))
     );
-    let e3 = up(
-        &mut c,
-        "tasks",
-        "t1",
-        Some(2),
-        json!({"id": "t1", "done": true, "priority": 300}),
-    );
+    let e3 = e3(&mut c);
     push(&mut c, "k3", &[e3]);
     assert_eq!(
         stored(&mut c, "tasks", "t1"),
@@ -108,13 +115,7 @@ fn np02_np03_np04_updates_write_column_versions() {
             Some("020203030403".into())
         ))
     );
-    let projection: (String, bool, Option<i64>) = {
-        let r = c
-            .query_one("SELECT title, done, priority FROM public.np_tasks", &[])
-            .unwrap();
-        (r.get(0), r.get(1), r.get(2))
-    };
-    assert_eq!(projection, ("v2".into(), true, Some(300)));
+    assert_eq!(projection(&mut c), ("v2".into(), true, Some(300)));
     // NP-02: a LWW full update of a fresh v1 row.
     let t2 = up(&mut c, "tasks", "t2", None, task("t2", "p1"));
     push(&mut c, "k4", &[t2]);
@@ -133,24 +134,10 @@ fn np02_np03_np04_updates_write_column_versions() {
 
 #[test]
 fn np05_np07_np08_np09_np10_conflicts_and_versions() {
-    let (_db, mut c) = fixture("np05");
-    let insert = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
-    push(&mut c, "k1", &[insert]);
-    let e2 = up(
-        &mut c,
-        "tasks",
-        "t1",
-        None,
-        json!({"id": "t1", "title": "v2"}),
-    );
+    let (_db, mut c) = with_t1("np05");
+    let e2 = e2(&mut c);
     push(&mut c, "k2", &[e2]);
-    let e3 = up(
-        &mut c,
-        "tasks",
-        "t1",
-        Some(2),
-        json!({"id": "t1", "done": true, "priority": 300}),
-    );
+    let e3 = e3(&mut c);
     push(&mut c, "k3", &[e3]);
     let before = snapshot(&mut c);
     // NP-05: bv 1 on {id, title} of the v3 row.
@@ -225,9 +212,7 @@ fn np05_np07_np08_np09_np10_conflicts_and_versions() {
 
 #[test]
 fn np12_np13_np14_np15_np16_rules_in_upstreams_order() {
-    let (_db, mut c) = fixture("np12");
-    let insert = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
-    push(&mut c, "k1", &[insert]);
+    let (_db, mut c) = with_t1("np12");
     // NP-12: scope columns are immutable; an equal value is fine.
     let op = up(
         &mut c,
@@ -262,20 +247,21 @@ fn np12_np13_np14_np15_np16_rules_in_upstreams_order() {
     let op = up(&mut c, "buckets", "b1", None, json!({"id": "b1", "b": 2}));
     assert_eq!(push(&mut c, "k5", &[op])["outcome"], "applied");
     // NP-13: authorization.
-    let op = up(&mut c, "tasks", "t2", None, task("t2", "p9"));
-    assert_error(
-        &push(&mut c, "k6", &[op]),
-        0,
-        "sync.forbidden",
-        "insert denied by scope authorization (§3.4)",
-    );
-    let op = up(&mut c, "tasks", "t2", None, task("t2", ""));
-    assert_error(
-        &push(&mut c, "k7", &[op]),
-        0,
-        "sync.forbidden",
-        "insert missing scope column value for \"project_id\" (§3.4)",
-    );
+    let rejections = [
+        (
+            "k6",
+            up(&mut c, "tasks", "t2", None, task("t2", "p9")),
+            "sync.forbidden",
+            "insert denied by scope authorization (§3.4)",
+        ),
+        (
+            "k7",
+            up(&mut c, "tasks", "t2", None, task("t2", "")),
+            "sync.forbidden",
+            "insert missing scope column value for \"project_id\" (§3.4)",
+        ),
+    ];
+    assert_rejections(&mut c, rejections);
     let op = up(&mut c, "tasks", "t2", None, task("t2", "p9"));
     let out = try_push_as(
         &mut c,
@@ -347,58 +333,55 @@ fn np12_np13_np14_np15_np16_rules_in_upstreams_order() {
             &format!("{prefix}{message}"),
         );
     }
-    let op = up(&mut c, "tasks", "t3", None, task("t1", "p1"));
-    assert_error(
-        &push(&mut c, "k12", &[op]),
-        0,
-        "sync.invalid_request",
-        "payload primary key does not match rowId",
-    );
-    let op = up(&mut c, "tasks", "", None, task("", "p1"));
-    assert_error(
-        &push(&mut c, "k13", &[op]),
-        0,
-        "sync.invalid_request",
-        "payload primary key does not match rowId",
-    );
-    let op = Op {
-        payload: None,
-        ..raw("tasks", "t1", None, &[])
-    };
-    assert_error(
-        &push(&mut c, "k14", &[op]),
-        0,
-        "sync.invalid_request",
-        "upsert without payload",
-    );
-    // NP-16: inserts need a full payload; a versioned upsert of an absent row.
-    let op = up(
-        &mut c,
-        "tasks",
-        "t4",
-        None,
-        json!({"id": "t4", "title": "x"}),
-    );
-    assert_error(
-        &push(&mut c, "k15", &[op]),
-        0,
-        "sync.row_missing",
-        "a partial payload targets an absent row (§6.3)",
-    );
-    let op = up(&mut c, "tasks", "t4", Some(3), task("t4", "p1"));
-    assert_error(
-        &push(&mut c, "k16", &[op]),
-        0,
-        "sync.row_missing",
-        "upsert with baseVersion targets an absent row (§6.2)",
-    );
-    let op = up(&mut c, "tasks", "t4", Some(3), task("t4", "p9"));
-    assert_error(
-        &push(&mut c, "k17", &[op]),
-        0,
-        "sync.forbidden",
-        "write denied by scope authorization (§3.4)",
-    );
+    let rejections = [
+        (
+            "k12",
+            up(&mut c, "tasks", "t3", None, task("t1", "p1")),
+            "sync.invalid_request",
+            "payload primary key does not match rowId",
+        ),
+        (
+            "k13",
+            up(&mut c, "tasks", "", None, task("", "p1")),
+            "sync.invalid_request",
+            "payload primary key does not match rowId",
+        ),
+        (
+            "k14",
+            Op {
+                payload: None,
+                ..raw("tasks", "t1", None, &[])
+            },
+            "sync.invalid_request",
+            "upsert without payload",
+        ),
+        // NP-16: inserts need a full payload; a versioned upsert of an absent row.
+        (
+            "k15",
+            up(
+                &mut c,
+                "tasks",
+                "t4",
+                None,
+                json!({"id": "t4", "title": "x"}),
+            ),
+            "sync.row_missing",
+            "a partial payload targets an absent row (§6.3)",
+        ),
+        (
+            "k16",
+            up(&mut c, "tasks", "t4", Some(3), task("t4", "p1")),
+            "sync.row_missing",
+            "upsert with baseVersion targets an absent row (§6.2)",
+        ),
+        (
+            "k17",
+            up(&mut c, "tasks", "t4", Some(3), task("t4", "p9")),
+            "sync.forbidden",
+            "write denied by scope authorization (§3.4)",
+        ),
+    ];
+    assert_rejections(&mut c, rejections);
     // NP-33: docs' variable is projectId, read from column project_id.
     let op = up(
         &mut c,

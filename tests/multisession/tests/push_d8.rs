@@ -54,6 +54,16 @@ enum Finisher {
     Classic,
 }
 
+/// `push_begin` of client `c1`'s key `ccid`: `None` when it begins the push, the stored result
+/// when the key is a replay.
+fn try_push_begin(c: &mut Client, ccid: &str) -> Result<Option<Value>, postgres::Error> {
+    try_one(
+        c,
+        "SELECT syncular.push_begin($1, 'c1', $2, $3)",
+        &[&P, &ccid, &V],
+    )
+}
+
 /// Session B stores a rejection for `k1` first, without the partition lock, and commits only
 /// once session A's own result for `k1` waits for B's row. A has appended the commit of `k1` by
 /// then: it must fail (the error undoes the append), not answer B's result as a replay with its
@@ -64,29 +74,14 @@ fn race(finisher: Finisher) {
     let mut b = db.connect();
     let mut observer = db.connect();
     let pid = backend_pid(&mut a);
-    match finisher {
-        Finisher::Finish => {
-            exec(&mut a, "BEGIN");
-            let begun: Option<Value> = one(
-                &mut a,
-                "SELECT syncular.push_begin($1, 'c1', 'k1', $2)",
-                &[&P, &V],
-            );
-            assert_eq!(begun, None);
-            exec(&mut a, "SAVEPOINT syncular_push_candidate");
-            let staged = try_push(&mut a, "k1", std::slice::from_ref(&op), stage_options("a"));
-            assert_eq!(staged.unwrap()["outcome"], "staged");
-        }
-        Finisher::Direct => {}
-        Finisher::Classic => {
-            exec(&mut a, "BEGIN");
-            let begun: Option<Value> = one(
-                &mut a,
-                "SELECT syncular.push_begin($1, 'c1', 'k1', $2)",
-                &[&P, &V],
-            );
-            assert_eq!(begun, None);
-        }
+    if let Finisher::Finish | Finisher::Classic = finisher {
+        exec(&mut a, "BEGIN");
+        assert_eq!(try_push_begin(&mut a, "k1").unwrap(), None);
+    }
+    if let Finisher::Finish = finisher {
+        exec(&mut a, "SAVEPOINT syncular_push_candidate");
+        let staged = try_push(&mut a, "k1", std::slice::from_ref(&op), stage_options("a"));
+        assert_eq!(staged.unwrap()["outcome"], "staged");
     }
     exec(&mut b, "BEGIN");
     let stored: Value = one(
@@ -317,11 +312,7 @@ impl Case<'_> {
                 let ccid = key(k, &self.keys);
                 let mut begun = false;
                 let ok = self.call(|c| {
-                    let r: Option<Value> = try_one(
-                        c,
-                        "SELECT syncular.push_begin($1, 'c1', $2, $3)",
-                        &[&P, &ccid, &V],
-                    )?;
+                    let r = try_push_begin(c, &ccid)?;
                     begun = r.is_none();
                     Ok(())
                 });
@@ -356,11 +347,7 @@ impl Case<'_> {
                 let ccid = key(k, &self.keys);
                 let mut begun = false;
                 let ok = self.call(|c| {
-                    let r: Option<Value> = try_one(
-                        c,
-                        "SELECT syncular.push_begin($1, 'c1', $2, $3)",
-                        &[&P, &ccid, &V],
-                    )?;
+                    let r = try_push_begin(c, &ccid)?;
                     if r.is_some() {
                         return Ok(()); // a replay: the host answers it
                     }

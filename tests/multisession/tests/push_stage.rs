@@ -4,7 +4,7 @@
 //! rejection. The staged-and-finished push must store exactly what the one-call push stores for
 //! the same commit; a host rejection stores only the rejection.
 
-use postgres::{Client, Transaction};
+use postgres::{Client, GenericClient, Transaction};
 use serde_json::{json, Value};
 use syncular_multisession::native_push::*;
 use syncular_multisession::*;
@@ -60,6 +60,37 @@ fn begin<'a>(c: &'a mut Client, key: &str) -> Transaction<'a> {
     tx
 }
 
+/// A push of `ops` under `key` in stage mode with `hooks` (the host protocol's `push_commit`).
+fn try_stage(
+    c: &mut impl GenericClient,
+    key: &str,
+    ops: &[Op],
+    hooks: Value,
+) -> Result<Value, postgres::Error> {
+    try_push(c, key, ops, staged_options(key, hooks))
+}
+
+/// `begin`, then `ops` staged under `key` for a commit validator: the transaction holding the
+/// staged push.
+#[track_caller]
+fn staged<'a>(c: &'a mut Client, key: &str, ops: &[Op]) -> Transaction<'a> {
+    let mut tx = begin(c, key);
+    let staged = try_stage(&mut tx, key, ops, json!({"commitValidator": true}));
+    assert_eq!(staged.unwrap()["outcome"], "staged");
+    tx
+}
+
+/// A finish of a key with nothing staged is refused.
+#[track_caller]
+fn assert_nothing_staged(outcome: Result<Value, postgres::Error>) {
+    expect_error(
+        outcome,
+        "SY000",
+        "sync.storage.invalid_argument",
+        Some(json!({"argument": "client_commit_id", "reason": "range"})),
+    );
+}
+
 fn finish(
     tx: &mut Transaction<'_>,
     key: &str,
@@ -89,14 +120,11 @@ fn np32_staged_then_finished_equals_the_one_call_push() {
     let (_db, mut c) = prepared("np32_stage");
     let staged_ops = ops(&mut c);
     let mut tx = begin(&mut c, "s1");
-    let staged = try_push(
+    let staged = try_stage(
         &mut tx,
         "s1",
         &staged_ops,
-        staged_options(
-            "s1",
-            json!({"commitValidator": true, "reactionPlanner": true}),
-        ),
+        json!({"commitValidator": true, "reactionPlanner": true}),
     )
     .unwrap();
     // The evidence is upstream's ValidateCommitOperation, in operation order.
@@ -127,14 +155,7 @@ fn np32_staged_then_finished_equals_the_one_call_push() {
                             "payload": {"to": "x"}, "sourceCommitSeq": 999}]);
     let finished = finish(&mut tx, "s1", &reactions).unwrap();
     // A second finish finds nothing staged.
-    tx.batch_execute("SAVEPOINT again").unwrap();
-    expect_error(
-        finish(&mut tx, "s1", &json!([])),
-        "SY000",
-        "sync.storage.invalid_argument",
-        Some(json!({"argument": "client_commit_id", "reason": "range"})),
-    );
-    tx.batch_execute("ROLLBACK TO SAVEPOINT again").unwrap();
+    assert_nothing_staged(probe(&mut tx, |tx| finish(tx, "s1", &json!([]))));
     tx.commit().unwrap();
     assert_eq!(finished, applied);
     // Every table byte for byte as the one-call push left it; the reaction carries the
@@ -162,34 +183,12 @@ fn np32_host_rejection_after_staging_stores_only_the_rejection() {
     let (_db, mut c) = prepared("np32_reject");
     let staged_ops = ops(&mut c);
     let before = snapshot(&mut c);
-    let mut tx = begin(&mut c, "s2");
-    let staged = try_push(
-        &mut tx,
-        "s2",
-        &staged_ops,
-        staged_options("s2", json!({"commitValidator": true})),
-    )
-    .unwrap();
-    assert_eq!(staged["outcome"], "staged");
+    let mut tx = staged(&mut c, "s2", &staged_ops);
     // The validator refuses: the candidate rows and the staged state go with the savepoint.
     tx.batch_execute("ROLLBACK TO SAVEPOINT syncular_push_candidate")
         .unwrap();
-    tx.batch_execute("SAVEPOINT probe").unwrap();
-    expect_error(
-        finish(&mut tx, "s2", &json!([])),
-        "SY000",
-        "sync.storage.invalid_argument",
-        Some(json!({"argument": "client_commit_id", "reason": "range"})),
-    );
-    tx.batch_execute("ROLLBACK TO SAVEPOINT probe").unwrap();
-    let rejection = json!({"status": "rejected", "results": [{"opIndex": 0, "status": "error",
-        "code": "app.denied", "message": "no", "retryable": false}],
-        "recordedAtMs": NOW, "cacheIdentity": "s2"});
-    tx.execute(
-        "SELECT syncular.put_push_result($1, 'c1', 's2', $2)",
-        &[&P, &rejection],
-    )
-    .unwrap();
+    assert_nothing_staged(probe(&mut tx, |tx| finish(tx, "s2", &json!([]))));
+    put_result(&mut tx, "s2", &rejection("s2")).unwrap();
     tx.commit().unwrap();
     assert_eq!(but_result(&snapshot(&mut c), "s2"), before);
     assert_eq!(
@@ -207,12 +206,7 @@ fn np32_stage_rules() {
     let staged_ops = ops(&mut c);
     // Staging needs a transaction block: in autocommit the candidate rows would commit alone.
     expect_error(
-        try_push(
-            &mut c,
-            "s3",
-            &staged_ops,
-            staged_options("s3", json!({"commitValidator": true})),
-        ),
+        try_stage(&mut c, "s3", &staged_ops, json!({"commitValidator": true})),
         "SY004",
         "sync.storage.invalid_transaction_state",
         Some(json!({"reason": "no_transaction_block"})),
@@ -228,13 +222,7 @@ fn np32_stage_rules() {
     {
         let mut tx = begin(&mut c, "s4");
         let foreign = up(&mut tx, "tasks", "t7", None, task("t7", "p2"));
-        let out = try_push(
-            &mut tx,
-            "s4",
-            &[foreign],
-            staged_options("s4", json!({"commitValidator": true})),
-        )
-        .unwrap();
+        let out = try_stage(&mut tx, "s4", &[foreign], json!({"commitValidator": true})).unwrap();
         assert_error(
             &out,
             0,
@@ -247,7 +235,7 @@ fn np32_stage_rules() {
     // No hook to run: stage mode applies at once.
     {
         let mut tx = begin(&mut c, "s5");
-        let out = try_push(&mut tx, "s5", &staged_ops, staged_options("s5", json!({}))).unwrap();
+        let out = try_stage(&mut tx, "s5", &staged_ops, json!({})).unwrap();
         assert_eq!(out["outcome"], "applied", "{out}");
         tx.commit().unwrap();
     }
@@ -257,13 +245,7 @@ fn np32_stage_rules() {
     {
         let mut tx = begin(&mut c, "s6");
         let op = up(&mut tx, "tasks", "t6", None, task("t6", "p1"));
-        let out = try_push(
-            &mut tx,
-            "s6",
-            &[op],
-            staged_options("s6", json!({"reactionPlanner": true})),
-        )
-        .unwrap();
+        let out = try_stage(&mut tx, "s6", &[op], json!({"reactionPlanner": true})).unwrap();
         assert_eq!(out["outcome"], "staged");
         tx.batch_execute("SAVEPOINT other").unwrap();
         let other = tx.query_one("SELECT syncular.push_finish($1, 'c1', 's7')", &[&P]);
@@ -286,12 +268,7 @@ fn np32_stage_rules() {
     assert_eq!(snapshot(&mut c), before);
     // After a ROLLBACK nothing is staged either.
     let mut tx = c.transaction().unwrap();
-    expect_error(
-        finish(&mut tx, "s6", &json!([])),
-        "SY000",
-        "sync.storage.invalid_argument",
-        Some(json!({"argument": "client_commit_id", "reason": "range"})),
-    );
+    assert_nothing_staged(finish(&mut tx, "s6", &json!([])));
 }
 
 /// Runs `call` inside a savepoint that is rolled back afterwards, so a refusal leaves the
@@ -354,15 +331,8 @@ fn d8_a_staged_push_stands_until_it_is_finished_or_rolled_back() {
     let staged_ops = ops(&mut c);
     let other = up(&mut c, "tasks", "t8", None, task("t8", "p1"));
     let max: i64 = one(&mut c, "SELECT syncular.max_commit_seq($1)", &[&P]);
-    let mut tx = begin(&mut c, "s1");
+    let mut tx = staged(&mut c, "s1", &staged_ops);
     let hooks = json!({"commitValidator": true});
-    let staged = try_push(
-        &mut tx,
-        "s1",
-        &staged_ops,
-        staged_options("s1", hooks.clone()),
-    );
-    assert_eq!(staged.unwrap()["outcome"], "staged");
     let refused = |outcome: Result<Value, postgres::Error>, state: &str, detail: Value| {
         let message = match state {
             "SY004" => "sync.storage.invalid_transaction_state",
@@ -435,7 +405,7 @@ fn d8_a_staged_push_stands_until_it_is_finished_or_rolled_back() {
     tx.batch_execute("SAVEPOINT syncular_push_candidate")
         .unwrap();
     let t2 = up(&mut tx, "tasks", "t2", None, titled("t2", "again"));
-    let staged = try_push(&mut tx, "s2", &[t2], staged_options("s2", hooks));
+    let staged = try_stage(&mut tx, "s2", &[t2], hooks);
     assert_eq!(staged.unwrap()["outcome"], "staged");
     refused(
         probe(&mut tx, |tx| put_result(tx, "s2", &rejection("s2"))),
@@ -458,14 +428,7 @@ fn a_transaction_holding_a_staged_push_does_not_commit() {
     let (_db, mut c) = prepared("stage_commit");
     let staged_ops = ops(&mut c);
     let before = snapshot(&mut c);
-    let mut tx = begin(&mut c, "s1");
-    let staged = try_push(
-        &mut tx,
-        "s1",
-        &staged_ops,
-        staged_options("s1", json!({"commitValidator": true})),
-    );
-    assert_eq!(staged.unwrap()["outcome"], "staged");
+    let tx = staged(&mut c, "s1", &staged_ops);
     let err = sql_error(&tx.commit().expect_err("the commit is refused"));
     assert_eq!(
         (err.state.as_str(), err.message.as_str()),
@@ -479,14 +442,7 @@ fn a_transaction_holding_a_staged_push_does_not_commit() {
         "nothing of the staged push landed"
     );
     // Rolled back to its savepoint, the same transaction commits (the host's rejection path).
-    let mut tx = begin(&mut c, "s1");
-    let staged = try_push(
-        &mut tx,
-        "s1",
-        &staged_ops,
-        staged_options("s1", json!({"commitValidator": true})),
-    );
-    assert_eq!(staged.unwrap()["outcome"], "staged");
+    let mut tx = staged(&mut c, "s1", &staged_ops);
     tx.batch_execute("ROLLBACK TO SAVEPOINT syncular_push_candidate")
         .unwrap();
     tx.commit().unwrap();

@@ -33,15 +33,11 @@ impl Attacker {
             role,
         };
         attacker.act(c);
+        exec(c, &app_table_sql(&format!("{}.t", attacker.role), ""));
         exec(
             c,
             &format!(
-                r#"CREATE TABLE {r}.t (
-                     "_sync_partition" text NOT NULL, "_sync_row_id" text NOT NULL,
-                     "_sync_server_version" bigint NOT NULL, "_sync_scopes" jsonb NOT NULL,
-                     "_sync_payload" bytea NOT NULL, "_sync_column_versions" bytea,
-                     PRIMARY KEY ("_sync_partition", "_sync_row_id"));
-                   INSERT INTO {r}.t VALUES ('{P}', 'r1', 1, '{{"project_id":"p1"}}', '\x01', NULL);
+                r#"INSERT INTO {r}.t VALUES ('{P}', 'r1', 1, '{{"project_id":"p1"}}', '\x01', NULL);
                    SELECT syncular.register_table('{t}', '{r}.t');
                    SELECT syncular.set_row_scopes('{P}', '{t}', 'r1', '{{"project_id":"p1"}}');
                    SELECT syncular.set_blob_refs('{P}', '{t}', 'r1', ARRAY['blob-1']);"#,
@@ -137,6 +133,22 @@ fn read_all(c: &mut Client, tbl: &str) -> Vec<Result<(), postgres::Error>> {
         c.execute("SELECT syncular.rows_referencing_blob($1, 'blob-1')", &[&P])
             .map(drop),
     ]
+}
+
+/// Every reader of app rows refuses the caller `tbl` (`privilege`); `why` names the missing
+/// right.
+#[track_caller]
+fn assert_every_read_refused(c: &mut Client, tbl: &str, why: &str) {
+    for result in read_all(c, tbl) {
+        let err = sql_error(&result.expect_err(why));
+        assert_eq!(
+            (err.state.as_str(), err.detail),
+            (
+                "SY000",
+                Some(json!({"argument":"tbl","reason":"privilege"}))
+            )
+        );
+    }
 }
 
 /// The registration is dead once its relation is gone or changed: `unknown_table` (for the
@@ -315,43 +327,21 @@ fn reading_an_app_table_needs_select_on_it() {
     let owner = Attacker::new(&mut c, &db, "owner");
     let other = Attacker::new(&mut c, &db, "other");
     other.act(&mut c);
-    for result in read_all(&mut c, &owner.tbl) {
-        let err = sql_error(&result.expect_err("no SELECT on the owner's table"));
-        assert_eq!(
-            (err.state.as_str(), err.detail),
-            (
-                "SY000",
-                Some(json!({"argument":"tbl","reason":"privilege"}))
-            )
-        );
-    }
+    assert_every_read_refused(&mut c, &owner.tbl, "no SELECT on the owner's table");
     other.leave(&mut c);
-    owner.act(&mut c);
-    exec(
+    owner.run(
         &mut c,
-        &format!("GRANT SELECT ON {}.t TO {}", owner.role, other.role),
+        &format!("GRANT SELECT ON {{r}}.t TO {}", other.role),
     );
-    owner.leave(&mut c);
     // Rows are read as the caller when it does not hold the owner's privileges (docs/SECURITY.md
     // rule 1): it needs what a query of its own would, USAGE on the schema too.
     other.act(&mut c);
-    for result in read_all(&mut c, &owner.tbl) {
-        let err = sql_error(&result.expect_err("no USAGE on the owner's schema"));
-        assert_eq!(
-            (err.state.as_str(), err.detail),
-            (
-                "SY000",
-                Some(json!({"argument":"tbl","reason":"privilege"}))
-            )
-        );
-    }
+    assert_every_read_refused(&mut c, &owner.tbl, "no USAGE on the owner's schema");
     other.leave(&mut c);
-    owner.act(&mut c);
-    exec(
+    owner.run(
         &mut c,
-        &format!("GRANT USAGE ON SCHEMA {} TO {}", owner.role, other.role),
+        &format!("GRANT USAGE ON SCHEMA {{r}} TO {}", other.role),
     );
-    owner.leave(&mut c);
     other.act(&mut c);
     let scopes: Value = one(
         &mut c,
@@ -379,16 +369,7 @@ fn reading_an_app_table_needs_select_on_it() {
     assert_eq!(scopes["serverVersion"], json!(1));
     owner.leave(&mut c);
     other.act(&mut c);
-    for result in read_all(&mut c, &owner.tbl) {
-        let err = sql_error(&result.expect_err("row security applies to the caller"));
-        assert_eq!(
-            (err.state.as_str(), err.detail),
-            (
-                "SY000",
-                Some(json!({"argument":"tbl","reason":"privilege"}))
-            )
-        );
-    }
+    assert_every_read_refused(&mut c, &owner.tbl, "row security applies to the caller");
 }
 
 #[test]
@@ -397,15 +378,13 @@ fn a_registration_cannot_be_hijacked_by_another_role() {
     let mut c = db.connect();
     let victim = Attacker::new(&mut c, &db, "victim");
     let attacker = Attacker::new(&mut c, &db, "attacker");
-    victim.act(&mut c);
-    exec(
+    victim.run(
         &mut c,
         &format!(
-            "SELECT syncular.register_table('{}', '{}.t', true)",
-            victim.tbl, victim.role
+            "SELECT syncular.register_table('{}', '{{r}}.t', true)",
+            victim.tbl
         ),
     );
-    victim.leave(&mut c);
     let before: Value = one(
         &mut c,
         "SELECT to_jsonb(a) FROM syncular.sync_app_tables a WHERE tbl = $1",
@@ -488,15 +467,10 @@ fn foreign_dangling_and_unregistered_names_are_not_retired_by_a_host() {
     attacker.leave(&mut c);
     // Dangling: the victim renamed, then dropped its relation; the registration is still the
     // victim's.
-    victim.act(&mut c);
-    exec(
+    victim.run(
         &mut c,
-        &format!(
-            "ALTER TABLE {r}.t RENAME TO gone; DROP TABLE {r}.gone",
-            r = victim.role
-        ),
+        "ALTER TABLE {r}.t RENAME TO gone; DROP TABLE {r}.gone",
     );
-    victim.leave(&mut c);
     attacker.act(&mut c);
     refused(&mut c, &victim.tbl);
     // Never registered: metadata written under a name nobody registered.
@@ -527,14 +501,8 @@ fn foreign_dangling_and_unregistered_names_are_not_retired_by_a_host() {
 fn temporary_tables_are_refused() {
     let db = TestDb::new("sec_temp");
     let mut c = db.connect();
-    exec(
-        &mut c,
-        r#"CREATE TEMP TABLE tmp (
-             "_sync_partition" text NOT NULL, "_sync_row_id" text NOT NULL,
-             "_sync_server_version" bigint NOT NULL, "_sync_scopes" jsonb NOT NULL,
-             "_sync_payload" bytea NOT NULL, "_sync_column_versions" bytea,
-             PRIMARY KEY ("_sync_partition", "_sync_row_id"))"#,
-    );
+    // A table created in pg_temp is a temporary table.
+    exec(&mut c, &app_table_sql("pg_temp.tmp", ""));
     expect_error(
         c.execute("SELECT syncular.register_table('tmp', 'pg_temp.tmp')", &[]),
         "SY000",

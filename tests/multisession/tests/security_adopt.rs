@@ -521,14 +521,20 @@ fn adopt_trojan(c: &mut Client, attacker: &str, attach: &str, session: &str, run
     );
 }
 
-#[test]
-fn adopt_plans_a_partial_index_predicate_as_the_sources_owner() {
-    let db = TestDb::new("adoptpartial");
+/// `adopt_trojan` in a fresh database `test` holding the trojan legacy install
+/// (`trojan_legacy_database`).
+#[track_caller]
+fn adopt_trojan_in_fresh_database(test: &str, attach: &str, session: &str, runs: bool) {
+    let db = TestDb::new(test);
     let mut c = db.connect();
     let attacker = trojan_legacy_database(&mut c, &db);
-    adopt_trojan(
-        &mut c,
-        &attacker,
+    adopt_trojan(&mut c, &attacker, attach, session, runs);
+}
+
+#[test]
+fn adopt_plans_a_partial_index_predicate_as_the_sources_owner() {
+    adopt_trojan_in_fresh_database(
+        "adoptpartial",
         "CREATE INDEX ON legacy.sync_commits (created_at_ms) WHERE legacy.pwn(1)",
         "",
         true,
@@ -537,12 +543,8 @@ fn adopt_plans_a_partial_index_predicate_as_the_sources_owner() {
 
 #[test]
 fn adopt_plans_an_expression_index_as_the_sources_owner() {
-    let db = TestDb::new("adoptexprindex");
-    let mut c = db.connect();
-    let attacker = trojan_legacy_database(&mut c, &db);
-    adopt_trojan(
-        &mut c,
-        &attacker,
+    adopt_trojan_in_fresh_database(
+        "adoptexprindex",
         "CREATE INDEX ON legacy.sync_commits
            ((created_at_ms + CASE WHEN legacy.pwn(1) THEN 0 ELSE 1 END))",
         "",
@@ -552,12 +554,8 @@ fn adopt_plans_an_expression_index_as_the_sources_owner() {
 
 #[test]
 fn adopt_plans_a_statistics_expression_as_the_sources_owner() {
-    let db = TestDb::new("adoptstats");
-    let mut c = db.connect();
-    let attacker = trojan_legacy_database(&mut c, &db);
-    adopt_trojan(
-        &mut c,
-        &attacker,
+    adopt_trojan_in_fresh_database(
+        "adoptstats",
         "CREATE STATISTICS legacy.commits_stx
            ON (created_at_ms + CASE WHEN legacy.pwn(1) THEN 0 ELSE 1 END), partition
            FROM legacy.sync_commits",
@@ -571,12 +569,8 @@ fn adopt_plans_a_statistics_expression_as_the_sources_owner() {
 /// copy statement looks like, the host's CHECK runs as its author.
 #[test]
 fn adopt_with_constraint_exclusion_never_runs_a_check_as_a_superuser() {
-    let db = TestDb::new("adoptcheck");
-    let mut c = db.connect();
-    let attacker = trojan_legacy_database(&mut c, &db);
-    adopt_trojan(
-        &mut c,
-        &attacker,
+    adopt_trojan_in_fresh_database(
+        "adoptcheck",
         "ALTER TABLE legacy.sync_commits ADD CONSTRAINT trojan CHECK (legacy.pwn(1))",
         "SET constraint_exclusion = on",
         false,
