@@ -53,7 +53,7 @@ fn rows_referencing_blob(partition: Option<&str>, blob_id: Option<&str>) -> Json
                 }
                 let row_ids: Vec<&str> = group.iter().map(|r| r.1.as_str()).collect();
                 let relation = relation.read_by(caller);
-                let mut scopes = relation.scopes_of_rows(client, &partition, row_ids)?;
+                let mut scopes = relation.scopes_of_rows(client, &partition, &row_ids)?;
                 for (_, row_id) in group {
                     crate::interrupts::check();
                     if let Some(scopes) = scopes.remove(row_id) {
@@ -72,16 +72,11 @@ fn referenced_blob_ids(partition: Option<&str>) -> Vec<String> {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         db::with_spi(|client| {
-            db::read(
+            db::texts(db::read(
                 client,
                 "SELECT DISTINCT blob_id FROM syncular.sync_blob_refs WHERE partition = $1 ORDER BY 1",
                 &[partition.as_str().into()],
-            )?
-            .map(|row| {
-                crate::interrupts::check();
-                Ok(row.get::<String>(1)?.unwrap_or_default())
-            })
-            .collect()
+            )?)
         })
     })
 }

@@ -231,6 +231,16 @@ pub fn with_spi<R>(body: impl FnOnce(&SpiClient<'_>) -> Result<R>) -> Result<R> 
     Spi::connect(body)
 }
 
+/// The first column of every row as text (NULL as empty), checking for interrupts per row.
+pub fn texts<C: FromIterator<String>>(table: SpiTupleTable<'_>) -> Result<C> {
+    table
+        .map(|row| {
+            crate::interrupts::check();
+            Ok(row.get::<String>(1)?.unwrap_or_default())
+        })
+        .collect()
+}
+
 /// First column of the first row, or `None` when there is no row or the value is NULL.
 pub fn first<T: pgrx::FromDatum + pgrx::IntoDatum>(table: SpiTupleTable<'_>) -> Result<Option<T>> {
     if table.is_empty() {

@@ -186,17 +186,11 @@ fn list_partition_registry() -> JsonB {
 fn list_partitions() -> Vec<String> {
     error::run(|| {
         db::with_spi(|client| {
-            let table = db::read(
+            db::texts(db::read(
                 client,
                 "SELECT partition FROM syncular.sync_partition_registry ORDER BY partition",
                 &[],
-            )?;
-            table
-                .map(|row| {
-                    crate::interrupts::check();
-                    Ok(row.get::<String>(1)?.unwrap_or_default())
-                })
-                .collect()
+            )?)
         })
     })
 }

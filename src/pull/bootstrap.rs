@@ -94,7 +94,7 @@ pub fn scan(
     // takes it, so the budget bounds what is copied, not just what is returned.
     loop {
         let candidates: Vec<String> = access::as_extension_owner(client, || {
-            db::read(
+            db::texts(db::read(
                 client,
                 SCAN_CANDIDATES_SQL,
                 &[
@@ -105,12 +105,7 @@ pub fn scan(
                     DatumWithOid::from(after.clone()),
                     DatumWithOid::from(batch),
                 ],
-            )?
-            .map(|row| {
-                crate::interrupts::check();
-                Ok(row.get::<String>(1)?.unwrap_or_default())
-            })
-            .collect()
+            )?)
         })?;
         let Some(page_last) = candidates.last().cloned() else {
             break;

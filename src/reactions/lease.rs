@@ -16,6 +16,17 @@ use pgrx::JsonB;
 use serde_json::json;
 use std::collections::HashSet;
 
+/// The lease rule (docs/DESIGN.md §8 sync_reactions, "Leases"): an acknowledgement — complete,
+/// extend, fail, single or batch — acts only on a reaction the caller holds: `leased`, with the
+/// caller (`$3`) as its lease owner. The expiry is not checked: an owner may still finish a
+/// lapsed lease nobody claimed again, and once another worker claimed it, the first owner's
+/// acknowledgement changes nothing (upstream's rule).
+macro_rules! lease_held {
+    () => {
+        "status = 'leased' AND lease_owner = $3"
+    };
+}
+
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn claim_reactions(
@@ -98,6 +109,15 @@ fn lease_args(
     ))
 }
 
+/// Runs a single acknowledgement `sql` (its `WHERE` holds [`lease_held!`]) for
+/// `[partition, key, owner]` with its one value `$4`; whether it changed the reaction.
+fn acknowledge(sql: &'static str, [partition, key, owner]: [&str; 3], value: i64) -> Result<bool> {
+    db::changed(
+        sql,
+        &[partition.into(), key.into(), owner.into(), value.into()],
+    )
+}
+
 #[pg_extern(volatile, parallel_unsafe, security_definer)]
 #[search_path(pg_catalog, pg_temp)]
 fn complete_reaction(
@@ -109,19 +129,17 @@ fn complete_reaction(
     error::run(|| {
         let (partition, key, owner) = lease_args(partition, idempotency_key, lease_owner)?;
         let at = args::count("at_ms", at_ms)?;
-        db::changed(
-            "UPDATE syncular.sync_reactions
-                SET status = 'completed', completed_at_ms = $4, lease_owner = NULL,
-                    lease_expires_at_ms = NULL
-              WHERE partition = $1 AND idempotency_key = $2 AND status = 'leased'
-                AND lease_owner = $3
-             RETURNING 1",
-            &[
-                partition.as_str().into(),
-                key.as_str().into(),
-                owner.as_str().into(),
-                at.into(),
-            ],
+        acknowledge(
+            concat!(
+                "UPDATE syncular.sync_reactions
+                    SET status = 'completed', completed_at_ms = $4, lease_owner = NULL,
+                        lease_expires_at_ms = NULL
+                  WHERE partition = $1 AND idempotency_key = $2 AND ",
+                lease_held!(),
+                " RETURNING 1"
+            ),
+            [&partition, &key, &owner],
+            at,
         )
     })
 }
@@ -137,17 +155,15 @@ fn extend_reaction_lease(
     error::run(|| {
         let (partition, key, owner) = lease_args(partition, idempotency_key, lease_owner)?;
         let expires = args::count("expires_at_ms", expires_at_ms)?;
-        db::changed(
-            "UPDATE syncular.sync_reactions SET lease_expires_at_ms = $4
-              WHERE partition = $1 AND idempotency_key = $2 AND status = 'leased'
-                AND lease_owner = $3
-             RETURNING 1",
-            &[
-                partition.as_str().into(),
-                key.as_str().into(),
-                owner.as_str().into(),
-                expires.into(),
-            ],
+        acknowledge(
+            concat!(
+                "UPDATE syncular.sync_reactions SET lease_expires_at_ms = $4
+                  WHERE partition = $1 AND idempotency_key = $2 AND ",
+                lease_held!(),
+                " RETURNING 1"
+            ),
+            [&partition, &key, &owner],
+            expires,
         )
     })
 }
@@ -209,13 +225,15 @@ fn fail_reaction(
             .map(|r| args::count("retry_at_ms", Some(r)))
             .transpose()?;
         db::changed(
-            "UPDATE syncular.sync_reactions
+            concat!(
+                "UPDATE syncular.sync_reactions
                 SET status = CASE WHEN $5::bigint IS NULL THEN 'dead-letter' ELSE 'pending' END,
                     available_at_ms = coalesce($5::bigint, $6),
                     last_failure = $4::jsonb, lease_owner = NULL, lease_expires_at_ms = NULL
-              WHERE partition = $1 AND idempotency_key = $2 AND status = 'leased'
-                AND lease_owner = $3
-             RETURNING 1",
+              WHERE partition = $1 AND idempotency_key = $2 AND ",
+                lease_held!(),
+                " RETURNING 1"
+            ),
             &[
                 partition.as_str().into(),
                 key.as_str().into(),
@@ -261,26 +279,23 @@ fn complete_reactions(
         let changed: HashSet<String> = db::with_spi(|client| {
             // The kept generic plan: a primary-key probe per key whatever the array holds; left
             // to choose, the plan cache can settle on planning every call again.
-            db::write_generic(
+            db::texts(db::write_generic(
                 client,
-                "UPDATE syncular.sync_reactions
-                    SET status = 'completed', completed_at_ms = $4, lease_owner = NULL,
-                        lease_expires_at_ms = NULL
-                  WHERE partition = $1 AND idempotency_key = ANY($2) AND status = 'leased'
-                    AND lease_owner = $3
-                 RETURNING idempotency_key",
+                concat!(
+                    "UPDATE syncular.sync_reactions
+                        SET status = 'completed', completed_at_ms = $4, lease_owner = NULL,
+                            lease_expires_at_ms = NULL
+                      WHERE partition = $1 AND idempotency_key = ANY($2) AND ",
+                    lease_held!(),
+                    " RETURNING idempotency_key"
+                ),
                 &[
                     DatumWithOid::from(partition.as_str()),
                     args::required("idempotency_keys", idempotency_keys.as_ref())?.datum(),
                     DatumWithOid::from(owner.as_str()),
                     DatumWithOid::from(at),
                 ],
-            )?
-            .map(|row| {
-                crate::interrupts::check();
-                Ok(row.get::<String>(1)?.unwrap_or_default())
-            })
-            .collect()
+            )?)
         })?;
         Ok(in_order(&keys, &changed))
     })

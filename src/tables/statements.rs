@@ -280,6 +280,41 @@ impl AppRelation {
         self.run_as(reader, body)
     }
 
+    /// Reads `columns` (a select list over the relation as `a`) of the rows of `row_ids`, in
+    /// that order, handing each to `each` while the statement's result is alive; a row that
+    /// does not exist (or was deleted since its id was read) is absent. `each` returns `true` to
+    /// stop; so does this. The one statement shape of every API read of host rows by id.
+    fn read_by_ids(
+        &self,
+        client: &SpiClient<'_>,
+        partition: &str,
+        row_ids: &[&str],
+        columns: &str,
+        mut each: impl FnMut(&pgrx::spi::SpiHeapTupleData<'_>) -> error::Result<bool>,
+    ) -> error::Result<bool> {
+        let sql = format!(
+            "SELECT {columns}
+               FROM unnest($2::text[]) WITH ORDINALITY AS k(row_id, n)
+               JOIN {} a ON a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = k.row_id
+              ORDER BY k.n",
+            self.qualified
+        );
+        self.as_reader(|| {
+            let rows = db::read_dynamic(
+                client,
+                &sql,
+                &[DatumWithOid::from(partition), DatumWithOid::from(row_ids)],
+            )?;
+            for row in rows {
+                crate::interrupts::check();
+                if each(&row)? {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        })
+    }
+
     /// `{serverVersion, scopes}` of the row `(partition, row_id)`, if it exists
     /// (`get_row_scopes`).
     pub fn row_scopes(
@@ -288,29 +323,22 @@ impl AppRelation {
         partition: &str,
         row_id: &str,
     ) -> error::Result<Option<Value>> {
-        let sql = format!(
-            "SELECT a.\"_sync_server_version\", a.\"_sync_scopes\" FROM {} a
-              WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = $2",
-            self.qualified
-        );
-        self.as_reader(|| {
-            let table = db::read_dynamic(
-                client,
-                &sql,
-                &[DatumWithOid::from(partition), DatumWithOid::from(row_id)],
-            )?;
-            if table.is_empty() {
-                return Ok(None);
-            }
-            let row = table.first();
-            let scopes = row
-                .get::<JsonB>(2)?
-                .map(|j| args::unwrap_json_text(j.0))
-                .unwrap_or(json!({}));
-            Ok(Some(
-                json!({"serverVersion": row.get::<i64>(1)?, "scopes": scopes}),
-            ))
-        })
+        let mut found = None;
+        self.read_by_ids(
+            client,
+            partition,
+            &[row_id],
+            "a.\"_sync_server_version\", a.\"_sync_scopes\"",
+            |row| {
+                let scopes = row
+                    .get::<JsonB>(2)?
+                    .map(|j| args::unwrap_json_text(j.0))
+                    .unwrap_or(json!({}));
+                found = Some(json!({"serverVersion": row.get::<i64>(1)?, "scopes": scopes}));
+                Ok(true)
+            },
+        )?;
+        Ok(found)
     }
 
     /// The rows of `row_ids` (a bootstrap scan's page of candidates) in that order, each handed
@@ -322,32 +350,19 @@ impl AppRelation {
         client: &SpiClient<'_>,
         partition: &str,
         row_ids: &[String],
-        mut each: impl FnMut(&pgrx::spi::SpiHeapTupleData<'_>) -> error::Result<bool>,
+        each: impl FnMut(&pgrx::spi::SpiHeapTupleData<'_>) -> error::Result<bool>,
     ) -> error::Result<bool> {
-        let sql = format!(
-            "SELECT a.\"_sync_row_id\", a.\"_sync_server_version\",
-                    CASE WHEN pg_catalog.jsonb_typeof(a.\"_sync_scopes\") = 'string'
-                         THEN (a.\"_sync_scopes\" #>> '{{}}')::jsonb ELSE a.\"_sync_scopes\" END,
-                    a.\"_sync_payload\", a.\"_sync_column_versions\"
-               FROM unnest($2::text[]) WITH ORDINALITY AS k(row_id, n)
-               JOIN {} a ON a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = k.row_id
-              ORDER BY k.n",
-            self.qualified
-        );
-        self.as_reader(|| {
-            let ids: Vec<&str> = row_ids.iter().map(String::as_str).collect();
-            let rows = db::read_dynamic(
-                client,
-                &sql,
-                &[DatumWithOid::from(partition), DatumWithOid::from(ids)],
-            )?;
-            for row in rows {
-                if each(&row)? {
-                    return Ok(true);
-                }
-            }
-            Ok(false)
-        })
+        let ids: Vec<&str> = row_ids.iter().map(String::as_str).collect();
+        self.read_by_ids(
+            client,
+            partition,
+            &ids,
+            "a.\"_sync_row_id\", a.\"_sync_server_version\",
+             CASE WHEN pg_catalog.jsonb_typeof(a.\"_sync_scopes\") = 'string'
+                  THEN (a.\"_sync_scopes\" #>> '{}')::jsonb ELSE a.\"_sync_scopes\" END,
+             a.\"_sync_payload\", a.\"_sync_column_versions\"",
+            each,
+        )
     }
 
     /// The scopes of the rows of `row_ids` (`rows_referencing_blob`), by row id; a row that
@@ -356,29 +371,23 @@ impl AppRelation {
         &self,
         client: &SpiClient<'_>,
         partition: &str,
-        row_ids: Vec<&str>,
+        row_ids: &[&str],
     ) -> error::Result<HashMap<String, Option<Value>>> {
-        let sql = format!(
-            "SELECT a.\"_sync_row_id\", a.\"_sync_scopes\"
-               FROM unnest($2::text[]) AS k(row_id)
-               JOIN {} a ON a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = k.row_id",
-            self.qualified
-        );
-        self.as_reader(|| {
-            db::read_dynamic(
-                client,
-                &sql,
-                &[DatumWithOid::from(partition), DatumWithOid::from(row_ids)],
-            )?
-            .map(|row| {
-                crate::interrupts::check();
-                Ok((
+        let mut scopes = HashMap::new();
+        self.read_by_ids(
+            client,
+            partition,
+            row_ids,
+            "a.\"_sync_row_id\", a.\"_sync_scopes\"",
+            |row| {
+                scopes.insert(
                     row.get::<String>(1)?.unwrap_or_default(),
                     row.get::<JsonB>(2)?.map(|j| args::unwrap_json_text(j.0)),
-                ))
-            })
-            .collect()
-        })
+                );
+                Ok(false)
+            },
+        )?;
+        Ok(scopes)
     }
 }
 
