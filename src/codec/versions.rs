@@ -125,7 +125,7 @@ pub enum Check {
     Conflict(Vec<usize>),
 }
 
-/// The conflict rule (docs/CODEC.md §Conflicts). `present`: the payload's present columns;
+/// The conflict rule (docs/CODEC.md §Column versions). `present`: the payload's present columns;
 /// `crdt`: whether a column is a crdt column; `base_version`: `None` when absent.
 pub fn conflict(
     base_version: Option<i64>,
@@ -145,7 +145,8 @@ pub fn conflict(
                 .collect(),
         ),
         Some(base) => {
-            // The primary key is not excluded here (upstream's code, not its SPEC).
+            // The primary key is not excluded here: upstream's code marks it, whatever its prose says
+            // (docs/CODEC.md §Column versions).
             let marked: Vec<usize> = present
                 .iter()
                 .copied()
@@ -294,7 +295,7 @@ mod tests {
         }
     }
 
-    /// The table of docs/CODEC.md §Conflict examples (upstream's §2.5), byte for byte.
+    /// The worked examples of docs/CODEC.md §Column versions, byte for byte.
     #[test]
     fn worked_examples_conflicts() {
         let blob = e3();

@@ -1,7 +1,7 @@
 //! The one-call pull (docs/API.md §Pull, `pull`; docs/DESIGN.md §Pull path): a whole pull
 //! request of one partition — the gate, the client record, every subscription's window or
 //! bootstrap page, the registry touch and the client record's new cursor — in one call and one
-//! snapshot, with the decisions of the classic path (`storage-api` §4.1, upstream's pull driver):
+//! snapshot, with the decisions of the classic path (upstream's pull driver; docs/DESIGN.md §Pull path):
 //!
 //! - revoked (the host resolved no effective scopes): nothing read, the cursor echoed;
 //! - reset (no usable bootstrap token and `0 <= cursor < horizon`): nothing read, echoed;

@@ -377,7 +377,7 @@ fn latest_scoped_change_seq(
     })
 }
 
-/// The delivery rule of upstream's driver (`storage-api` §4.1): commits oldest first; the first
+/// The delivery rule of upstream's pull driver (docs/DESIGN.md §Pull path, "Where the rules live"): commits oldest first; the first
 /// always goes; another only if it keeps the changes within `limit`; stop once `limit` is
 /// reached. Returns the delivered changes and the next cursor. A window the call's budget cut
 /// short (`truncated`) is never exhausted: the cursor stops at the last delivered commit, and

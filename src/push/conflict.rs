@@ -1,8 +1,8 @@
-//! The conflict rule of an update (steps U6/U7 of docs/DESIGN.md §Push path; docs/CODEC.md
-//! §Conflicts): a present column whose effective version moved past `baseVersion` is a
-//! conflict, answered with the stored row and a bitmap of the columns that moved. Conflicts are per column
-//! ([`versions::conflict`]): an edit of a column nobody else changed applies even when the row
-//! moved on.
+//! The conflict rule of an update (steps U6/U7 of docs/DESIGN.md, "The one-call push, step by
+//! step"; docs/CODEC.md §Column versions): a present column whose effective version moved past
+//! `baseVersion` is a conflict, answered with the stored row and a bitmap of the columns that
+//! moved. Conflicts are per column ([`versions::conflict`]): an edit of a column nobody else
+//! changed applies even when the row moved on.
 
 use super::outcome::Stop;
 use crate::codec::versions::{self, Versions};

@@ -15,9 +15,9 @@ mod enqueue;
 mod lease;
 mod read;
 
-/// A payload's compact size cap (data model §2.8).
+/// A payload's compact size cap (docs/API.md §Reactions, `enqueue_reactions`).
 const MAX_PAYLOAD_BYTES: usize = 65_536;
-/// A failure's `details` compact size cap (data model §2.8).
+/// A failure's `details` compact size cap (docs/API.md §Reactions, `fail_reaction`).
 const MAX_DETAILS_BYTES: usize = 8_192;
 /// Nesting depth cap of payloads and failure details.
 const MAX_DEPTH: usize = 16;
