@@ -230,7 +230,7 @@ def section(result):
               "0.96) against pgmq's read 1.18 ms (its statement 0.84, planned again on every call) — the claim is at "
               "par; syncular's complete 0.57 ms (its statement 0.49) against pgmq's delete 0.27 ms (its statement 0.09). "
               "The difference is the completion's writes: a completed reaction is kept until `prune_reactions` "
-              "(data model §2.8, invariant 9), so completing updates the row — a new row version with new entries in "
+              "(docs/DESIGN.md §8 sync_reactions, invariant 9), so completing updates the row — a new row version with new entries in "
               "the primary key and the `completed` index, never HOT since the state is in the indexes' predicates — "
               "where pgmq's delete only marks the row. Index insertions are 17 % of syncular's samples, 5 % of "
               "pgmq's. Per consumed reaction syncular writes two row versions and four index entries, pgmq one and "

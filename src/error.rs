@@ -191,8 +191,24 @@ impl Error {
     pub fn invalid_commit(path: &str, reason: &str) -> Error {
         Error::new(Code::InvalidCommit, json!({"path": path, "reason": reason}))
     }
+    /// `sync.storage.invalid_transaction_state` with `{"reason"}` and the mechanical fix as its
+    /// HINT (a caller may replace it with a more specific one).
     pub fn invalid_transaction_state(reason: &str) -> Error {
-        Error::new(Code::InvalidTransactionState, json!({ "reason": reason }))
+        let hint = match reason {
+            "no_transaction_block" => {
+                "run it inside BEGIN … COMMIT, in the transaction of the writes it belongs to: \
+                 in autocommit it would commit alone"
+            }
+            "prior_writes" => {
+                "call it first in its transaction, before any write (BEGIN; then this call)"
+            }
+            "isolation" => {
+                "run it under READ COMMITTED (PostgreSQL's default): BEGIN ISOLATION LEVEL READ \
+                 COMMITTED, or reset default_transaction_isolation"
+            }
+            _ => return Error::new(Code::InvalidTransactionState, json!({ "reason": reason })),
+        };
+        Error::new(Code::InvalidTransactionState, json!({ "reason": reason })).with_hint(hint)
     }
 }
 

@@ -67,6 +67,11 @@ pub fn check(partition: &str, writer_version: Option<i64>) -> error::Result<()> 
     Err(Error::new(
         Code::WriterFenceRejected,
         json!({"partition": partition, "writerVersion": writer_version, "requiredWriterVersion": required}),
+    )
+    .with_hint(
+        "this process runs an older schema version than the partition requires: stop serving \
+         writes from it and run a build at the required version (docs/CLIENTS.md); the fence \
+         is never lowered by a write",
     ))
 }
 

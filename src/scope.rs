@@ -21,6 +21,11 @@ fn listed(values: &[String], value: &[u8]) -> bool {
 }
 
 impl Filter {
+    /// Whether no stored scopes can match: no variable at all, or a variable with no value.
+    pub fn admits_nothing(&self) -> bool {
+        self.keys.is_empty() || self.keys.iter().any(|(_, values)| values.is_empty())
+    }
+
     /// The variable and values of candidate selection; `None` selects nothing (no key, or an
     /// empty value list for the first key).
     pub fn first(&self) -> Option<(&str, &[String])> {

@@ -174,7 +174,13 @@ fn scan_rows(
         let lim = args::at_least("lim", Some(lim.into()), 1)?;
         if filter.keys.is_empty() {
             // Before the table check, so the refusal never names the table (upstream order).
-            return Err(Error::bare(crate::error::Code::ScanRequiresScope));
+            return Err(
+                Error::bare(crate::error::Code::ScanRequiresScope).with_hint(
+                    "scope_filter must name at least one scope variable with its values, e.g. \
+                 {\"project_id\": [\"p1\"]}; a subscription whose effective scopes are empty \
+                 is revoked, not scanned",
+                ),
+            );
         }
         let caller = access::current_role();
         let scan = db::with_spi(|client| {

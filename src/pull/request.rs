@@ -24,7 +24,7 @@ use crate::access;
 use crate::args::{self, json_int, IntProblem, MAX_SAFE};
 use crate::clients;
 use crate::db;
-use crate::error::{self, Code, Error, Result};
+use crate::error::{self, Error, Result};
 use crate::gate::{self, SchemaState};
 use crate::jsonb::OwnedJsonb;
 use crate::limits;
@@ -38,7 +38,8 @@ use pgrx::JsonB;
 use serde_json::{json, Map, Value};
 
 /// Everything the request reads besides the windows, in one statement: the gate's state, the
-/// partition's bounds and the client record.
+/// partition's bounds, the client record, and which of the subscriptions' tables (`$4`) have no
+/// registration.
 const HEAD_SQL: &str = "\
 SELECT coalesce(m.schema_version, 0),
        (SELECT r.log_epoch FROM syncular.sync_partition_registry r WHERE r.partition = $1),
@@ -47,7 +48,9 @@ SELECT coalesce(m.schema_version, 0),
                    FROM syncular.sync_backfill_checkpoints c
                   WHERE c.schema_version = $2 AND c.state <> 'activated'), '[]'::jsonb),
        coalesce(p.max_commit_seq, 0), coalesce(p.horizon_seq, 0),
-       cl.actor_id, cl.cursor
+       cl.actor_id, cl.cursor,
+       (SELECT pg_catalog.array_agg(t.tbl ORDER BY t.n) FROM unnest($4::text[]) WITH ORDINALITY AS t(tbl, n)
+         WHERE NOT EXISTS (SELECT 1 FROM syncular.sync_app_tables a WHERE a.tbl = t.tbl))
   FROM (SELECT 1) AS one
   LEFT JOIN syncular.sync_schema_meta m ON m.id = 1
   LEFT JOIN syncular.sync_partitions p ON p.partition = $1
@@ -242,9 +245,22 @@ struct Head {
     horizon: i64,
     /// The stored record's actor and cursor.
     client: Option<(String, i64)>,
+    /// The subscriptions' tables that have no registration, in request order.
+    unregistered: Vec<String>,
 }
 
-fn head(client: &SpiClient<'_>, partition: &str, running: i64, client_id: &str) -> Result<Head> {
+fn head(
+    client: &SpiClient<'_>,
+    partition: &str,
+    running: i64,
+    client_id: &str,
+    request: &Request,
+) -> Result<Head> {
+    let tables: Vec<&str> = request
+        .subscriptions
+        .iter()
+        .map(|sub| sub.table.as_str())
+        .collect();
     let table = db::read_generic(
         client,
         HEAD_SQL,
@@ -252,6 +268,7 @@ fn head(client: &SpiClient<'_>, partition: &str, running: i64, client_id: &str) 
             DatumWithOid::from(partition),
             DatumWithOid::from(running),
             DatumWithOid::from(client_id),
+            DatumWithOid::from(tables),
         ],
     )?;
     let row = table.first();
@@ -267,6 +284,7 @@ fn head(client: &SpiClient<'_>, partition: &str, running: i64, client_id: &str) 
         max_seq: row.get::<i64>(4)?.unwrap_or(0),
         horizon: row.get::<i64>(5)?.unwrap_or(0),
         client: actor.zip(cursor),
+        unregistered: row.get::<Vec<String>>(8)?.unwrap_or_default(),
     })
 }
 
@@ -372,7 +390,9 @@ fn serve(
         json!({"id": sub.id, "status": status, "reasonCode": reason, "bootstrap": false,
                "nextCursor": sub.cursor})
     };
-    let Some(effective) = &sub.effective else {
+    // No effective scopes, or scopes that admit no row (no variable, or a variable with no
+    // value): revoked, as upstream's host revokes an empty effective map (docs/API.md `pull`).
+    let Some(effective) = sub.effective.as_ref().filter(|e| !e.admits_nothing()) else {
         return Ok((outcome("revoked", "sync.scope_revoked"), None));
     };
     if sub.token.is_none() && sub.cursor >= 0 && sub.cursor < head.horizon {
@@ -415,9 +435,6 @@ fn serve(
     let resume = sub.token.as_ref().filter(|t| t.as_of >= head.horizon);
     let as_of = resume.map_or(head.max_seq, |t| t.as_of);
     let start = resume.and_then(|t| t.row_cursor.clone());
-    if effective.keys.is_empty() {
-        return Err(Error::bare(Code::ScanRequiresScope));
-    }
     let relation = tables::open_for_read(client, &sub.table, caller)?;
     // The pages of upstream's driver read as one scan: `pages` pages of `rows`, plus one row
     // that tells whether more remain. One call returns at most RESULT_ROWS rows per subscription
@@ -530,7 +547,16 @@ fn serve_request(
     declared: &[args::Declaration],
 ) -> Result<Vec<Out>> {
     // Reads first, all in the caller's snapshot.
-    let head = head(client, partition, running, client_id)?;
+    let head = head(client, partition, running, client_id, request)?;
+    // A subscription of a table nobody registered fails the whole request, before the gate and
+    // for every kind of subscription (upstream's request validation, docs/API.md `pull`): a
+    // mistyped table name must not read as "active, nothing changed" and move the cursor on.
+    if let Some(tbl) = head.unregistered.first() {
+        return Err(tables::unknown_table(tbl).with_hint(format!(
+            "subscription table {} has no registration: register_table it, or fix the name",
+            Value::from(tbl.as_str())
+        )));
+    }
     let mut token = head.state.assert_ready(running, declared)?;
     let mismatch = head
         .client

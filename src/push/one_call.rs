@@ -242,7 +242,8 @@ fn push_commit(
         let client_commit_id = args::text_ref("client_commit_id", client_commit_id)?;
         let actor_id = args::text_ref("actor_id", actor_id)?;
         let created_at_ms = args::count("created_at_ms", created_at_ms)?;
-        let running = args::count("running_schema_version", running_schema_version)?;
+        // A schema version is 1 or more (upstream's wire rule); 0 would mean "never migrated".
+        let running = args::at_least("running_schema_version", running_schema_version, 1)?;
         let allowed = allowed_arg(args::optional_json("allowed", allowed)?)?;
         let declared = args::declarations(declared)?;
         let options = Options::parse(args::optional_json("options", options)?)?;

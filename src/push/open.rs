@@ -4,13 +4,14 @@
 
 use super::batch;
 use super::context::Table;
-use super::outcome::{fallback, Stop};
+use super::outcome::{fallback, fallback_doc, Stop};
 use super::request::Request;
 use crate::codec::ColumnType;
 use crate::db;
 use crate::error::Result;
-use crate::schema::push_schema::{self};
-use crate::tables::{self};
+use crate::gate;
+use crate::schema::push_schema;
+use crate::tables;
 use pgrx::datum::DatumWithOid;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
@@ -47,7 +48,7 @@ pub(super) fn open_tables(
         }
         let at = Some((k, tbl));
         let schema = match push_schema::table_at(client, running, tbl)? {
-            None => return Ok(Err(fallback("schema_not_registered", None))),
+            None => return no_push_schema(client, request).map(Err),
             Some(None) => {
                 unknown.insert(tbl);
                 continue;
@@ -128,4 +129,36 @@ pub(super) fn open_tables(
         );
     }
     Ok(Ok(tables))
+}
+
+/// No push schema at the running version (docs/API.md `push_commit`, "fallback"). A process
+/// behind the stored schema version is refused as the gate refuses it under the lock (`SY002`,
+/// upstream's answer to a stale server); otherwise the fallback says what is registered and how
+/// to mend it — the classic path serves the push meanwhile, but the fix is `set_push_schema`.
+fn no_push_schema(client: &SpiClient<'_>, request: &Request<'_>) -> Result<Stop> {
+    let state = gate::read_state(client, Some(request.key[0]), request.running, false)?;
+    if state.stored_schema_version > request.running {
+        state.assert_ready(request.running, &request.declared)?;
+    }
+    let registered: Vec<i64> = db::read(
+        client,
+        "SELECT p.schema_version FROM syncular.sync_push_schemas p ORDER BY 1 DESC LIMIT 16",
+        &[],
+    )?
+    .map(|row| {
+        crate::interrupts::check();
+        Ok(row.get::<i64>(1)?.unwrap_or_default())
+    })
+    .collect::<Result<_>>()?;
+    let mut doc = fallback_doc("schema_not_registered", None);
+    doc["runningSchemaVersion"] = request.running.into();
+    doc["storedSchemaVersion"] = state.stored_schema_version.into();
+    doc["registeredVersions"] = registered.into();
+    doc["hint"] = format!(
+        "no push schema at running schema version {}: call set_push_schema({}, …) once per \
+         version (docs/API.md §15); registeredVersions lists the newest versions that have one",
+        request.running, request.running
+    )
+    .into();
+    Ok(Stop::Fallback(doc))
 }

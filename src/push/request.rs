@@ -137,19 +137,27 @@ pub(super) fn allowed_arg(value: Option<Value>) -> Result<Allowed> {
         return Ok(None);
     };
     let Value::Object(map) = value else {
-        return Err(bad("allowed", "type"));
+        return Err(bad("allowed", "type").with_hint(
+            "allowed is the scope resolver's outcome: an object of arrays of strings, e.g. \
+             {\"project_id\": [\"p1\", \"p2\"]} ([\"*\"] for every value), or NULL when \
+             the resolver failed",
+        ));
     };
     map.into_iter()
         .map(|(var, values)| {
             crate::interrupts::check();
             let Value::Array(values) = values else {
-                return Err(bad("allowed", "type").with_hint(format!("allowed.{var}")));
+                return Err(bad("allowed", "type").with_hint(format!(
+                    "allowed.{var} must be an array of the variable's allowed values (strings)"
+                )));
             };
             let mut values = values
                 .into_iter()
                 .map(|v| match v {
                     Value::String(s) => Ok(s),
-                    _ => Err(bad("allowed", "type").with_hint(format!("allowed.{var}"))),
+                    _ => Err(bad("allowed", "type").with_hint(format!(
+                        "allowed.{var} holds a value that is not a string: scope values are strings"
+                    ))),
                 })
                 .collect::<Result<Vec<_>>>()?;
             // Sorted for [`authorized`]'s binary search: every row is checked against the list.

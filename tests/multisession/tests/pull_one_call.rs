@@ -81,6 +81,22 @@ fn classic(
     actor: &str,
     req: &Value,
 ) -> Result<Answer, SqlError> {
+    // The host's request validation (upstream's): a subscription of a table the server does not
+    // have fails the whole request before anything is read. The registry answers as the
+    // extension's readers of one table answer an unregistered one.
+    for sub in req["subscriptions"].as_array().unwrap() {
+        let table = sub["table"].as_str().unwrap();
+        let known: bool = one(
+            c,
+            "SELECT EXISTS (SELECT 1 FROM syncular.sync_app_tables WHERE tbl = $1)",
+            &[&table],
+        );
+        if !known {
+            c.query_one("SELECT syncular.get_row_scopes($1, $2, 'x')", &[&p, &table])
+                .map_err(|e| sql_error(&e))?;
+            unreachable!("get_row_scopes read an unregistered table");
+        }
+    }
     c.query_one(
         "SELECT syncular.serve_entry($1, $2, $3, $4)",
         &[&p, &NOW, &EPOCH, &V],
@@ -129,7 +145,12 @@ fn classic(
             );
             let tok = token(sub);
             let effective = &sub["effective"];
-            if effective.is_null() {
+            // The host revokes effective scopes that admit no row: no variable, or a variable
+            // without values (upstream's rule; docs/API.md `pull`).
+            let admits_nothing = effective.as_object().is_some_and(|m| {
+                m.is_empty() || m.values().any(|v| v.as_array().is_some_and(Vec::is_empty))
+            });
+            if effective.is_null() || admits_nothing {
                 outcomes.push(json!({"id": id, "status": "revoked", "reasonCode": "sync.scope_revoked", "bootstrap": false, "nextCursor": cursor}));
                 continue;
             }
@@ -448,7 +469,12 @@ fn random_filter(g: &mut Gen) -> Value {
 fn random_request(g: &mut Gen, max: i64, horizon: i64) -> Value {
     let subs: Vec<Value> = (0..1 + g.next(3))
         .map(|i| {
-            let table = *g.pick(&["tasks", "docs"]);
+            // Now and then a table nobody registered: the whole request fails.
+            let table = if g.next(16) == 0 {
+                "nope"
+            } else {
+                *g.pick(&["tasks", "docs"])
+            };
             let effective = random_filter(g);
             let cursor = *g.pick(&[
                 -1,
@@ -795,16 +821,42 @@ fn pull1_05_hostile_requests() {
             "{req}"
         );
     }
-    // Reserved and unknown tables, a bootstrap without scopes: the classic path's errors.
-    for (cursor, key, value, state) in [
-        (0, "table", json!("sync_commits"), "SY041"),
-        (-1, "effective", json!({}), "SY040"),
-        (-1, "table", json!("nope"), "SY041"),
+    // Reserved and unregistered tables fail the whole request, incremental or bootstrap, even
+    // beside a good subscription (issue 27, item 4: never "active, nothing changed").
+    for (cursor, table) in [
+        (0, "sync_commits"),
+        (0, "nope"),
+        (-1, "nope"),
+        (-1, "sync_commits"),
     ] {
         let mut s = sub(cursor);
-        s[key] = value;
-        let req = json!({"subscriptions": [s]});
-        assert_eq!(pull_doc(&mut c, P, &req).unwrap_err().state, state, "{req}");
+        s["id"] = json!("s2");
+        s["table"] = json!(table);
+        let req = json!({"subscriptions": [sub(0), s]});
+        let err = pull_doc(&mut c, P, &req).unwrap_err();
+        assert_eq!(
+            (err.state.as_str(), err.detail),
+            ("SY041", Some(json!({"table": table}))),
+            "{req}"
+        );
+    }
+    // Effective scopes that admit no row revoke the subscription, bootstrap or incremental:
+    // nothing read, the cursor echoed.
+    for (cursor, effective) in [
+        (-1, json!({})),
+        (0, json!({})),
+        (0, json!({"project_id": []})),
+    ] {
+        let mut s = sub(cursor);
+        s["effective"] = effective;
+        let d = pull_doc(&mut c, P, &json!({"subscriptions": [s]})).unwrap();
+        assert_eq!(
+            d["subscriptions"][0],
+            json!({"id": s["id"], "status": "revoked", "reasonCode": "sync.scope_revoked",
+                   "bootstrap": false, "nextCursor": cursor}),
+            "{d}"
+        );
+        exec(&mut c, "DELETE FROM syncular.sync_clients");
     }
     // Limits beyond upstream's are clamped, not refused; nothing was written by the refusals.
     let d = pull_doc(&mut c, P, &json!({"subscriptions": [sub(0)], "limitCommits": -5, "limitSnapshotRows": 10_000_000, "maxSnapshotPages": 999})).unwrap();

@@ -1784,3 +1784,103 @@ fn stored_versions_and_scopes_the_log_cannot_hold_are_refused() {
     );
     assert_eq!(version, max_safe);
 }
+
+/// Configuration errors get an answer that says what fixes them (issue 27, item 3): a running
+/// schema version below 1 is an argument error; a process behind the stored schema version is
+/// refused as the gate refuses it (`SY002`), not sent to the classic path; a version with no
+/// push schema falls back with what is registered and the call that mends it.
+#[test]
+fn configuration_errors_name_their_fix() {
+    let (_db, mut c) = fixture("np_config");
+    let insert = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
+    let (tables, ids, kinds) = (vec!["tasks"], vec!["t1"], vec![insert.kind]);
+    let payloads = vec![insert.payload.clone()];
+    let at = |c: &mut Client, running: i64| {
+        c.query_one(
+            "SELECT syncular.push_commit('part-1', 'c1', 'kc', 'a1', 1750000000000, $1, $2, $3, $4,
+                                         $5, ARRAY[NULL]::int8[], $6)",
+            &[&running, &allowed(), &tables, &ids, &kinds, &payloads],
+        )
+        .map(|r| r.get::<_, Value>(0))
+    };
+    let before = snapshot(&mut c);
+    // 0 (never migrated) and the created-at timestamp's place are not versions.
+    for running in [0, -1] {
+        expect_error(
+            at(&mut c, running),
+            "SY000",
+            "sync.storage.invalid_argument",
+            Some(json!({"argument": "running_schema_version", "reason": "range"})),
+        );
+    }
+    // No push schema at the running version: the fallback names the versions that have one.
+    let out = at(&mut c, 1_750_000_000_000).unwrap();
+    assert_eq!(
+        (
+            &out["outcome"],
+            &out["reason"],
+            &out["runningSchemaVersion"],
+            &out["storedSchemaVersion"],
+            &out["registeredVersions"]
+        ),
+        (
+            &json!("fallback"),
+            &json!("schema_not_registered"),
+            &json!(1_750_000_000_000i64),
+            &json!(0),
+            &json!([V])
+        ),
+        "{out}"
+    );
+    assert!(
+        out["hint"]
+            .as_str()
+            .unwrap()
+            .contains("set_push_schema(1750000000000, …)"),
+        "{out}"
+    );
+    unchanged(&mut c, &before);
+    // Mechanical fixes are said (issue 27, item 7): a writer behind the partition's fence is
+    // told to stop serving writes; a call that needs a transaction block says how.
+    let fence: i64 = one(
+        &mut c,
+        "SELECT syncular.raise_writer_fence('part-1', 5)",
+        &[],
+    );
+    assert_eq!(fence, 5);
+    let err = expect_error(
+        at(&mut c, 1),
+        "SY001",
+        "sync.storage.writer_fence_rejected",
+        None,
+    );
+    assert!(
+        err.hint
+            .as_deref()
+            .is_some_and(|h| h.contains("stop serving writes")),
+        "{err:?}"
+    );
+    let err = expect_error(
+        c.query_one("SELECT syncular.migrate_schema(2, '{}')", &[])
+            .map(|r| r.get::<_, i64>(0)),
+        "SY004",
+        "sync.storage.invalid_transaction_state",
+        Some(json!({"reason": "no_transaction_block"})),
+    );
+    assert!(
+        err.hint
+            .as_deref()
+            .is_some_and(|h| h.contains("BEGIN … COMMIT")),
+        "{err:?}"
+    );
+    // A process behind the stored schema version: the gate's refusal, before any fallback.
+    exec(
+        &mut c,
+        "INSERT INTO syncular.sync_schema_meta (id, schema_version) VALUES (1, 3)",
+    );
+    let before = snapshot(&mut c);
+    expect_error(at(&mut c, 2), "SY002", "sync.schema_not_ready", None);
+    // The same process with a push schema at its version is refused under the lock as before.
+    expect_error(at(&mut c, 1), "SY002", "sync.schema_not_ready", None);
+    unchanged(&mut c, &before);
+}
