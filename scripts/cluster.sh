@@ -4,6 +4,10 @@
 #   scripts/cluster.sh start DIR PORT   initdb if needed, start, wait until it accepts connections
 #   scripts/cluster.sh stop DIR         stop it (fast shutdown), if running
 #   scripts/cluster.sh fresh DIR PORT   stop and remove whatever is in DIR, then start anew
+#   scripts/cluster.sh standby DIR PORT PRIMARY_PORT
+#                                       remove whatever is in DIR, take a base backup of the cluster
+#                                       on PRIMARY_PORT (pg_basebackup -R: a hot standby streaming
+#                                       from it), start it on PORT, wait until it accepts connections
 # Listens on 127.0.0.1 only; trust authentication (a throwaway test cluster, nothing else).
 # With SYNCULAR_CLUSTER_MEMORY_KB set, every server process runs under that address-space limit
 # (ulimit -v), so an allocation beyond it fails inside the server (the argument-cap test).
@@ -53,5 +57,23 @@ CONF
     rm -rf "$dir"
     "$0" start "$dir" "${3:?port}"
     ;;
-  *) echo "usage: $0 start DIR PORT | stop DIR | fresh DIR PORT" >&2; exit 2 ;;
+  standby)
+    port=${3:?port}; primary=${4:?primary port}
+    "$0" stop "$dir"
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    [ "$(id -u)" = 0 ] && chown postgres:postgres "$dir"
+    chmod 700 "$dir"
+    as_postgres "$BIN/pg_basebackup" -D "$dir" -h 127.0.0.1 -p "$primary" -U postgres -R -X stream --no-sync
+    # The primary's settings came with the backup; these lines (last one wins) move the standby
+    # to its own port and socket directory.
+    cat >>"$dir/postgresql.conf" <<CONF
+port = $port
+unix_socket_directories = '$dir'
+hot_standby = on
+CONF
+    rm -f "$dir/postmaster.pid" "$dir/server.log"
+    "$0" start "$dir" "$port"
+    ;;
+  *) echo "usage: $0 start DIR PORT | stop DIR | fresh DIR PORT | standby DIR PORT PRIMARY_PORT" >&2; exit 2 ;;
 esac

@@ -5,8 +5,8 @@
 # then, for each supported PostgreSQL major (15 and 18, scripts/pg.sh):
 #  1. unit tests and in-backend #[pg_test]s: `cargo pgrx test pgNN` (runs as `postgres`);
 #  2. the scenario suite (several real sessions, committed transactions, locks): installs the
-#     extension, starts a throwaway cluster as `postgres` (and a second one under a memory limit
-#     for the argument caps), and runs tests/multisession against them;
+#     extension, starts a throwaway cluster as `postgres` (a hot standby of it, and a second one
+#     under a memory limit for the argument caps), and runs tests/multisession against them;
 #  3. the walk-through scripts/demo.sql as a pg_regress test (tests/regress/expected/demo.out);
 #  4. the scenario suite again on installs updated from 0.1.0;
 # and once, on 15: 5. the client examples; 6. the TypeScript storage adapter's tests
@@ -52,9 +52,13 @@ suite() {
   install_extension "$pg_config"
   # Released install scripts, so older versions can be installed and updated (upgrade tests).
   cp sql/released/syncular--*.sql "$("$pg_config" --sharedir)/extension/"
-  local cluster="$work/cluster" limited="$work/cluster-limited"
-  CLUSTERS+=("$major:$cluster" "$major:$limited")
+  local cluster="$work/cluster" limited="$work/cluster-limited" standby="$work/cluster-standby"
+  CLUSTERS+=("$major:$standby" "$major:$cluster" "$major:$limited")
   scripts/cluster.sh fresh "$cluster" "$port"
+  # A hot standby of it, streaming from a base backup: pulls served by a read replica
+  # (tests/multisession/tests/standby.rs).
+  scripts/cluster.sh standby "$standby" "$((port + 2))" "$port" 2>/dev/null
+  export SYNCULAR_TEST_PG_STANDBY="host=127.0.0.1 port=$((port + 2)) user=postgres"
   # A second cluster whose server processes run under a 1.5 GiB address-space limit: the
   # argument caps test (tests/multisession/tests/limits.rs) shows no argument can abort a
   # backend there.

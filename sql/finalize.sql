@@ -141,6 +141,8 @@ COMMENT ON FUNCTION syncular.prune_reactions(text, bigint, bigint, integer) IS
   'Deletes aged completed and dead-letter reactions, oldest first, bounded: {completed, deadLetter}.';
 
 -- Clients (docs/API.md §Clients and cursors)
+COMMENT ON FUNCTION syncular.apply_pull(jsonb) IS
+  'Applies on the primary the writes a pull served by a hot standby returned (its document''s "writes"): the registry touch and the client record, monotonic and idempotent (a late or repeated apply never moves a cursor back or overwrites a newer record).';
 COMMENT ON FUNCTION syncular.get_client(text, text) IS 'The client record, or NULL.';
 COMMENT ON FUNCTION syncular.put_client(text, jsonb) IS 'Upserts (overwrites) a client record.';
 COMMENT ON FUNCTION syncular.advance_client_cursor(text, text, text, text, bigint, bigint) IS

@@ -419,5 +419,15 @@ REVOKE ALL ON FUNCTION syncular.notify_channel() FROM PUBLIC;
 COMMENT ON FUNCTION syncular.notify_channel() IS
   'The channel (random per install) the commits of this database are notified on with syncular.notify_commits = on; syncular_host only. A notification is a wake-up: read the partition head (max_commit_seq) before acting on it.';
 
+-- 0.2.0: the writes of a pull served by a hot standby, applied on the primary (docs/API.md
+-- `apply_pull`, docs/DESIGN.md §Read replicas).
+CREATE FUNCTION syncular.apply_pull(writes jsonb) RETURNS jsonb
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'apply_pull_wrapper';
+REVOKE ALL ON FUNCTION syncular.apply_pull(jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION syncular.apply_pull(jsonb) IS
+  'Applies on the primary the writes a pull served by a hot standby returned (its document''s "writes"): the registry touch and the client record, monotonic and idempotent (a late or repeated apply never moves a cursor back or overwrites a newer record).';
+
 -- Last, as in every update script: the roles get exactly the grants of this version.
 SELECT syncular._grant_api_roles();

@@ -39,6 +39,7 @@ const HOST: &[&str] = &[
     "scan_rows(text, text, jsonb, text, integer)",
     "latest_scoped_change_seq(text, text, jsonb)",
     "pull(text, text, text, bigint, text, bigint, jsonb, jsonb)",
+    "apply_pull(jsonb)",
     "horizon_seq(text)",
     "claim_reactions(text, text, text[], bigint, bigint, integer)",
     "complete_reaction(text, text, text, bigint)",

@@ -42,7 +42,7 @@ use serde_json::{json, Map, Value};
 /// registration.
 const HEAD_SQL: &str = "\
 SELECT coalesce(m.schema_version, 0),
-       (SELECT r.log_epoch FROM syncular.sync_partition_registry r WHERE r.partition = $1),
+       r.log_epoch,
        coalesce((SELECT jsonb_agg(jsonb_build_array(c.partition, c.name)
                                   ORDER BY c.partition, c.name)
                    FROM syncular.sync_backfill_checkpoints c
@@ -50,8 +50,10 @@ SELECT coalesce(m.schema_version, 0),
        coalesce(p.max_commit_seq, 0), coalesce(p.horizon_seq, 0),
        cl.actor_id, cl.cursor,
        (SELECT pg_catalog.array_agg(t.tbl ORDER BY t.n) FROM unnest($4::text[]) WITH ORDINALITY AS t(tbl, n)
-         WHERE NOT EXISTS (SELECT 1 FROM syncular.sync_app_tables a WHERE a.tbl = t.tbl))
+         WHERE NOT EXISTS (SELECT 1 FROM syncular.sync_app_tables a WHERE a.tbl = t.tbl)),
+       r.epoch_required
   FROM (SELECT 1) AS one
+  LEFT JOIN syncular.sync_partition_registry r ON r.partition = $1
   LEFT JOIN syncular.sync_schema_meta m ON m.id = 1
   LEFT JOIN syncular.sync_partitions p ON p.partition = $1
   LEFT JOIN syncular.sync_clients cl ON cl.partition = $1 AND cl.client_id = $3";
@@ -247,6 +249,8 @@ struct Head {
     client: Option<(String, i64)>,
     /// The subscriptions' tables that have no registration, in request order.
     unregistered: Vec<String>,
+    /// The registry entry's `epoch_required`, when the partition has one.
+    epoch_required: Option<bool>,
 }
 
 fn head(
@@ -285,6 +289,7 @@ fn head(
         horizon: row.get::<i64>(5)?.unwrap_or(0),
         client: actor.zip(cursor),
         unregistered: row.get::<Vec<String>>(8)?.unwrap_or_default(),
+        epoch_required: row.get::<bool>(9)?,
     })
 }
 
@@ -594,21 +599,41 @@ fn serve_request(
         .or(head.client.as_ref().map(|(_, c)| *c))
         .unwrap_or(-1)
         .clamp(-MAX_SAFE, MAX_SAFE);
-    let registry = registry::single(db::write_generic(
-        client,
-        WRITE_SQL,
-        &[
-            DatumWithOid::from(partition),
-            DatumWithOid::from(now_ms),
-            DatumWithOid::from(epoch),
-            DatumWithOid::from(client_id),
-            DatumWithOid::from(actor_id),
-            DatumWithOid::from(request.wire_version),
-            DatumWithOid::from(cursor),
-            DatumWithOid::from(JsonB(request.recorded.clone())),
-            DatumWithOid::from(!mismatch),
-        ],
-    )?)?;
+    let record = (!mismatch).then(|| {
+        json!({"clientId": client_id, "actorId": actor_id, "wireVersion": request.wire_version,
+               "cursor": cursor, "subscriptions": request.recorded, "updatedAtMs": now_ms})
+    });
+    // A read-only transaction — every transaction of a hot standby — writes nothing: the
+    // document hands the writes to the host, for `apply_pull` on the primary (src/pull/apply.rs,
+    // docs/DESIGN.md §Read replicas). The registry entry is the one the touch would leave.
+    // SAFETY: reads a backend global of the current transaction; never errors.
+    let read_only = unsafe { pg_sys::XactReadOnly };
+    let (registry, writes) = if read_only {
+        let served = head.state.log_epoch.clone().unwrap_or_else(|| epoch.into());
+        let registry = json!({"partition": partition, "logEpoch": served,
+                              "epochRequired": head.epoch_required.unwrap_or(false),
+                              "lastAuthenticatedAtMs": now_ms});
+        let writes = json!({"partition": partition, "logEpoch": served, "atMs": now_ms,
+                            "client": record});
+        (registry, Some(writes))
+    } else {
+        let registry = registry::single(db::write_generic(
+            client,
+            WRITE_SQL,
+            &[
+                DatumWithOid::from(partition),
+                DatumWithOid::from(now_ms),
+                DatumWithOid::from(epoch),
+                DatumWithOid::from(client_id),
+                DatumWithOid::from(actor_id),
+                DatumWithOid::from(request.wire_version),
+                DatumWithOid::from(cursor),
+                DatumWithOid::from(JsonB(request.recorded.clone())),
+                DatumWithOid::from(!mismatch),
+            ],
+        )?)?;
+        (registry, None)
+    };
     // The token as a gate read after the touch sees it (serve_entry): the registry's epoch.
     token["logEpoch"] = registry["logEpoch"].clone();
     out[0].document = Some(JsonB(json!({
@@ -616,9 +641,16 @@ fn serve_request(
         "registry": registry,
         "maxCommitSeq": head.max_seq,
         "horizonSeq": head.horizon,
-        "client": if mismatch { "actor_mismatch" } else { "recorded" },
+        "client": match (mismatch, read_only) {
+            (true, _) => "actor_mismatch",
+            (false, true) => "deferred",
+            (false, false) => "recorded",
+        },
         "cursor": if mismatch { Value::Null } else { json!(cursor) },
         "subscriptions": outcomes,
     })));
+    if let (Some(writes), Some(document)) = (writes, out[0].document.as_mut()) {
+        document.0["writes"] = writes;
+    }
     Ok(out)
 }
