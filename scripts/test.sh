@@ -53,12 +53,15 @@ suite() {
   # Released install scripts, so older versions can be installed and updated (upgrade tests).
   cp sql/released/syncular--*.sql "$("$pg_config" --sharedir)/extension/"
   local cluster="$work/cluster" limited="$work/cluster-limited" standby="$work/cluster-standby"
-  CLUSTERS+=("$major:$standby" "$major:$cluster" "$major:$limited")
+  local promote="$work/cluster-promote"
+  CLUSTERS+=("$major:$standby" "$major:$promote" "$major:$cluster" "$major:$limited")
   scripts/cluster.sh fresh "$cluster" "$port"
-  # A hot standby of it, streaming from a base backup: pulls served by a read replica
-  # (tests/multisession/tests/standby.rs).
+  # Hot standbys of it, streaming from base backups: pulls served by a read replica, and one that
+  # a test promotes, made anew before each run of the suite (tests/multisession/tests/standby.rs).
   scripts/cluster.sh standby "$standby" "$((port + 2))" "$port" 2>/dev/null
   export SYNCULAR_TEST_PG_STANDBY="host=127.0.0.1 port=$((port + 2)) user=postgres"
+  export SYNCULAR_TEST_PG_PROMOTE="host=127.0.0.1 port=$((port + 3)) user=postgres"
+  scripts/cluster.sh standby "$promote" "$((port + 3))" "$port" 2>/dev/null
   # A second cluster whose server processes run under a 1.5 GiB address-space limit: the
   # argument caps test (tests/multisession/tests/limits.rs) shows no argument can abort a
   # backend there.
@@ -83,6 +86,7 @@ suite() {
   # The whole scenario suite again, on installs created at the first released version and
   # updated.
   echo "== PostgreSQL $major: scenario suite on an install updated from 0.1.0"
+  scripts/cluster.sh standby "$promote" "$((port + 3))" "$port" 2>/dev/null
   "$(pg_bindir "$major")/psql" -X -q -h 127.0.0.1 -p "$port" -U postgres -d postgres \
     -c "DROP DATABASE IF EXISTS syncular_fixture"
   SYNCULAR_TEST_PG="host=127.0.0.1 port=$port user=postgres" SYNCULAR_TEST_UPGRADE_FROM=0.1.0 \

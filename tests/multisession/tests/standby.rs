@@ -345,3 +345,84 @@ fn applying_writes_is_monotonic_and_idempotent() {
     }
     assert_eq!(count(&mut c, "syncular.sync_partition_registry"), before);
 }
+
+/// A standby promoted in the middle of pulls loses nothing a client saw: every commit a client
+/// received from it is on the promoted node, byte for byte, the client's cursor is within the
+/// promoted node's log, and the promoted node's next commit follows its own head. Uses a standby
+/// of its own (`SYNCULAR_TEST_PG_PROMOTE`), which it promotes: scripts/test.sh makes a fresh one
+/// before every run of the suite.
+#[test]
+fn a_standby_promoted_mid_pull_loses_nothing_a_client_saw() {
+    let params = std::env::var("SYNCULAR_TEST_PG_PROMOTE").expect(
+        "SYNCULAR_TEST_PG_PROMOTE: connection parameters of a second hot standby of the test \
+         cluster, which this test promotes (scripts/test.sh starts one)",
+    );
+    let db = TestDb::new("standby_promote");
+    let mut primary = db.connect();
+    let mut admin = Client::connect(&format!("{params} dbname=postgres"), NoTls).unwrap();
+    let in_recovery: bool = one(&mut admin, "SELECT pg_is_in_recovery()", &[]);
+    assert!(
+        in_recovery,
+        "SYNCULAR_TEST_PG_PROMOTE must be a standby that was never promoted"
+    );
+    commits(&mut primary, 0, 3);
+    caught_up(&mut primary, &mut admin);
+    let mut standby = Client::connect(&format!("{params} dbname={}", db.name), NoTls).unwrap();
+    // The client pulls from the standby while the primary goes on appending; the standby is
+    // promoted between two of its pulls, whatever it had replayed by then.
+    let mut seen: Vec<(i64, String, Vec<u8>)> = Vec::new();
+    let mut cursor = 0i64;
+    let mut now = 1_750_000_000_000i64;
+    for round in 0..6 {
+        commits(&mut primary, 3 + round * 2, 5 + round * 2);
+        if round == 3 {
+            let promoted: bool = one(&mut admin, "SELECT pg_promote(true, 60)", &[]);
+            assert!(promoted);
+        }
+        now += 1_000;
+        let (d, rows) = pull(
+            &mut standby,
+            now,
+            &json!({"subscriptions": [sub("s1", cursor)]}),
+        )
+        .unwrap();
+        let head = d["maxCommitSeq"].as_i64().unwrap();
+        let next = d["subscriptions"][0]["nextCursor"].as_i64().unwrap();
+        assert!(
+            cursor <= next && next <= head,
+            "cursor {cursor} → {next}, head {head}"
+        );
+        for r in rows {
+            seen.push((r.1.unwrap(), r.2.unwrap(), r.4.unwrap_or_default()));
+        }
+        cursor = next;
+    }
+    // After the promotion the node writes: its pulls recorded the client themselves.
+    let promoted_record: Option<Value> = one(
+        &mut standby,
+        "SELECT syncular.get_client('part-1', 'client-1')",
+        &[],
+    );
+    assert_eq!(promoted_record.unwrap()["cursor"], json!(cursor));
+    // Every commit the client saw, in order and once, is on the promoted node as it saw it.
+    let seqs: Vec<i64> = seen.iter().map(|s| s.0).collect();
+    assert_eq!(seqs, (1..=cursor).collect::<Vec<i64>>());
+    for (seq, row_id, payload) in &seen {
+        let stored: Vec<u8> = one(
+            &mut standby,
+            "SELECT payload FROM syncular.sync_changes
+              WHERE partition = 'part-1' AND commit_seq = $1 AND row_id = $2",
+            &[seq, row_id],
+        );
+        assert_eq!(&stored, payload, "commit {seq}");
+    }
+    // The promoted node's log goes on from its own head.
+    let head: i64 = one(
+        &mut standby,
+        "SELECT syncular.max_commit_seq('part-1')",
+        &[],
+    );
+    assert!(head >= cursor);
+    put_row(&mut standby, P, "tasks", "after", &p1(), 1, b"y");
+    assert_eq!(append(&mut standby, P, "tasks", "after", None), head + 1);
+}
