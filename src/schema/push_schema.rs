@@ -443,6 +443,74 @@ pub fn agrees_with_layouts(
     }
 }
 
+/// The layout `encode_row`/`decode_row` use for a table: `keyed` when it comes from a push
+/// schema (which names the primary key a sparse row needs), not from stored layouts alone.
+pub struct CodecTable {
+    pub layout: Layout,
+    pub keyed: bool,
+}
+
+/// The layout of `tbl` for the row codec's SQL functions: at `version` when given — the push
+/// schema stored at that version, else the layouts `migrate_schema` stored for it (the history
+/// `sync_schema_layouts`, or the marker's when it is at that version) — else
+/// [`stored_table`]'s.
+pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> Result<CodecTable> {
+    let Some(version) = version else {
+        return Ok(CodecTable {
+            layout: stored_table(client, tbl)?.layout,
+            keyed: true,
+        });
+    };
+    match table_at(client, version, tbl)? {
+        Some(Some(schema)) => {
+            return Ok(CodecTable {
+                layout: schema.layout,
+                keyed: true,
+            })
+        }
+        Some(None) => {
+            return Err(tables::unknown_table(tbl).with_hint(format!(
+                "the push schema at schema version {version} has no table {tbl}"
+            )))
+        }
+        None => {}
+    }
+    let stored = db::read(
+        client,
+        "SELECT l.layouts FROM syncular.sync_schema_layouts l WHERE l.schema_version = $1
+         UNION ALL
+         SELECT m.layouts FROM syncular.sync_schema_meta m WHERE m.id = 1 AND m.schema_version = $1
+         LIMIT 1",
+        &[DatumWithOid::from(version)],
+    )?;
+    let Some(text) = db::first::<String>(stored)? else {
+        return Err(tables::unknown_table(tbl).with_hint(format!(
+            "neither a push schema nor layouts are stored at schema version {version}"
+        )));
+    };
+    let columns = match serde_json::from_str::<Value>(&text) {
+        Ok(Value::Object(mut layouts)) => match layouts.remove(tbl) {
+            Some(Value::Array(columns)) => columns,
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
+    };
+    if columns.is_empty() {
+        return Err(tables::unknown_table(tbl).with_hint(format!(
+            "the layouts stored at schema version {version} have no table {tbl}"
+        )));
+    }
+    let layout = crate::schema::evolution::codec_layout(&columns).map_err(|why| {
+        tables::unknown_table(tbl).with_hint(format!(
+            "the layouts stored at schema version {version} are not row-codec layouts ({why})"
+        ))
+    })?;
+    Ok(CodecTable {
+        layout,
+        keyed: false,
+    })
+}
+
 /// The stored push schema of `tbl`: the one at the stored schema version (the marker) if
 /// there is one, else the highest stored version (docs/CODEC.md §Push schema).
 pub fn stored_table(client: &SpiClient<'_>, tbl: &str) -> Result<TableSchema> {

@@ -381,8 +381,8 @@ fn the_host_role_codes_rows_and_the_admin_role_sets_the_schema() {
         )
     };
     for signature in [
-        "syncular.encode_row(text, jsonb, boolean)",
-        "syncular.decode_row(text, bytea, boolean)",
+        "syncular.encode_row(text, jsonb, boolean, bigint)",
+        "syncular.decode_row(text, bytea, boolean, bigint)",
     ] {
         assert!(
             executable(&mut c, "syncular_host", signature),
