@@ -348,6 +348,7 @@ impl AppRelation {
         let mut after: Option<(String, String)> = None;
         let mut rewritten = 0i64;
         loop {
+            crate::interrupts::check();
             let page: Vec<(String, String, i64)> = db::with_spi(|c| {
                 self.run_as_owner(|| {
                     let rows = match &after {
@@ -380,6 +381,7 @@ impl AppRelation {
             let full = page.len() as i64 == REWRITE_PAGE_ROWS;
             let mut start = 0;
             while start < page.len() {
+                crate::interrupts::check();
                 let mut end = start;
                 let mut bytes = 0i64;
                 while end < page.len()

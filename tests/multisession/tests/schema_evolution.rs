@@ -513,3 +513,34 @@ fn layout_types_are_row_codec_names() {
         detail,
     );
 }
+
+/// Many pages of rows and chunks cut by payload size (docs/DESIGN.md §Schema barrier, step 6):
+/// every row is re-encoded once, large ones included.
+#[test]
+fn every_page_and_chunk_of_a_large_table_is_rewritten() {
+    let (_db, mut c) = setup("ev_pages");
+    exec(
+        &mut c,
+        "INSERT INTO public.ev_notes (_sync_partition, _sync_row_id, _sync_server_version,
+                                      _sync_scopes, _sync_payload)
+         SELECT 'part-1', 'r' || lpad(i::text, 5, '0'), 1, '{\"project_id\":\"p1\"}',
+                syncular.encode_row('notes', jsonb_build_object(
+                  'id', 'r' || lpad(i::text, 5, '0'), 'project_id', 'p1',
+                  'title', repeat('x', CASE WHEN i % 100 = 0 THEN 3000000 ELSE 20 END),
+                  'c1', i, 'c2', NULL, 'c3', NULL, 'c4', NULL, 'c5', -i), false, 1)
+           FROM generate_series(1, 1234) i",
+    );
+    let previous = migrate_to_2(&mut c, &l2());
+    assert_eq!(previous["rewritten"], json!({"notes": 1236}));
+    let good: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM (SELECT _sync_row_id AS id,
+                                      syncular.decode_row('notes', _sync_payload, schema_version => 2) AS v
+                                 FROM public.ev_notes WHERE _sync_row_id LIKE 'r%') r
+          WHERE r.v ? 'body' AND r.v -> 'body' = 'null'::jsonb
+            AND r.v ->> 'id' = r.id AND (r.v ->> 'c1')::int = -(r.v ->> 'c5')::int
+            AND length(r.v ->> 'title') = CASE WHEN (r.v ->> 'c1')::int % 100 = 0 THEN 3000000 ELSE 20 END",
+        &[],
+    );
+    assert_eq!(good, 1234);
+}
