@@ -52,11 +52,11 @@ COMMENT ON FUNCTION syncular.has_source_changes_above(text, text[], bigint) IS
 COMMENT ON FUNCTION syncular.check_schema(bigint, jsonb, jsonb) IS
   'Startup check: current or migrate, or raises checkpoint_incomplete / schema_newer / stored_layout_mismatch.';
 COMMENT ON FUNCTION syncular.migrate_schema(bigint, jsonb, jsonb) IS
-  'Opens a migration in the caller''s transaction under the barrier lock, re-validates, installs declarations, fences and the global floor; returns the previously stored version.';
+  'Opens a migration in the caller''s transaction under the barrier lock, re-validates, installs declarations, fences and the global floor, re-encodes the stored rows of registered tables whose layout grew; returns the previously stored version.';
 COMMENT ON FUNCTION syncular.schema_state() IS
   'The stored schema state {schemaVersion, layouts, writerFloor}, or NULL before the first migration.';
 COMMENT ON FUNCTION syncular.previous_schema() IS
-  'The {schemaVersion, layouts} the last migrate_schema of this transaction started from, or NULL.';
+  'The {schemaVersion, layouts} the last migrate_schema of this transaction started from (with rewritten: rows re-encoded per table, when it re-encoded any), or NULL.';
 
 -- Registry and request entry (docs/API.md §Registry and request entry)
 COMMENT ON FUNCTION syncular.touch_partition(text, bigint, text) IS
@@ -164,10 +164,10 @@ COMMENT ON FUNCTION syncular.scope_activity(text, text, text, integer) IS 'The n
 -- Row codec and push schema (docs/API.md §Row codec and push schema, docs/CODEC.md)
 COMMENT ON FUNCTION syncular.set_push_schema(bigint, jsonb) IS
   'Stores the host''s compiled schema for a schema version after checking it against the registered relations and the stored layouts; idempotent; returns the number of tables.';
-COMMENT ON FUNCTION syncular.encode_row(text, jsonb, boolean) IS
-  'Encodes a row given as JSON with the table''s push schema (full row, or sparse row with only the given columns); bad input: SY000 with the codec''s message as reason.';
-COMMENT ON FUNCTION syncular.decode_row(text, bytea, boolean) IS
-  'Decodes a full or sparse row payload with the table''s push schema into JSON (absent columns omitted); bad input: SY000 with the codec''s message as reason.';
+COMMENT ON FUNCTION syncular.encode_row(text, jsonb, boolean, bigint) IS
+  'Encodes a row given as JSON with the table''s push schema (full row, or sparse row with only the given columns), at the stored schema version or the one given; bad input: SY000 with the codec''s message as reason.';
+COMMENT ON FUNCTION syncular.decode_row(text, bytea, boolean, bigint) IS
+  'Decodes a full or sparse row payload with the table''s push schema (or layouts) at the stored schema version or the one given, into JSON (absent columns omitted); bad input: SY000 with the codec''s message as reason.';
 COMMENT ON FUNCTION syncular.push_commit(text, text, text, text, bigint, bigint, jsonb, text[], text[], smallint[], bigint[], bytea[], jsonb, jsonb) IS
   'The one-call push: lock, gate, idempotency, the default path''s per-operation decisions, app-row writes as the caller, append and result in one call; returns applied/cached/rejected, or fallback where host code would run.';
 COMMENT ON FUNCTION syncular.push_finish(text, text, text, jsonb) IS

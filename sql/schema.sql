@@ -289,6 +289,15 @@ INSERT INTO syncular.sync_notify_channel (id, channel)
   VALUES (1, pg_catalog.concat('syncular_commits_',
                                pg_catalog.replace(pg_catalog.gen_random_uuid()::pg_catalog.text, '-', '')));
 
+-- 19. Layout history (docs/API.md §5, "Schema evolution"): the layouts of every schema version
+-- migrate_schema published, as it stored them in sync_schema_meta.layouts, so a payload can be
+-- decoded by the version it belongs to (decode_row(…, schema_version => v): a commit's
+-- writer_version).
+CREATE TABLE syncular.sync_schema_layouts (
+  schema_version bigint PRIMARY KEY,
+  layouts        text   NOT NULL
+);
+
 -- pg_dump skips the rows of extension member tables unless they are registered here.
 SELECT pg_catalog.pg_extension_config_dump('syncular.sync_partitions', '');
 SELECT pg_catalog.pg_extension_config_dump('syncular.sync_partition_registry', '');
@@ -307,3 +316,4 @@ SELECT pg_catalog.pg_extension_config_dump('syncular.sync_schema_meta', '');
 SELECT pg_catalog.pg_extension_config_dump('syncular.sync_app_tables', '');
 SELECT pg_catalog.pg_extension_config_dump('syncular.sync_repairs', '');
 SELECT pg_catalog.pg_extension_config_dump('syncular.sync_push_schemas', '');
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_schema_layouts', '');

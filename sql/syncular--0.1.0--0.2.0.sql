@@ -3,7 +3,8 @@
 -- 0.2.0: the fence trigger reads the fence and the marker with direct primary-key index scans;
 -- jsonb arguments are parsed without panics (deep nesting and out-of-range numbers become
 -- sync.storage.invalid_argument); new function set_rows_scopes (batch set_row_scopes); the row
--- codec: table sync_push_schemas, set_push_schema, encode_row, decode_row (docs/CODEC.md).
+-- codec: table sync_push_schemas, set_push_schema, encode_row, decode_row (docs/CODEC.md);
+-- schema evolution: migrate_schema re-encodes stored rows, table sync_schema_layouts.
 -- Security (docs/SECURITY.md): registrations keep the relation's OID and their registrant; the
 -- functions that read app tables run as the caller and read the table as its owner in a
 -- restricted security context; control state left the session-settable settings; the roles
@@ -246,25 +247,40 @@ CREATE FUNCTION syncular.set_push_schema(schema_version bigint, tables jsonb) RE
 VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c AS 'MODULE_PATHNAME', 'set_push_schema_wrapper';
-CREATE FUNCTION syncular.encode_row(tbl text, "values" jsonb, sparse boolean DEFAULT false) RETURNS bytea
+CREATE FUNCTION syncular.encode_row(tbl text, "values" jsonb, sparse boolean DEFAULT false,
+                                    schema_version bigint DEFAULT NULL) RETURNS bytea
 STABLE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c AS 'MODULE_PATHNAME', 'encode_row_wrapper';
-CREATE FUNCTION syncular.decode_row(tbl text, payload bytea, sparse boolean DEFAULT false) RETURNS jsonb
+CREATE FUNCTION syncular.decode_row(tbl text, payload bytea, sparse boolean DEFAULT false,
+                                    schema_version bigint DEFAULT NULL) RETURNS jsonb
 STABLE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c AS 'MODULE_PATHNAME', 'decode_row_wrapper';
 REVOKE ALL ON FUNCTION syncular.set_push_schema(bigint, jsonb) FROM PUBLIC;
-REVOKE ALL ON FUNCTION syncular.encode_row(text, jsonb, boolean) FROM PUBLIC;
-REVOKE ALL ON FUNCTION syncular.decode_row(text, bytea, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION syncular.encode_row(text, jsonb, boolean, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION syncular.decode_row(text, bytea, boolean, bigint) FROM PUBLIC;
+
+-- Schema evolution (docs/API.md §5): the layouts of every schema version, as in
+-- sql/schema.sql, table 19. migrate_schema adds the stored version's layouts on its next bump.
+CREATE TABLE syncular.sync_schema_layouts (
+  schema_version bigint PRIMARY KEY,
+  layouts        text   NOT NULL
+);
+SELECT pg_catalog.pg_extension_config_dump('syncular.sync_schema_layouts', '');
+REVOKE ALL ON syncular.sync_schema_layouts FROM PUBLIC;
+COMMENT ON FUNCTION syncular.migrate_schema(bigint, jsonb, jsonb) IS
+  'Opens a migration in the caller''s transaction under the barrier lock, re-validates, installs declarations, fences and the global floor, re-encodes the stored rows of registered tables whose layout grew; returns the previously stored version.';
+COMMENT ON FUNCTION syncular.previous_schema() IS
+  'The {schemaVersion, layouts} the last migrate_schema of this transaction started from (with rewritten: rows re-encoded per table, when it re-encoded any), or NULL.';
 
 -- Row codec and push schema (docs/API.md §Row codec and push schema, docs/CODEC.md)
 COMMENT ON FUNCTION syncular.set_push_schema(bigint, jsonb) IS
   'Stores the host''s compiled schema for a schema version after checking it against the registered relations and the stored layouts; idempotent; returns the number of tables.';
-COMMENT ON FUNCTION syncular.encode_row(text, jsonb, boolean) IS
-  'Encodes a row given as JSON with the table''s push schema (full row, or sparse row with only the given columns); bad input: SY000 with the codec''s message as reason.';
-COMMENT ON FUNCTION syncular.decode_row(text, bytea, boolean) IS
-  'Decodes a full or sparse row payload with the table''s push schema into JSON (absent columns omitted); bad input: SY000 with the codec''s message as reason.';
+COMMENT ON FUNCTION syncular.encode_row(text, jsonb, boolean, bigint) IS
+  'Encodes a row given as JSON with the table''s push schema (full row, or sparse row with only the given columns), at the stored schema version or the one given; bad input: SY000 with the codec''s message as reason.';
+COMMENT ON FUNCTION syncular.decode_row(text, bytea, boolean, bigint) IS
+  'Decodes a full or sparse row payload with the table''s push schema (or layouts) at the stored schema version or the one given, into JSON (absent columns omitted); bad input: SY000 with the codec''s message as reason.';
 
 -- 0.2.0: the one-call pull (docs/API.md §Pull). SECURITY INVOKER: a bootstrap reads app tables.
 CREATE FUNCTION syncular."pull"(

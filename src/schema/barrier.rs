@@ -8,9 +8,11 @@
 
 use crate::args::{self, Declaration};
 use crate::checkpoint;
+use crate::codec::ColumnType;
 use crate::db;
 use crate::error::{self, Code, Error, Result};
 use crate::gate::{self, SchemaState};
+use crate::schema::evolution;
 use crate::txn_local;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
@@ -18,9 +20,16 @@ use pgrx::spi::SpiClient;
 use pgrx::JsonB;
 use serde_json::{json, Map, Value};
 
-/// Validates `layouts`: `{table: [{"name": string, "type": string, "nullable": boolean}, …]}`.
+/// Validates `layouts`: `{table: [{"name": string, "type": string, "nullable": boolean}, …]}`,
+/// each `type` one of the row codec's names (docs/CODEC.md §Column types): the push schema of
+/// the same version must use them, so another name could never be matched afterwards.
 pub fn layouts(value: Option<args::JsonArg>) -> Result<Map<String, Value>> {
-    let Value::Object(tables) = args::json("layouts", value)? else {
+    layouts_value(args::json("layouts", value)?)
+}
+
+/// [`layouts`] of a parsed argument.
+fn layouts_value(value: Value) -> Result<Map<String, Value>> {
+    let Value::Object(tables) = value else {
         return Err(Error::invalid_argument("layouts", "type"));
     };
     for (table, columns) in &tables {
@@ -35,7 +44,10 @@ pub fn layouts(value: Option<args::JsonArg>) -> Result<Map<String, Value>> {
                 return Err(Error::invalid_argument(&at, "type"));
             };
             args::json_text_field(column, "name", &format!("{at}.name"))?;
-            args::json_text_field(column, "type", &format!("{at}.type"))?;
+            let type_name = args::json_text_field(column, "type", &format!("{at}.type"))?;
+            if ColumnType::from_name(&type_name).is_none() {
+                return Err(evolution::unknown_type(&format!("{at}.type"), &type_name));
+            }
             match column.get("nullable") {
                 Some(Value::Bool(_)) => {}
                 None | Some(Value::Null) => {
@@ -168,10 +180,45 @@ pub fn require_transaction(no_prior_writes: bool) -> Result<()> {
 
 /// Remembers the schema a migration started from, for `previous_schema()`: transaction-local
 /// state a session cannot set ([`crate::txn_local`]), undone by a rollback to a savepoint.
-fn record_previous(version: i64, stored_layouts_text: Option<&str>) {
-    let previous =
+/// `rewritten`: the rows whose payloads this migration re-encoded, by table (only tables with
+/// rows; the key only when there are any, so a migration that rewrote nothing reads as before).
+fn record_previous(version: i64, stored_layouts_text: Option<&str>, rewritten: Map<String, Value>) {
+    let mut previous =
         json!({"schemaVersion": version, "layouts": stored_layouts(stored_layouts_text)});
+    if !rewritten.is_empty() {
+        previous["rewritten"] = Value::Object(rewritten);
+    }
     txn_local::set(txn_local::Key::PreviousSchema, &previous.to_string());
+}
+
+/// Keeps the layouts of every schema version (`sync_schema_layouts`), so that a payload can be
+/// decoded by the version it belongs to (`decode_row(…, schema_version => v)`): the new ones, and
+/// the stored ones when the history lacks them (a marker written before the history existed, or
+/// by a 0.24 host).
+fn record_layouts(
+    client: &SpiClient<'_>,
+    stored: Option<(i64, &str)>,
+    version: i64,
+    layouts: &Map<String, Value>,
+) -> Result<()> {
+    if let Some((stored, text)) = stored {
+        db::write(
+            client,
+            "INSERT INTO syncular.sync_schema_layouts (schema_version, layouts) VALUES ($1, $2)
+             ON CONFLICT (schema_version) DO NOTHING",
+            &[DatumWithOid::from(stored), DatumWithOid::from(text)],
+        )?;
+    }
+    db::write(
+        client,
+        "INSERT INTO syncular.sync_schema_layouts (schema_version, layouts) VALUES ($1, $2)
+         ON CONFLICT (schema_version) DO UPDATE SET layouts = EXCLUDED.layouts",
+        &[
+            DatumWithOid::from(version),
+            DatumWithOid::from(Value::Object(layouts.clone()).to_string()),
+        ],
+    )?;
+    Ok(())
 }
 
 fn migrate(client: &SpiClient<'_>, a: &SchemaArgs) -> Result<i64> {
@@ -185,7 +232,16 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs) -> Result<i64> {
     let state = gate::read_state(client, None, a.version, true)?;
     let stored = state.stored_schema_version;
     let current = check(&state, a.version, &a.layouts, &a.declared)?;
+    let mut rewritten = Map::new();
     if !current {
+        // Upstream's append-only rule against the layouts stored under the lock (docs/API.md
+        // §5, "Schema evolution"): refused before anything is written.
+        let old_layouts = stored_layouts(state.stored_layouts.as_deref());
+        let grown = if stored > 0 {
+            evolution::append_only(&old_layouts, &a.layouts, stored)?
+        } else {
+            Vec::new()
+        };
         // Declarations are installed at their own version; scenario SCH-08 installs one at an
         // older version alongside new ones, so only a version above the target is refused
         // (docs/DESIGN.md §Decisions).
@@ -229,8 +285,21 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs) -> Result<i64> {
                 DatumWithOid::from(Value::Object(a.layouts.clone()).to_string()),
             ],
         )?;
+        if evolution::installed() {
+            let stored_text = state.stored_layouts.as_deref().filter(|_| stored > 0);
+            record_layouts(
+                client,
+                stored_text.map(|t| (stored, t)),
+                a.version,
+                &a.layouts,
+            )?;
+            // Every stored row of a registered table whose layout grew, re-encoded for the new
+            // layout in this transaction (src/schema/evolution.rs).
+            rewritten =
+                evolution::rewrite(client, &grown, &old_layouts, &a.layouts, stored, a.version)?;
+        }
     }
-    record_previous(stored, state.stored_layouts.as_deref());
+    record_previous(stored, state.stored_layouts.as_deref(), rewritten);
     Ok(stored)
 }
 
@@ -327,6 +396,32 @@ mod tests {
             }) => d,
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A layout column's `type` is one of the row codec's names (issue 27, item 6).
+    #[test]
+    fn layout_types_are_row_codec_types() {
+        assert_eq!(layouts_value(Value::Object(l1())).unwrap(), l1());
+        let mut text = l1();
+        text["tasks"][1]["type"] = json!("text");
+        match layouts_value(Value::Object(text)) {
+            Err(Error::Sync {
+                detail: Some(d),
+                hint: Some(hint),
+                ..
+            }) => {
+                assert_eq!(
+                    d,
+                    json!({"argument":"layouts.tasks[1].type","reason":"shape"})
+                );
+                assert!(hint.contains("\"text\" is not a row-codec type (string, integer, float, boolean, json, bytes, blob_ref, crdt)"), "{hint}");
+                assert!(hint.contains("string and blob_ref → text"), "{hint}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut empty = l1();
+        empty["docs"][0]["type"] = json!("");
+        assert!(layouts_value(Value::Object(empty)).is_err());
     }
 
     #[test]

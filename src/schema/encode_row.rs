@@ -1,5 +1,6 @@
 //! `encode_row` and `decode_row`: the row codec (src/codec, docs/CODEC.md) for people, tests and
-//! hosts, over a table's stored push schema. Values travel as JSON (docs/CODEC.md §JSON forms):
+//! hosts, over a table's stored push schema (or, for a given schema version, its push schema or
+//! stored layouts: a payload decodes only with the layout of the version it was written at). Values travel as JSON (docs/CODEC.md §JSON forms):
 //! NULL as `null`, string/json/blob_ref as a JSON string holding the raw text, integer and float
 //! as numbers (`"NaN"`, `"Infinity"`, `"-Infinity"` as strings), booleans, bytes and crdt as
 //! standard base64.
@@ -9,6 +10,7 @@ use crate::codec::{row, CodecError, Column, ColumnType, Value};
 use crate::db;
 use crate::error::{self, Error};
 use crate::schema::push_schema;
+use crate::tables;
 use base64::Engine;
 use pgrx::prelude::*;
 use pgrx::JsonB;
@@ -79,24 +81,51 @@ pub(crate) fn to_json(value: &Value<'_>) -> Json {
     }
 }
 
+/// The layout of `tbl` at `schema_version` (NULL: the stored schema version), checked for a
+/// sparse row, which needs the primary key only a push schema names.
+fn codec_table(
+    tbl: &str,
+    sparse: bool,
+    schema_version: Option<i64>,
+) -> error::Result<push_schema::CodecTable> {
+    if schema_version.is_some_and(|v| v < 1) {
+        return Err(Error::invalid_argument("schema_version", "range"));
+    }
+    let table = db::with_spi(|client| push_schema::codec_table(client, tbl, schema_version))?;
+    if sparse && !table.keyed {
+        return Err(tables::unknown_table(tbl).with_hint(format!(
+            "no push schema is stored at schema version {}: a sparse row needs the primary key \
+             a push schema names (the stored layouts decode full rows only)",
+            schema_version.unwrap_or(0)
+        )));
+    }
+    Ok(table)
+}
+
 #[pg_extern(
     stable,
     parallel_unsafe,
     sql = r#"
-CREATE FUNCTION syncular.encode_row(tbl text, "values" jsonb, sparse boolean DEFAULT false) RETURNS bytea
+CREATE FUNCTION syncular.encode_row(tbl text, "values" jsonb, sparse boolean DEFAULT false,
+                                    schema_version bigint DEFAULT NULL) RETURNS bytea
 STABLE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c AS 'MODULE_PATHNAME', 'encode_row_wrapper';
 "#
 )]
-fn encode_row(tbl: Option<&str>, values: Option<JsonArg>, sparse: Option<bool>) -> Vec<u8> {
+fn encode_row(
+    tbl: Option<&str>,
+    values: Option<JsonArg>,
+    sparse: Option<bool>,
+    schema_version: Option<i64>,
+) -> Vec<u8> {
     error::run_in_host_code(|| {
         let tbl = args::text("tbl", tbl)?;
         let Json::Object(values) = args::json("values", values)? else {
             return Err(Error::invalid_argument("values", "type"));
         };
         let sparse = args::required("sparse", sparse)?;
-        let schema = db::with_spi(|client| push_schema::stored_table(client, &tbl))?;
+        let schema = codec_table(&tbl, sparse, schema_version)?;
         let layout = &schema.layout;
         let names: std::collections::HashSet<&str> =
             layout.columns.iter().map(|c| c.name.as_str()).collect();
@@ -146,18 +175,24 @@ fn encode_row(tbl: Option<&str>, values: Option<JsonArg>, sparse: Option<bool>) 
     stable,
     parallel_unsafe,
     sql = r#"
-CREATE FUNCTION syncular.decode_row(tbl text, payload bytea, sparse boolean DEFAULT false) RETURNS jsonb
+CREATE FUNCTION syncular.decode_row(tbl text, payload bytea, sparse boolean DEFAULT false,
+                                    schema_version bigint DEFAULT NULL) RETURNS jsonb
 STABLE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c AS 'MODULE_PATHNAME', 'decode_row_wrapper';
 "#
 )]
-fn decode_row(tbl: Option<&str>, payload: Option<&[u8]>, sparse: Option<bool>) -> JsonB {
+fn decode_row(
+    tbl: Option<&str>,
+    payload: Option<&[u8]>,
+    sparse: Option<bool>,
+    schema_version: Option<i64>,
+) -> JsonB {
     error::run_in_host_code(|| {
         let tbl = args::text("tbl", tbl)?;
         let payload = args::bytes("payload", payload)?;
         let sparse = args::required("sparse", sparse)?;
-        let schema = db::with_spi(|client| push_schema::stored_table(client, &tbl))?;
+        let schema = codec_table(&tbl, sparse, schema_version)?;
         let layout = &schema.layout;
         let decoded: Vec<Option<Value>> = if sparse {
             row::decode_sparse(layout, payload)

@@ -1,8 +1,11 @@
 //! Schema versions (docs/DESIGN.md §Schema barrier, docs/CODEC.md): [`barrier`] stores the
 //! layouts of each schema version (`migrate_schema`) and holds writers of an older one;
 //! [`push_schema`] stores the host's compiled schema per version and reads it back as codec
-//! layouts; [`encode_row`] is the row codec's SQL face (`encode_row`, `decode_row`).
+//! layouts; [`encode_row`] is the row codec's SQL face (`encode_row`, `decode_row`);
+//! [`evolution`] is what may change between two versions and the re-encoding of stored rows
+//! when a table's layout grew.
 
 pub mod barrier;
 pub mod encode_row;
+pub mod evolution;
 pub mod push_schema;

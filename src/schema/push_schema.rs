@@ -368,7 +368,9 @@ fn set_push_schema(schema_version: Option<i64>, tables: Option<JsonArg>) -> i32 
             .iter()
             .map(|(tbl, d)| {
                 crate::interrupts::check();
-                Ok((tbl.clone(), table_schema(tbl, d)?))
+                let schema = table_schema(tbl, d)?;
+                require_scopes(tbl, d, &schema)?;
+                Ok((tbl.clone(), schema))
             })
             .collect::<Result<Vec<_>>>()?;
         let stored: Map<String, Value> = schemas
@@ -397,6 +399,28 @@ fn set_push_schema(schema_version: Option<i64>, tables: Option<JsonArg>) -> i32 
             Ok(schemas.len() as i32)
         })
     })
+}
+
+/// Every synced table declares at least one scope pattern (upstream's schema rule, docs/API.md
+/// §15): a table without one is pushed but can never be pulled (an empty effective scope map
+/// revokes every subscription to it). Checked where a push schema is declared only: a schema
+/// stored before the rule still reads back.
+fn require_scopes(tbl: &str, descriptor: &Value, schema: &TableSchema) -> Result<()> {
+    if !schema.scopes.is_empty() {
+        return Ok(());
+    }
+    let reason = match descriptor.get("scopes") {
+        None | Some(Value::Null) => "missing",
+        Some(_) => "empty",
+    };
+    Err(
+        invalid(&format!("tables.{tbl}.scopes"), reason).with_hint(format!(
+        "table {tbl}: every synced table declares at least one scope pattern, or no client can \
+         ever pull it; a table every client reads uses a scope column all rows share, e.g. a \
+         column app_id holding 'app' with \"scopes\": [{{\"variable\": \"app_id\", \"column\": \
+         \"app_id\"}}], and the host allows {{\"app_id\": [\"*\"]}}"
+    )),
+    )
 }
 
 /// The one-call push's view of the push schema at exactly `version`: `None` when none is stored
@@ -441,6 +465,74 @@ pub fn agrees_with_layouts(
         Err(Error::Sync { .. }) => Ok(false),
         Err(other) => Err(other),
     }
+}
+
+/// The layout `encode_row`/`decode_row` use for a table: `keyed` when it comes from a push
+/// schema (which names the primary key a sparse row needs), not from stored layouts alone.
+pub struct CodecTable {
+    pub layout: Layout,
+    pub keyed: bool,
+}
+
+/// The layout of `tbl` for the row codec's SQL functions: at `version` when given — the push
+/// schema stored at that version, else the layouts `migrate_schema` stored for it (the history
+/// `sync_schema_layouts`, or the marker's when it is at that version) — else
+/// [`stored_table`]'s.
+pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> Result<CodecTable> {
+    let Some(version) = version else {
+        return Ok(CodecTable {
+            layout: stored_table(client, tbl)?.layout,
+            keyed: true,
+        });
+    };
+    match table_at(client, version, tbl)? {
+        Some(Some(schema)) => {
+            return Ok(CodecTable {
+                layout: schema.layout,
+                keyed: true,
+            })
+        }
+        Some(None) => {
+            return Err(tables::unknown_table(tbl).with_hint(format!(
+                "the push schema at schema version {version} has no table {tbl}"
+            )))
+        }
+        None => {}
+    }
+    let stored = db::read(
+        client,
+        "SELECT l.layouts FROM syncular.sync_schema_layouts l WHERE l.schema_version = $1
+         UNION ALL
+         SELECT m.layouts FROM syncular.sync_schema_meta m WHERE m.id = 1 AND m.schema_version = $1
+         LIMIT 1",
+        &[DatumWithOid::from(version)],
+    )?;
+    let Some(text) = db::first::<String>(stored)? else {
+        return Err(tables::unknown_table(tbl).with_hint(format!(
+            "neither a push schema nor layouts are stored at schema version {version}"
+        )));
+    };
+    let columns = match serde_json::from_str::<Value>(&text) {
+        Ok(Value::Object(mut layouts)) => match layouts.remove(tbl) {
+            Some(Value::Array(columns)) => columns,
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
+    };
+    if columns.is_empty() {
+        return Err(tables::unknown_table(tbl).with_hint(format!(
+            "the layouts stored at schema version {version} have no table {tbl}"
+        )));
+    }
+    let layout = crate::schema::evolution::codec_layout(&columns).map_err(|why| {
+        tables::unknown_table(tbl).with_hint(format!(
+            "the layouts stored at schema version {version} are not row-codec layouts ({why})"
+        ))
+    })?;
+    Ok(CodecTable {
+        layout,
+        keyed: false,
+    })
 }
 
 /// The stored push schema of `tbl`: the one at the stored schema version (the marker) if
@@ -552,6 +644,38 @@ mod tests {
             reason(with("/scopes", json!({}))),
             ("tables.tasks.scopes".into(), "type".into())
         );
+    }
+
+    /// A table without a scope pattern is refused where the schema is declared (issue 27,
+    /// item 2), but a stored descriptor without one still reads back.
+    #[test]
+    fn a_synced_table_declares_a_scope() {
+        let mut d = tasks();
+        let schema = table_schema("tasks", &d).unwrap();
+        assert!(require_scopes("tasks", &d, &schema).is_ok());
+        d["scopes"] = json!([]);
+        let schema = table_schema("tasks", &d).unwrap();
+        assert_eq!(
+            reason(require_scopes("tasks", &d, &schema).map(|_| schema.clone())),
+            ("tables.tasks.scopes".into(), "empty".into())
+        );
+        d.as_object_mut().unwrap().remove("scopes");
+        let schema = table_schema("tasks", &d).unwrap();
+        match require_scopes("tasks", &d, &schema) {
+            Err(Error::Sync {
+                detail: Some(detail),
+                hint: Some(hint),
+                ..
+            }) => {
+                assert_eq!(
+                    detail,
+                    json!({"argument":"tables.tasks.scopes","reason":"missing"})
+                );
+                assert!(hint.contains("at least one scope pattern"), "{hint}");
+                assert!(hint.contains("[\"*\"]"), "{hint}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     /// At most 1,600 columns and 64 scopes per table (docs/API.md "Limits"); a duplicate column

@@ -341,6 +341,26 @@ pub fn open(client: &SpiClient<'_>, tbl: &str) -> error::Result<Result<AppRelati
     }))
 }
 
+/// The registered relation of `tbl` whose stored payloads `migrate_schema` re-encodes
+/// (src/schema/evolution.rs): `None` when `tbl` is not registered or its relation no longer
+/// exists (no stored rows to rewrite), `unknown_table` (HINT: why) when it exists but cannot be
+/// used as registered — its rows would stay unreadable at the new version.
+pub fn open_for_migration(client: &SpiClient<'_>, tbl: &str) -> error::Result<Option<AppRelation>> {
+    let Some(registration) = registration(client, tbl, false)? else {
+        return Ok(None);
+    };
+    if inspect(registration.relation).is_none() {
+        return Ok(None);
+    }
+    match open(client, tbl)? {
+        Ok(relation) => Ok(Some(relation)),
+        Err(why) => Err(unknown_table(tbl).with_hint(format!(
+            "{why}: migrate_schema re-encodes the stored rows of every registered table whose \
+             layout grew (register the table again, or retire it)"
+        ))),
+    }
+}
+
 /// Why the relation opened as `relation` can no longer be used as it was checked, if it cannot:
 /// host code of an earlier statement of the same call renamed it (so its name now names another
 /// relation, or none), changed its owner, its kind, its rules, its triggers or a meta column. The

@@ -268,6 +268,189 @@ impl AppRelation {
     }
 }
 
+/// Rows a page of [`AppRelation::rewrite_payloads`] lists by key: as many as upstream's rewrite
+/// pages (500), read in chunks of at most [`REWRITE_CHUNK_BYTES`] of payload.
+const REWRITE_PAGE_ROWS: i64 = 500;
+/// Payload bytes one chunk of the rewrite reads and writes at once (a larger row is a chunk of
+/// its own): the rewrite's memory is bounded by this and the largest row, never by the table.
+const REWRITE_CHUNK_BYTES: i64 = 8 << 20;
+
+/// What [`AppRelation::rewrite_payloads`] does to one row: `(partition, row_id, payload)` to the
+/// new payload.
+pub type Reencode<'a> = dyn FnMut(&str, &str, &[u8]) -> error::Result<Vec<u8>> + 'a;
+
+/// `migrate_schema`'s re-encoding of stored payloads (src/schema/evolution.rs). It runs **as
+/// the relation's owner** in the sandbox (docs/SECURITY.md rules 1 and 8): `migrate_schema` is
+/// SECURITY DEFINER, so the caller is not known there; what the owner attached to the table
+/// (BEFORE/AFTER UPDATE triggers, policies, functions in them) runs with its author's own
+/// rights. `row_security` is off inside: a policy that would hide rows from the owner (FORCE ROW
+/// LEVEL SECURITY) fails the migration instead of leaving rows unconverted.
+impl AppRelation {
+    /// Checks the relation again, then runs `body` as its owner (module comment).
+    fn run_as_owner<R>(&self, body: impl FnOnce() -> error::Result<R>) -> error::Result<R> {
+        if let Some(why) = super::changed_since_open(self) {
+            return Err(super::unknown_table_changed(self, why));
+        }
+        sandbox::host_code(self.owner, || {
+            // SAFETY: inside the sandbox's GUC nest level, discarded when it ends (as
+            // `db::generic` sets plan_cache_mode); a valid setting name and value.
+            unsafe {
+                pg_sys::set_config_option(
+                    c"row_security".as_ptr(),
+                    c"off".as_ptr(),
+                    pg_sys::GucContext::PGC_USERSET,
+                    pg_sys::GucSource::PGC_S_SESSION,
+                    pg_sys::GucAction::GUC_ACTION_SAVE,
+                    true,
+                    0,
+                    false,
+                );
+            }
+            body()
+        })
+    }
+
+    /// Replaces every stored row's `_sync_payload` by `reencode(partition, row_id, payload)`,
+    /// page by page in key order (each page and chunk in an SPI connection of its own, so what
+    /// it read is freed before the next), locking each chunk's rows before it reads them; the
+    /// number of rows rewritten. A row a host trigger or policy keeps from being updated fails
+    /// the call.
+    pub fn rewrite_payloads(&self, reencode: &mut Reencode<'_>) -> error::Result<i64> {
+        let q = &self.qualified;
+        let first = format!(
+            "SELECT a.\"_sync_partition\", a.\"_sync_row_id\",
+                    pg_catalog.octet_length(a.\"_sync_payload\")::pg_catalog.int8
+               FROM {q} a
+              ORDER BY a.\"_sync_partition\", a.\"_sync_row_id\" LIMIT {REWRITE_PAGE_ROWS}"
+        );
+        let next = format!(
+            "SELECT a.\"_sync_partition\", a.\"_sync_row_id\",
+                    pg_catalog.octet_length(a.\"_sync_payload\")::pg_catalog.int8
+               FROM {q} a
+              WHERE (a.\"_sync_partition\", a.\"_sync_row_id\") > ($1, $2)
+              ORDER BY a.\"_sync_partition\", a.\"_sync_row_id\" LIMIT {REWRITE_PAGE_ROWS}"
+        );
+        let read = format!(
+            "SELECT a.\"_sync_partition\", a.\"_sync_row_id\", a.\"_sync_payload\"
+               FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]),
+                               pg_catalog.unnest($2::pg_catalog.text[])) AS k(p, id)
+               JOIN {q} a ON a.\"_sync_partition\" = k.p AND a.\"_sync_row_id\" = k.id
+                FOR UPDATE OF a"
+        );
+        let write = format!(
+            "UPDATE {q} a SET \"_sync_payload\" = u.payload
+               FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]),
+                               pg_catalog.unnest($2::pg_catalog.text[]),
+                               pg_catalog.unnest($3::pg_catalog.bytea[])) AS u(p, id, payload)
+              WHERE a.\"_sync_partition\" = u.p AND a.\"_sync_row_id\" = u.id
+             RETURNING 1"
+        );
+        let mut after: Option<(String, String)> = None;
+        let mut rewritten = 0i64;
+        loop {
+            crate::interrupts::check();
+            let page: Vec<(String, String, i64)> = db::with_spi(|c| {
+                self.run_as_owner(|| {
+                    let rows = match &after {
+                        None => db::write_dynamic(c, &first, &[])?,
+                        Some((p, id)) => db::write_dynamic(
+                            c,
+                            &next,
+                            &[
+                                DatumWithOid::from(p.as_str()),
+                                DatumWithOid::from(id.as_str()),
+                            ],
+                        )?,
+                    };
+                    let mut page = Vec::new();
+                    for row in rows {
+                        crate::interrupts::check();
+                        page.push((
+                            db::text_column(&row, 1)?.unwrap_or_default(),
+                            db::text_column(&row, 2)?.unwrap_or_default(),
+                            row.get::<i64>(3)?.unwrap_or(0),
+                        ));
+                    }
+                    Ok(page)
+                })
+            })?;
+            let Some(last) = page.last() else {
+                break;
+            };
+            after = Some((last.0.clone(), last.1.clone()));
+            let full = page.len() as i64 == REWRITE_PAGE_ROWS;
+            let mut start = 0;
+            while start < page.len() {
+                crate::interrupts::check();
+                let mut end = start;
+                let mut bytes = 0i64;
+                while end < page.len()
+                    && (end == start || bytes + page[end].2 <= REWRITE_CHUNK_BYTES)
+                {
+                    crate::interrupts::check();
+                    bytes += page[end].2;
+                    end += 1;
+                }
+                let chunk = &page[start..end];
+                start = end;
+                rewritten += db::with_spi(|c| {
+                    let partitions: Vec<&str> = chunk.iter().map(|k| k.0.as_str()).collect();
+                    let ids: Vec<&str> = chunk.iter().map(|k| k.1.as_str()).collect();
+                    let (mut keys_p, mut keys_id, mut payloads) =
+                        (Vec::new(), Vec::new(), Vec::new());
+                    self.run_as_owner(|| {
+                        let rows = db::write_dynamic(
+                            c,
+                            &read,
+                            &[DatumWithOid::from(partitions), DatumWithOid::from(ids)],
+                        )?;
+                        for row in rows {
+                            crate::interrupts::check();
+                            let partition = db::text_column(&row, 1)?.unwrap_or_default();
+                            let row_id = db::text_column(&row, 2)?.unwrap_or_default();
+                            let payload = db::bytes_column(&row, 3)?.unwrap_or_default();
+                            payloads.push(reencode(&partition, &row_id, &payload)?);
+                            keys_p.push(partition);
+                            keys_id.push(row_id);
+                        }
+                        Ok(())
+                    })?;
+                    if keys_p.is_empty() {
+                        return Ok(0);
+                    }
+                    let expected = keys_p.len();
+                    let updated = self.run_as_owner(|| {
+                        Ok(db::write_dynamic(
+                            c,
+                            &write,
+                            &[
+                                DatumWithOid::from(keys_p),
+                                DatumWithOid::from(keys_id),
+                                DatumWithOid::from(payloads),
+                            ],
+                        )?
+                        .len())
+                    })?;
+                    if updated != expected {
+                        return Err(error::Error::Internal(format!(
+                            "syncular: migrate_schema re-encoded {expected} stored rows of table {} \
+                             but {updated} were updated: a trigger or policy of the relation kept \
+                             rows from being rewritten, which would leave them unreadable at the \
+                             new schema version",
+                            self.tbl
+                        )));
+                    }
+                    Ok(expected as i64)
+                })?;
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(rewritten)
+    }
+}
+
 /// The readers of host rows for the API's reads, on behalf of the caller recorded by
 /// [`AppRelation::read_by`] after [`AppRelation::readable_by`] checked its `SELECT`.
 impl AppRelation {

@@ -305,24 +305,3 @@ export function pushSchemaOf(schema: CompiledSchema): Record<string, unknown> {
   return out;
 }
 
-/**
- * A stored payload re-encoded for columns appended to its layout: the codec's null bitmap
- * (ceil(n / 8) bytes, bit i = column i is NULL, LSB first) grows and marks the new columns NULL;
- * the values that follow are unchanged. As one SQL expression over `_sync_payload`, so the
- * rewrite is one `UPDATE` per table. Only append-only changes are accepted (as upstream).
- */
-export function appendColumnsPayloadSql(oldCount: number, newCount: number): string {
-  const oldBytes = Math.ceil(oldCount / 8);
-  const newBytes = Math.ceil(newCount / 8);
-  const payload = quoteIdent(META.payload);
-  const parts: string[] = [];
-  for (let i = 0; i < newBytes; i++) {
-    let mask = 0;
-    for (let column = Math.max(oldCount, i * 8); column < Math.min(newCount, (i + 1) * 8); column++) {
-      mask |= 1 << (column % 8);
-    }
-    const base = i < oldBytes ? `get_byte(${payload}, ${i})` : '0';
-    parts.push(`set_byte('\\x00'::bytea, 0, ${base} | ${mask})`);
-  }
-  return `${parts.join(' || ')} || substring(${payload} from ${oldBytes + 1})`;
-}

@@ -6,7 +6,6 @@ import { Connection, type Isolation, type Runner, type Session, type StorageSour
 import { ErrorMapper, isConstraintViolation, type ErrorClasses } from './errors.js';
 import {
   AppTable,
-  appendColumnsPayloadSql,
   layoutsOf,
   META,
   physicalIndexName,
@@ -866,14 +865,8 @@ export class SyncularServerStorage implements ServerStorage {
         const known = new Set((oldLayout ?? []).map((c) => c.name));
         const refill = added.map((a) => a.column).filter((name) => known.has(name));
         if (refill.length > 0) backfills.push({ table, columns: refill });
-        if (oldLayout !== undefined && oldLayout.length < table.compiled.columns.length) {
-          assertAppendOnly(table, oldLayout);
-          await db.query(
-            `UPDATE ${table.relation} SET ${quoteIdent(META.payload)} = ${appendColumnsPayloadSql(oldLayout.length, table.compiled.columns.length)}`,
-          );
-        } else if (oldLayout !== undefined) {
-          assertAppendOnly(table, oldLayout);
-        }
+        // Stored payloads: migrate_schema refused any change but appended nullable columns and
+        // re-encoded the rows of every registered table whose layout grew (docs/API.md §5).
       }
       const declaredNames = new Set(table.compiled.materialize ? table.compiled.indexes.map((i) => physicalIndexName(i.name)) : []);
       for (const index of ownedIndexes.filter((i) => i.tbl === table.name)) {
@@ -1320,19 +1313,3 @@ export class SyncularServerStorage implements ServerStorage {
   }
 }
 
-/** Upstream accepts only append-only layout changes between versions; so does the payload rewrite. */
-function assertAppendOnly(table: AppTable, oldLayout: readonly { name: string; type: string; nullable: boolean }[]): void {
-  const next = table.compiled.columns;
-  const ok =
-    oldLayout.length <= next.length &&
-    oldLayout.every((c, i) => {
-      const n = next[i];
-      return n !== undefined && n.name === c.name && n.type === c.type && n.nullable === c.nullable;
-    }) &&
-    next.slice(oldLayout.length).every((c) => c.nullable);
-  if (!ok) {
-    throw new Error(
-      `table ${JSON.stringify(table.name)}: a schema version bump may only append nullable columns (stored payloads are re-encoded by appending NULLs)`,
-    );
-  }
-}

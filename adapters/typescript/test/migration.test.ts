@@ -1,4 +1,4 @@
-// ensureSchema across versions: appended columns (payloads re-encoded in SQL), the declared
+// ensureSchema across versions: appended columns (payloads re-encoded by migrate_schema), the declared
 // index set rebuilt, materialization switched on (projection backfilled with decode_row), a table
 // retired; and a second migrator that lost the race skipping its DDL.
 import assert from 'node:assert/strict';
@@ -104,7 +104,12 @@ test('a layout change that is not an append of nullable columns is refused', asy
     t('items', [...moreColumns.slice(0, 3), { name: 'c0', type: 'string', nullable: true }, ...moreColumns.slice(4)], true),
     t('docs', base, true),
   ]);
-  await assert.rejects(new SyncularServerStorage(fx.migrator).ensureSchema(V3), /may only append nullable columns/);
+  // migrate_schema refuses it (upstream's append-only rule): the retyped column named.
+  await assert.rejects(new SyncularServerStorage(fx.migrator).ensureSchema(V3), (error: { code?: string; details?: unknown }) => {
+    assert.equal(error.code, 'sync.storage.invalid_argument');
+    assert.deepEqual(error.details, { argument: 'layouts.items[3]', reason: 'changed' });
+    return true;
+  });
   const state = await fx.admin.query('SELECT syncular.schema_state() AS s');
   assert.equal(state.rows[0].s.schemaVersion, 2, 'the migration rolled back whole');
 });

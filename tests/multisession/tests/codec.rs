@@ -69,6 +69,45 @@ fn set_push_schema_is_accepted_and_idempotent() {
     assert_eq!(count(&mut c, "syncular.sync_push_schemas"), 2);
 }
 
+/// Every synced table declares a scope pattern (upstream's §3.1 rule): a table without one was
+/// stored, pushed and never pulled (issue 27, item 2). A schema stored before the rule still
+/// reads back: only its declaration is refused.
+#[test]
+fn set_push_schema_refuses_a_table_without_scopes() {
+    let db = TestDb::new("codec_unscoped");
+    let mut c = db.connect();
+    let mut empty = schema();
+    empty["utasks"]["scopes"] = json!([]);
+    let err = refused(&mut c, 1, &empty, "tables.utasks.scopes", "empty");
+    let hint = err.hint.unwrap_or_default();
+    assert!(hint.contains("at least one scope pattern"), "{hint}");
+    assert!(hint.contains(r#"{"app_id": ["*"]}"#), "{hint}");
+    let mut missing = schema();
+    missing["docs"].as_object_mut().unwrap().remove("scopes");
+    refused(&mut c, 1, &missing, "tables.docs.scopes", "missing");
+    assert_eq!(count(&mut c, "syncular.sync_push_schemas"), 0);
+    // Stored by an earlier version (no check then): encode_row and decode_row still read it.
+    exec(
+        &mut c,
+        &format!(
+            "INSERT INTO syncular.sync_push_schemas (schema_version, tables, updated_at_ms)
+             VALUES (1, '{}', 0)",
+            missing
+        ),
+    );
+    let payload: Vec<u8> = one(
+        &mut c,
+        "SELECT syncular.encode_row('docs', '{\"id\":\"d1\",\"org_id\":\"o\",\"project_id\":\"p\"}')",
+        &[],
+    );
+    let back: Value = one(
+        &mut c,
+        "SELECT syncular.decode_row('docs', $1)",
+        &[&payload],
+    );
+    assert_eq!(back, json!({"id":"d1","org_id":"o","project_id":"p"}));
+}
+
 #[test]
 fn set_push_schema_refuses_what_disagrees() {
     let db = TestDb::new("codec_refuse");
@@ -381,8 +420,8 @@ fn the_host_role_codes_rows_and_the_admin_role_sets_the_schema() {
         )
     };
     for signature in [
-        "syncular.encode_row(text, jsonb, boolean)",
-        "syncular.decode_row(text, bytea, boolean)",
+        "syncular.encode_row(text, jsonb, boolean, bigint)",
+        "syncular.decode_row(text, bytea, boolean, bigint)",
     ] {
         assert!(
             executable(&mut c, "syncular_host", signature),

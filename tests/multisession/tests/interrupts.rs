@@ -251,7 +251,8 @@ fn a_push_on_the_widest_schema_honours_cancel_and_timeout() {
         (1..COLUMNS)
             .map(|i| json!({"name": format!("c{i:04}"), "type": "boolean", "nullable": true})),
     );
-    let schema = json!({"wide": {"columns": columns, "primaryKey": "c0000", "materialize": false}});
+    let schema = json!({"wide": {"columns": columns, "primaryKey": "c0000", "materialize": false,
+                                 "scopes": [{"variable": "c", "column": "c0000"}]}});
     let _: i32 = one(&mut c, "SELECT syncular.set_push_schema(1, $1)", &[&schema]);
     // Every column present, all but the key NULL: the smallest payload that makes each
     // operation an update of every column (the old code compared every column with every
@@ -283,7 +284,8 @@ fn a_push_on_the_widest_schema_honours_cancel_and_timeout() {
         &format!(
             "INSERT INTO public.wide (\"_sync_partition\", \"_sync_row_id\", \"_sync_server_version\",
                                       \"_sync_scopes\", \"_sync_payload\")
-             SELECT '{P}', {id}, 1, '{{}}', {} FROM generate_series(0, {}) i",
+             SELECT '{P}', {id}, 1, jsonb_build_object('c', {id}), {}
+               FROM generate_series(0, {}) i",
             with_id(full_at),
             ROWS - 1
         ),
@@ -312,7 +314,7 @@ fn a_push_on_the_widest_schema_honours_cancel_and_timeout() {
     }
     let push = |ops: i32, key: &str| {
         format!(
-            "SELECT syncular.push_commit('{P}', 'c1', {key}, 'a1', 1, 1, '{{}}'::jsonb, o.tables,
+            "SELECT syncular.push_commit('{P}', 'c1', {key}, 'a1', 1, 1, '{{\"c\":[\"*\"]}}'::jsonb, o.tables,
                                          o.ids, o.kinds, o.bvs, o.payloads)
                FROM public.ops o WHERE o.n = {ops}"
         )

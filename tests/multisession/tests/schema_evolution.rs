@@ -1,0 +1,546 @@
+//! Schema evolution end to end (docs/API.md §5, "Schema evolution"; issue 27, items 1 and 6):
+//! rows written at schema version 1 stay readable and writable after `migrate_schema(2)` appends
+//! a nullable column — their stored payloads are re-encoded in the migration's transaction, a
+//! log payload of version 1 still decodes with `schema_version => 1` — while any other layout
+//! change is refused with nothing rewritten, and a process still at version 1 is refused.
+
+use postgres::Client;
+use serde_json::{json, Value};
+use syncular_multisession::*;
+
+/// `notes` at version 1: eight columns, so the column appended at version 2 grows the null
+/// bitmap by a byte (docs/CODEC.md §Full row).
+fn l1() -> Value {
+    let mut columns = vec![
+        json!({"name": "id", "type": "string", "nullable": false}),
+        json!({"name": "project_id", "type": "string", "nullable": false}),
+        json!({"name": "title", "type": "string", "nullable": true}),
+    ];
+    columns.extend(
+        (1..=5).map(|i| json!({"name": format!("c{i}"), "type": "integer", "nullable": true})),
+    );
+    json!({ "notes": columns })
+}
+
+fn l2() -> Value {
+    let mut l = l1();
+    l["notes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "body", "type": "string", "nullable": true}));
+    l
+}
+
+fn push_schema(layouts: &Value) -> Value {
+    json!({"notes": {"columns": layouts["notes"], "primaryKey": "id",
+                     "scopes": [{"variable": "project_id", "column": "project_id"}]}})
+}
+
+fn allowed() -> Value {
+    json!({"project_id": ["p1"]})
+}
+
+fn note(id: &str, title: &str) -> Value {
+    json!({"id": id, "project_id": "p1", "title": title, "c1": 1, "c2": null, "c3": 3,
+           "c4": null, "c5": 5})
+}
+
+/// A database with `notes` registered, migrated to version 1 with its push schema, and two
+/// rows pushed at version 1 (payloads from `encode_row`).
+fn setup(name: &str) -> (TestDb, Client) {
+    let db = TestDb::new(name);
+    let mut c = db.connect();
+    exec(
+        &mut c,
+        &app_table_sql(
+            "public.ev_notes",
+            "id text, project_id text, title text, c1 bigint, c2 bigint, c3 bigint, c4 bigint, c5 bigint,",
+        ),
+    );
+    exec(
+        &mut c,
+        "SELECT syncular.register_table('notes', 'public.ev_notes')",
+    );
+    migrate(&mut c, 1, &l1(), &json!([]));
+    let _: i32 = one(
+        &mut c,
+        "SELECT syncular.set_push_schema(1, $1)",
+        &[&push_schema(&l1())],
+    );
+    for (key, id, title) in [("k1", "n1", "first"), ("k2", "n2", "second")] {
+        let out = push(&mut c, key, 1, id, &note(id, title), None).unwrap();
+        assert_eq!(out["outcome"], "applied", "{out}");
+    }
+    (db, c)
+}
+
+/// A push of one upsert of `notes` row `id` with the sparse row `values`, by a process running
+/// `running`, the payload encoded at that version.
+fn push(
+    c: &mut impl postgres::GenericClient,
+    key: &str,
+    running: i64,
+    id: &str,
+    values: &Value,
+    base: Option<i64>,
+) -> Result<Value, postgres::Error> {
+    c.query_one(
+        "SELECT syncular.push_commit($1, 'c1', $2, 'a1', $3, $4, $5, ARRAY['notes'], ARRAY[$6],
+                                     ARRAY[1]::int2[], ARRAY[$7::int8],
+                                     ARRAY[syncular.encode_row('notes', $8, true, $4)])",
+        &[&P, &key, &NOW, &running, &allowed(), &id, &base, values],
+    )
+    .map(|r| r.get(0))
+}
+
+fn payload(c: &mut Client, id: &str) -> Vec<u8> {
+    one(
+        c,
+        "SELECT _sync_payload FROM public.ev_notes WHERE _sync_row_id = $1",
+        &[&id],
+    )
+}
+
+fn decoded(c: &mut Client, id: &str) -> Value {
+    one(
+        c,
+        "SELECT syncular.decode_row('notes', _sync_payload) FROM public.ev_notes
+          WHERE _sync_row_id = $1",
+        &[&id],
+    )
+}
+
+/// The stored row `id` decoded with the layouts of schema version `v` (no push schema at it).
+fn decoded_at(c: &mut Client, id: &str, v: i64) -> Value {
+    one(
+        c,
+        "SELECT syncular.decode_row('notes', _sync_payload, schema_version => $2)
+           FROM public.ev_notes WHERE _sync_row_id = $1",
+        &[&id, &v],
+    )
+}
+
+/// `migrate_schema(2, layouts)` with the host's DDL, committed; `previous_schema()`.
+fn migrate_to_2(c: &mut Client, layouts: &Value) -> Value {
+    let mut tx = c.transaction().unwrap();
+    let previous: i64 = tx
+        .query_one("SELECT syncular.migrate_schema(2, $1)", &[layouts])
+        .unwrap()
+        .get(0);
+    assert_eq!(previous, 1);
+    let state: Value = tx
+        .query_one("SELECT syncular.previous_schema()", &[])
+        .unwrap()
+        .get(0);
+    tx.batch_execute("ALTER TABLE public.ev_notes ADD COLUMN body text")
+        .unwrap();
+    tx.commit().unwrap();
+    state
+}
+
+fn with_body(mut row: Value, body: Value) -> Value {
+    row["body"] = body;
+    row
+}
+
+#[test]
+fn rows_written_at_1_are_pulled_decoded_and_updated_at_2() {
+    let (_db, mut c) = setup("ev_e2e");
+    // The change's payload in the log: the full row, encoded at version 1.
+    let v1_log: Vec<u8> = one(
+        &mut c,
+        "SELECT payload FROM syncular.sync_changes WHERE row_id = 'n1'",
+        &[],
+    );
+    let previous = migrate_to_2(&mut c, &l2());
+    assert_eq!(
+        previous,
+        json!({"schemaVersion": 1, "layouts": l1(), "rewritten": {"notes": 2}})
+    );
+    let _: i32 = one(
+        &mut c,
+        "SELECT syncular.set_push_schema(2, $1)",
+        &[&push_schema(&l2())],
+    );
+    // The stored rows read at version 2: the appended column is NULL.
+    assert_eq!(
+        decoded(&mut c, "n1"),
+        with_body(note("n1", "first"), json!(null))
+    );
+    // A new client's bootstrap at version 2, each row decoded with version 2's layout.
+    let req = json!({"subscriptions": [{"id": "s1", "table": "notes",
+        "scopes": {"project_id": ["p1"]}, "effective": {"project_id": ["p1"]}, "cursor": -1}]});
+    let rows = c
+        .query(
+            "SELECT p.row_id, syncular.decode_row('notes', p.payload)
+               FROM syncular.pull($1, 'c2', 'a2', $2, 'epoch-1', 2, $3) p
+              WHERE p.sub IS NOT NULL ORDER BY p.row_id",
+            &[&P, &NOW, &req],
+        )
+        .unwrap();
+    let rows: Vec<(String, Value)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        rows,
+        vec![
+            ("n1".into(), with_body(note("n1", "first"), json!(null))),
+            ("n2".into(), with_body(note("n2", "second"), json!(null))),
+        ]
+    );
+    // A sparse update at version 2 of a row written at version 1 applies and merges.
+    let out = push(
+        &mut c,
+        "k3",
+        2,
+        "n1",
+        &json!({"id": "n1", "body": "hello"}),
+        None,
+    )
+    .unwrap();
+    assert_eq!(out["outcome"], "applied", "{out}");
+    assert_eq!(
+        decoded(&mut c, "n1"),
+        with_body(note("n1", "first"), json!("hello"))
+    );
+    // The log is not rewritten: its version-1 payload decodes with version 1's layout.
+    let log_now: Vec<u8> = one(
+        &mut c,
+        "SELECT payload FROM syncular.sync_changes c JOIN syncular.sync_commits m USING (partition, commit_seq)
+          WHERE c.row_id = 'n1' AND m.writer_version = 1",
+        &[],
+    );
+    assert_eq!(log_now, v1_log);
+    let old: Value = one(
+        &mut c,
+        "SELECT syncular.decode_row('notes', $1, schema_version => 1)",
+        &[&v1_log],
+    );
+    assert_eq!(old, note("n1", "first"));
+    // Without the version it is read with version 2's layout, which it does not fit.
+    expect_error(
+        c.query_one("SELECT syncular.decode_row('notes', $1)", &[&v1_log]),
+        "SY000",
+        "sync.storage.invalid_argument",
+        None,
+    );
+    // A process still at version 1 is refused, never served rows: upstream serves one version.
+    let err = sql_error(
+        &push(
+            &mut c,
+            "k4",
+            1,
+            "n2",
+            &json!({"id": "n2", "title": "late"}),
+            None,
+        )
+        .unwrap_err(),
+    );
+    assert!(matches!(err.state.as_str(), "SY002" | "SY001"), "{err:?}");
+    let err = sql_error(
+        &c.query(
+            "SELECT * FROM syncular.pull($1, 'c3', 'a3', $2, 'epoch-1', 1, $3)",
+            &[&P, &NOW, &req],
+        )
+        .unwrap_err(),
+    );
+    assert_eq!(err.state, "SY002", "{err:?}");
+    // With only the layouts kept for version 1 (no push schema there): full rows decode, a sparse
+    // row needs the push schema's primary key.
+    let full_v1: Vec<u8> = one(
+        &mut c,
+        "SELECT syncular.encode_row('notes', $1, false, 1)",
+        &[&note("n9", "x")],
+    );
+    exec(
+        &mut c,
+        "DELETE FROM syncular.sync_push_schemas WHERE schema_version = 1",
+    );
+    let full: Value = one(
+        &mut c,
+        "SELECT syncular.decode_row('notes', $1, schema_version => 1)",
+        &[&full_v1],
+    );
+    assert_eq!(full, note("n9", "x"));
+    expect_error(
+        c.query_one(
+            "SELECT syncular.decode_row('notes', $1, true, schema_version => 1)",
+            &[&v1_log],
+        ),
+        "SY041",
+        "sync.storage.unknown_table",
+        Some(json!({"table": "notes"})),
+    );
+    expect_error(
+        c.query_one(
+            "SELECT syncular.decode_row('notes', $1, schema_version => 0)",
+            &[&full_v1],
+        ),
+        "SY000",
+        "sync.storage.invalid_argument",
+        Some(json!({"argument": "schema_version", "reason": "range"})),
+    );
+    assert_eq!(
+        count(
+            &mut c,
+            "syncular.sync_schema_layouts WHERE schema_version IN (1, 2)"
+        ),
+        2
+    );
+    assert_eq!(
+        decoded(&mut c, "n2"),
+        with_body(note("n2", "second"), json!(null))
+    );
+}
+
+#[test]
+fn a_change_other_than_appending_nullable_columns_is_refused_and_nothing_rewritten() {
+    let (_db, mut c) = setup("ev_refuse");
+    let before = payload(&mut c, "n1");
+    let edit = |f: &dyn Fn(&mut Vec<Value>)| {
+        let mut l = l2();
+        f(l["notes"].as_array_mut().unwrap());
+        l
+    };
+    let cases = [
+        (
+            edit(&|c| c[2]["type"] = json!("json")),
+            "layouts.notes[2]",
+            "changed",
+            "table notes, column 2",
+        ),
+        (
+            edit(&|c| {
+                c.truncate(7);
+            }),
+            "layouts.notes",
+            "removed",
+            "the columns c5 of schema version 1 are missing",
+        ),
+        (
+            edit(&|c| c.swap(3, 4)),
+            "layouts.notes[3]",
+            "changed",
+            "table notes, column 3",
+        ),
+        (
+            edit(&|c| c[8]["nullable"] = json!(false)),
+            "layouts.notes[8].nullable",
+            "not_nullable",
+            "added column body must be nullable",
+        ),
+    ];
+    for (layouts, argument, reason, hint) in cases {
+        let mut tx = c.transaction().unwrap();
+        let err = expect_error(
+            tx.query_one("SELECT syncular.migrate_schema(2, $1)", &[&layouts]),
+            "SY000",
+            "sync.storage.invalid_argument",
+            Some(json!({"argument": argument, "reason": reason})),
+        );
+        let text = err.hint.unwrap_or_default();
+        assert!(text.contains(hint), "{argument}: {text}");
+        tx.rollback().unwrap();
+        assert_eq!(payload(&mut c, "n1"), before, "{argument}");
+        let marker: i64 = one(
+            &mut c,
+            "SELECT schema_version FROM syncular.sync_schema_meta",
+            &[],
+        );
+        assert_eq!(marker, 1);
+    }
+    // A retired table (left out of the new layouts) is allowed.
+    let mut tx = c.transaction().unwrap();
+    let previous: i64 = tx
+        .query_one("SELECT syncular.migrate_schema(2, '{}')", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(previous, 1);
+    tx.rollback().unwrap();
+}
+
+#[test]
+fn a_rolled_back_migration_leaves_payloads_untouched_and_a_repeated_one_rewrites_nothing() {
+    let (_db, mut c) = setup("ev_rollback");
+    let before = payload(&mut c, "n1");
+    let mut tx = c.transaction().unwrap();
+    tx.query_one("SELECT syncular.migrate_schema(2, $1)", &[&l2()])
+        .unwrap();
+    let inside: Vec<u8> = tx
+        .query_one(
+            "SELECT _sync_payload FROM public.ev_notes WHERE _sync_row_id = 'n1'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_ne!(inside, before, "rewritten inside the migration");
+    tx.rollback().unwrap();
+    assert_eq!(payload(&mut c, "n1"), before);
+    assert_eq!(
+        count(
+            &mut c,
+            "syncular.sync_schema_layouts WHERE schema_version = 2"
+        ),
+        0
+    );
+
+    migrate_to_2(&mut c, &l2());
+    let after = payload(&mut c, "n1");
+    assert_eq!(after, inside);
+    // Another migrator at the same version: nothing is rewritten a second time.
+    let mut tx = c.transaction().unwrap();
+    let previous: i64 = tx
+        .query_one("SELECT syncular.migrate_schema(2, $1)", &[&l2()])
+        .unwrap()
+        .get(0);
+    assert_eq!(previous, 2);
+    let state: Value = tx
+        .query_one("SELECT syncular.previous_schema()", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(state, json!({"schemaVersion": 2, "layouts": l2()}));
+    tx.commit().unwrap();
+    assert_eq!(payload(&mut c, "n1"), after);
+    assert_eq!(decoded_at(&mut c, "n1", 2)["body"], json!(null));
+}
+
+#[test]
+fn a_stored_row_that_does_not_decode_fails_the_migration() {
+    let (_db, mut c) = setup("ev_corrupt");
+    exec(
+        &mut c,
+        "INSERT INTO public.ev_notes (_sync_partition, _sync_row_id, _sync_server_version,
+                                      _sync_scopes, _sync_payload)
+         VALUES ('part-1', 'bad', 1, '{\"project_id\":\"p1\"}', '\\x0001')",
+    );
+    let before = payload(&mut c, "n1");
+    let mut tx = c.transaction().unwrap();
+    let err = sql_error(
+        &tx.query_one("SELECT syncular.migrate_schema(2, $1)", &[&l2()])
+            .unwrap_err(),
+    );
+    tx.rollback().unwrap();
+    assert_eq!(err.state, "XX000", "{err:?}");
+    assert!(
+        err.message
+            .contains("stored row notes/bad of partition part-1")
+            && err.message.contains("schema version 1"),
+        "{err:?}"
+    );
+    assert_eq!(payload(&mut c, "n1"), before);
+}
+
+/// The rewrite runs as the table's owner in the sandbox (docs/SECURITY.md rule 1): a host
+/// trigger on UPDATE fires with its author's rights, never the extension owner's; a trigger
+/// that skips the update fails the migration rather than leaving a row unconverted.
+#[test]
+fn the_rewrite_runs_host_triggers_as_the_tables_owner() {
+    let (db, mut c) = setup("ev_owner");
+    let owner = format!("{}_own", db.name);
+    exec(
+        &mut c,
+        &format!(
+            "CREATE ROLE {owner} NOLOGIN;
+             CREATE TABLE public.ev_seen (who text);
+             ALTER TABLE public.ev_seen OWNER TO {owner};
+             ALTER TABLE public.ev_notes OWNER TO {owner};
+             CREATE FUNCTION public.ev_touch() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               INSERT INTO public.ev_seen VALUES (current_user::text);
+               IF NEW._sync_row_id = 'n2' AND current_setting('ev.skip', true) = 'on' THEN
+                 RETURN NULL;
+               END IF;
+               RETURN NEW;
+             END $$;
+             CREATE TRIGGER ev_touch BEFORE UPDATE ON public.ev_notes
+               FOR EACH ROW EXECUTE FUNCTION public.ev_touch();"
+        ),
+    );
+    // A trigger that keeps a row from being rewritten fails the whole migration.
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute("SET LOCAL ev.skip = 'on'").unwrap();
+    let err = sql_error(
+        &tx.query_one("SELECT syncular.migrate_schema(2, $1)", &[&l2()])
+            .unwrap_err(),
+    );
+    tx.rollback().unwrap();
+    assert!(
+        err.message
+            .contains("re-encoded 2 stored rows of table notes but 1 were updated"),
+        "{err:?}"
+    );
+    migrate_to_2(&mut c, &l2());
+    let seen: Vec<String> = c
+        .query("SELECT DISTINCT who FROM public.ev_seen", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(seen, vec![owner]);
+    assert_eq!(
+        decoded_at(&mut c, "n2", 2),
+        with_body(note("n2", "second"), json!(null))
+    );
+}
+
+/// A layout column's type is a row-codec type, checked where the layouts are declared
+/// (issue 27, item 6): `"text"` was accepted and then no push schema could ever match it.
+#[test]
+fn layout_types_are_row_codec_names() {
+    let db = TestDb::new("ev_types");
+    let mut c = db.connect();
+    let layouts = json!({"t": [{"name": "id", "type": "string", "nullable": false},
+                               {"name": "title", "type": "text", "nullable": true}]});
+    let detail = Some(json!({"argument": "layouts.t[1].type", "reason": "shape"}));
+    let err = expect_error(
+        try_one::<String>(&mut c, "SELECT syncular.check_schema(1, $1)", &[&layouts]),
+        "SY000",
+        "sync.storage.invalid_argument",
+        detail.clone(),
+    );
+    assert_eq!(
+        err.hint.as_deref(),
+        Some(
+            "layouts.t[1].type: \"text\" is not a row-codec type (string, integer, float, \
+             boolean, json, bytes, blob_ref, crdt); PostgreSQL types belong to the relation \
+             (string and blob_ref → text, integer → bigint, float → double precision, boolean → \
+             boolean, json → jsonb, bytes and crdt → bytea)"
+        )
+    );
+    let mut tx = c.transaction().unwrap();
+    expect_error(
+        tx.query_one("SELECT syncular.migrate_schema(1, $1)", &[&layouts]),
+        "SY000",
+        "sync.storage.invalid_argument",
+        detail,
+    );
+}
+
+/// Many pages of rows and chunks cut by payload size (docs/DESIGN.md §Schema barrier, step 6):
+/// every row is re-encoded once, large ones included.
+#[test]
+fn every_page_and_chunk_of_a_large_table_is_rewritten() {
+    let (_db, mut c) = setup("ev_pages");
+    exec(
+        &mut c,
+        "INSERT INTO public.ev_notes (_sync_partition, _sync_row_id, _sync_server_version,
+                                      _sync_scopes, _sync_payload)
+         SELECT 'part-1', 'r' || lpad(i::text, 5, '0'), 1, '{\"project_id\":\"p1\"}',
+                syncular.encode_row('notes', jsonb_build_object(
+                  'id', 'r' || lpad(i::text, 5, '0'), 'project_id', 'p1',
+                  'title', repeat('x', CASE WHEN i % 100 = 0 THEN 3000000 ELSE 20 END),
+                  'c1', i, 'c2', NULL, 'c3', NULL, 'c4', NULL, 'c5', -i), false, 1)
+           FROM generate_series(1, 1234) i",
+    );
+    let previous = migrate_to_2(&mut c, &l2());
+    assert_eq!(previous["rewritten"], json!({"notes": 1236}));
+    let good: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM (SELECT _sync_row_id AS id,
+                                      syncular.decode_row('notes', _sync_payload, schema_version => 2) AS v
+                                 FROM public.ev_notes WHERE _sync_row_id LIKE 'r%') r
+          WHERE r.v ? 'body' AND r.v -> 'body' = 'null'::jsonb
+            AND r.v ->> 'id' = r.id AND (r.v ->> 'c1')::int = -(r.v ->> 'c5')::int
+            AND length(r.v ->> 'title') = CASE WHEN (r.v ->> 'c1')::int % 100 = 0 THEN 3000000 ELSE 20 END",
+        &[],
+    );
+    assert_eq!(good, 1234);
+}
