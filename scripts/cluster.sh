@@ -59,6 +59,10 @@ CONF
     ;;
   standby)
     port=${3:?port}; primary=${4:?primary port}
+    # The primary keeps enough WAL for a standby that falls behind on a busy machine (no slot: a
+    # promoted or removed standby must not make the primary keep WAL forever).
+    as_postgres "$BIN/psql" -X -q -h 127.0.0.1 -p "$primary" -U postgres -d postgres \
+      -c "ALTER SYSTEM SET wal_keep_size = '4GB'" -c "SELECT pg_reload_conf()" >/dev/null
     "$0" stop "$dir"
     rm -rf "$dir"
     mkdir -p "$dir"

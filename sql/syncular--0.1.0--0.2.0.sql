@@ -269,6 +269,9 @@ CREATE TABLE syncular.sync_schema_layouts (
 );
 SELECT pg_catalog.pg_extension_config_dump('syncular.sync_schema_layouts', '');
 REVOKE ALL ON syncular.sync_schema_layouts FROM PUBLIC;
+-- migrate_schema runs the host code of the tables it re-encodes for its caller, so it must know
+-- it (docs/SECURITY.md rule 19): SECURITY INVOKER from 0.2.0, its sync_* statements as the owner.
+ALTER FUNCTION syncular.migrate_schema(bigint, jsonb, jsonb) SECURITY INVOKER;
 COMMENT ON FUNCTION syncular.migrate_schema(bigint, jsonb, jsonb) IS
   'Opens a migration in the caller''s transaction under the barrier lock, re-validates, installs declarations, fences and the global floor, re-encodes the stored rows of registered tables whose layout grew; returns the previously stored version.';
 COMMENT ON FUNCTION syncular.previous_schema() IS

@@ -6,6 +6,7 @@
 //! fresh snapshots, so two concurrent migrators cannot both migrate (upstream checked before
 //! locking: docs/DESIGN.md, gap B4 — concurrent migrators both migrate).
 
+use crate::access;
 use crate::args::{self, Declaration};
 use crate::checkpoint;
 use crate::codec::ColumnType;
@@ -221,7 +222,7 @@ fn record_layouts(
     Ok(())
 }
 
-fn migrate(client: &SpiClient<'_>, a: &SchemaArgs) -> Result<i64> {
+fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Result<i64> {
     // L0: waits for every partition lock holder and allocator; blocks them until we end.
     db::write(
         client,
@@ -295,8 +296,15 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs) -> Result<i64> {
             )?;
             // Every stored row of a registered table whose layout grew, re-encoded for the new
             // layout in this transaction (src/schema/evolution.rs).
-            rewritten =
-                evolution::rewrite(client, &grown, &old_layouts, &a.layouts, stored, a.version)?;
+            rewritten = evolution::rewrite(
+                client,
+                &grown,
+                &old_layouts,
+                &a.layouts,
+                stored,
+                a.version,
+                caller,
+            )?;
         }
     }
     record_previous(stored, state.stored_layouts.as_deref(), rewritten);
@@ -321,7 +329,10 @@ fn check_schema(
     })
 }
 
-#[pg_extern(volatile, parallel_unsafe, security_definer)]
+/// SECURITY INVOKER: re-encoding a registered table's rows runs its host code for the migrating
+/// role (src/tables/statements.rs, docs/SECURITY.md rule 19), so the call must know it; every
+/// statement over `sync_*` tables runs with the extension owner's rights.
+#[pg_extern(volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn migrate_schema(
     schema_version: Option<i64>,
@@ -331,7 +342,8 @@ fn migrate_schema(
     error::run(|| {
         require_transaction(true)?;
         let a = schema_args(schema_version, layouts, declared)?;
-        db::with_spi(|client| migrate(client, &a))
+        let caller = access::current_role();
+        db::with_spi(|client| access::as_extension_owner(client, || migrate(client, &a, caller)))
     })
 }
 

@@ -185,9 +185,9 @@ pub fn reencode(
 }
 
 /// Re-encodes the stored payloads of every **registered** table of `grown` (tables registered
-/// with `register_table`; an unregistered table's rows are the host's to rewrite), each as the
-/// relation's owner in the sandbox (`tables::statements`); the rows rewritten per table, tables
-/// without rows left out.
+/// with `register_table`; an unregistered table's rows are the host's to rewrite), each for the
+/// migrating `caller` in the sandbox (`tables::statements`: the less privileged of it and the
+/// relation's owner); the rows rewritten per table, tables without rows left out.
 pub fn rewrite(
     client: &SpiClient<'_>,
     grown: &[Grown],
@@ -195,6 +195,7 @@ pub fn rewrite(
     layouts: &Map<String, Value>,
     from: i64,
     to: i64,
+    caller: pg_sys::Oid,
 ) -> Result<Map<String, Value>> {
     let mut counts = Map::new();
     for g in grown {
@@ -213,7 +214,7 @@ pub fn rewrite(
         let old = codec_layout(columns(stored.get(&g.table))).map_err(|w| unreadable(from, w))?;
         let new = codec_layout(columns(layouts.get(&g.table))).map_err(|w| unreadable(to, w))?;
         let table = g.table.as_str();
-        let rewritten = relation.rewrite_payloads(&mut |partition, row_id, payload| {
+        let rewritten = relation.rewrite_payloads(caller, &mut |partition, row_id, payload| {
             reencode(&old, &new, payload).map_err(|e| {
                 Error::Internal(format!(
                     "syncular: migrate_schema cannot re-encode stored row {table}/{row_id} of \

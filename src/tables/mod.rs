@@ -51,6 +51,11 @@ pub struct AppRelation {
     namespace: pg_sys::Oid,
     owner: pg_sys::Oid,
     qualified: String,
+    /// What a statement reads, updates or deletes the rows of: `ONLY` the relation when it is an
+    /// ordinary table, so the rows of an inheritance child (another relation, perhaps registered
+    /// under another name with another layout) are never touched through it; a partitioned table
+    /// as it is (its partitions hold its rows).
+    rows: String,
     /// Row-level security is enabled (`relrowsecurity`).
     row_security: bool,
     /// A plain table on which no trigger can fire (not partitioned, `relhastriggers` false: no
@@ -171,6 +176,8 @@ const META_COLUMNS: [(&CStr, pg_sys::Oid, bool); 6] = [
 /// A relation as the relation cache holds it now, under `AccessShareLock`.
 struct Inspected {
     owner: pg_sys::Oid,
+    /// An ordinary table (not partitioned).
+    ordinary: bool,
     row_security: bool,
     triggerless: bool,
     schema: String,
@@ -221,6 +228,7 @@ fn inspect(oid: pg_sys::Oid) -> Option<Inspected> {
         };
         let inspected = Inspected {
             owner: form.relowner,
+            ordinary: kind == pg_sys::RELKIND_RELATION,
             row_security: form.relrowsecurity,
             triggerless: kind == pg_sys::RELKIND_RELATION && !form.relhastriggers,
             schema,
@@ -334,6 +342,11 @@ pub fn open(client: &SpiClient<'_>, tbl: &str) -> error::Result<Result<AppRelati
         tbl: tbl.to_string(),
         namespace: relation.namespace,
         owner: relation.owner,
+        rows: if relation.ordinary {
+            format!("ONLY {}", relation.qualified())
+        } else {
+            relation.qualified()
+        },
         qualified: relation.qualified(),
         row_security: relation.row_security,
         triggerless: relation.triggerless,

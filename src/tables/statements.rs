@@ -101,7 +101,7 @@ impl AppRelation {
             "SELECT a.\"_sync_server_version\", a.\"_sync_scopes\", a.\"_sync_payload\",
                     a.\"_sync_column_versions\"
                FROM {} a WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = $2",
-            self.qualified
+            self.rows
         );
         self.run_as(caller, || {
             let table = db::write_dynamic(
@@ -126,7 +126,7 @@ impl AppRelation {
     ) -> error::Result<()> {
         let sql = format!(
             "DELETE FROM {} a WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = $2",
-            self.qualified
+            self.rows
         );
         self.run_as(caller, || {
             db::write_dynamic(
@@ -189,7 +189,7 @@ impl AppRelation {
             "SELECT a.\"_sync_row_id\", a.\"_sync_server_version\", a.\"_sync_scopes\",
                     a.\"_sync_payload\", a.\"_sync_column_versions\"
                FROM {} a WHERE a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = ANY ($2)",
-            self.qualified
+            self.rows
         );
         self.run_as(caller, || {
             let table = db::write_dynamic(
@@ -279,19 +279,25 @@ const REWRITE_CHUNK_BYTES: i64 = 8 << 20;
 /// new payload.
 pub type Reencode<'a> = dyn FnMut(&str, &str, &[u8]) -> error::Result<Vec<u8>> + 'a;
 
-/// `migrate_schema`'s re-encoding of stored payloads (src/schema/evolution.rs). It runs **as
-/// the relation's owner** in the sandbox (docs/SECURITY.md rules 1 and 8): `migrate_schema` is
-/// SECURITY DEFINER, so the caller is not known there; what the owner attached to the table
-/// (BEFORE/AFTER UPDATE triggers, policies, functions in them) runs with its author's own
-/// rights. `row_security` is off inside: a policy that would hide rows from the owner (FORCE ROW
-/// LEVEL SECURITY) fails the migration instead of leaving rows unconverted.
+/// `migrate_schema`'s re-encoding of stored payloads (src/schema/evolution.rs). It runs in the
+/// sandbox as [`AppRelation::acting_role`] of the migrating role — the less privileged of it and
+/// the relation's owner, as every host statement (docs/SECURITY.md rules 1, 8 and 19): what the
+/// owner attached to the table (UPDATE triggers, policies, functions in them) runs with no more
+/// than its author's rights, and nothing the migrating role planted in its session runs with
+/// the owner's. `row_security` is off inside: a policy that would hide rows (FORCE ROW LEVEL
+/// SECURITY, or any policy for a migrating role that is not the owner) fails the migration
+/// instead of leaving rows unconverted.
 impl AppRelation {
-    /// Checks the relation again, then runs `body` as its owner (module comment).
-    fn run_as_owner<R>(&self, body: impl FnOnce() -> error::Result<R>) -> error::Result<R> {
+    /// Checks the relation again, then runs `body` for the migrating `caller` (module comment).
+    fn run_rewrite<R>(
+        &self,
+        caller: pg_sys::Oid,
+        body: impl FnOnce() -> error::Result<R>,
+    ) -> error::Result<R> {
         if let Some(why) = super::changed_since_open(self) {
             return Err(super::unknown_table_changed(self, why));
         }
-        sandbox::host_code(self.owner, || {
+        sandbox::host_code(self.acting_role(caller), || {
             // SAFETY: inside the sandbox's GUC nest level, discarded when it ends (as
             // `db::generic` sets plan_cache_mode); a valid setting name and value.
             unsafe {
@@ -313,10 +319,15 @@ impl AppRelation {
     /// Replaces every stored row's `_sync_payload` by `reencode(partition, row_id, payload)`,
     /// page by page in key order (each page and chunk in an SPI connection of its own, so what
     /// it read is freed before the next), locking each chunk's rows before it reads them; the
-    /// number of rows rewritten. A row a host trigger or policy keeps from being updated fails
-    /// the call.
-    pub fn rewrite_payloads(&self, reencode: &mut Reencode<'_>) -> error::Result<i64> {
-        let q = &self.qualified;
+    /// number of rows rewritten. A row a host trigger or policy keeps from being updated, or
+    /// whose stored payload is not the re-encoded one after the statement (a trigger that kept or
+    /// changed it), fails the call: no row is left unreadable at the new version.
+    pub fn rewrite_payloads(
+        &self,
+        caller: pg_sys::Oid,
+        reencode: &mut Reencode<'_>,
+    ) -> error::Result<i64> {
+        let q = &self.rows;
         let first = format!(
             "SELECT a.\"_sync_partition\", a.\"_sync_row_id\",
                     pg_catalog.octet_length(a.\"_sync_payload\")::pg_catalog.int8
@@ -345,12 +356,22 @@ impl AppRelation {
               WHERE a.\"_sync_partition\" = u.p AND a.\"_sync_row_id\" = u.id
              RETURNING 1"
         );
+        // The first row whose stored payload is not the one written (or that is gone).
+        let reread = format!(
+            "SELECT u.id
+               FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]),
+                               pg_catalog.unnest($2::pg_catalog.text[]),
+                               pg_catalog.unnest($3::pg_catalog.bytea[])) AS u(p, id, payload)
+               LEFT JOIN {q} a ON a.\"_sync_partition\" = u.p AND a.\"_sync_row_id\" = u.id
+              WHERE a.\"_sync_payload\" IS DISTINCT FROM u.payload
+              LIMIT 1"
+        );
         let mut after: Option<(String, String)> = None;
         let mut rewritten = 0i64;
         loop {
             crate::interrupts::check();
             let page: Vec<(String, String, i64)> = db::with_spi(|c| {
-                self.run_as_owner(|| {
+                self.run_rewrite(caller, || {
                     let rows = match &after {
                         None => db::write_dynamic(c, &first, &[])?,
                         Some((p, id)) => db::write_dynamic(
@@ -398,7 +419,7 @@ impl AppRelation {
                     let ids: Vec<&str> = chunk.iter().map(|k| k.1.as_str()).collect();
                     let (mut keys_p, mut keys_id, mut payloads) =
                         (Vec::new(), Vec::new(), Vec::new());
-                    self.run_as_owner(|| {
+                    self.run_rewrite(caller, || {
                         let rows = db::write_dynamic(
                             c,
                             &read,
@@ -419,14 +440,14 @@ impl AppRelation {
                         return Ok(0);
                     }
                     let expected = keys_p.len();
-                    let updated = self.run_as_owner(|| {
+                    let updated = self.run_rewrite(caller, || {
                         Ok(db::write_dynamic(
                             c,
                             &write,
                             &[
-                                DatumWithOid::from(keys_p),
-                                DatumWithOid::from(keys_id),
-                                DatumWithOid::from(payloads),
+                                DatumWithOid::from(keys_p.clone()),
+                                DatumWithOid::from(keys_id.clone()),
+                                DatumWithOid::from(payloads.clone()),
                             ],
                         )?
                         .len())
@@ -437,6 +458,29 @@ impl AppRelation {
                              but {updated} were updated: a trigger or policy of the relation kept \
                              rows from being rewritten, which would leave them unreadable at the \
                              new schema version",
+                            self.tbl
+                        )));
+                    }
+                    // What the statement left, triggers included: the re-encoded bytes, or
+                    // the call fails (a BEFORE trigger returning OLD counts as updated).
+                    let stored = self.run_rewrite(caller, || {
+                        let rows = db::write_dynamic(
+                            c,
+                            &reread,
+                            &[
+                                DatumWithOid::from(keys_p),
+                                DatumWithOid::from(keys_id),
+                                DatumWithOid::from(payloads),
+                            ],
+                        )?;
+                        db::first::<String>(rows)
+                    })?;
+                    if let Some(row_id) = stored {
+                        return Err(error::Error::Internal(format!(
+                            "syncular: migrate_schema re-encoded stored row {row_id} of table {} \
+                             but the relation holds another _sync_payload after the update: a \
+                             trigger of the relation kept or changed it, which would leave it \
+                             unreadable at the new schema version",
                             self.tbl
                         )));
                     }
@@ -480,7 +524,7 @@ impl AppRelation {
                FROM unnest($2::text[]) WITH ORDINALITY AS k(row_id, n)
                JOIN {} a ON a.\"_sync_partition\" = $1 AND a.\"_sync_row_id\" = k.row_id
               ORDER BY k.n",
-            self.qualified
+            self.rows
         );
         self.as_reader(|| {
             let rows = db::read_dynamic(

@@ -544,3 +544,156 @@ fn every_page_and_chunk_of_a_large_table_is_rewritten() {
     );
     assert_eq!(good, 1234);
 }
+
+/// Red team 3, B1: a migrator that does not hold the owner's privileges re-encodes as itself.
+/// The table is owned by a superuser whose trigger function pins a path without `pg_temp`; the
+/// migrator plants a temporary view under the name the function reads. Before the fix the
+/// rewrite ran as the owner and the view's function ran as the superuser (the migrator made
+/// itself superuser); now it runs as the migrator, with the migrator's rights.
+#[test]
+fn a_migrator_re_encodes_as_itself_never_as_a_more_privileged_owner() {
+    let (db, mut c) = setup("ev_b1");
+    let migrator = format!("{}_mig", db.name);
+    exec(
+        &mut c,
+        &format!(
+            "CREATE ROLE {migrator} LOGIN;
+             GRANT syncular_admin TO {migrator};
+             GRANT SELECT, UPDATE ON public.ev_notes TO {migrator};
+             CREATE SCHEMA ev_ops;
+             CREATE TABLE ev_ops.settings (name text, on_ boolean);
+             CREATE TABLE public.ev_who (who text);
+             GRANT INSERT ON public.ev_who TO PUBLIC;
+             CREATE FUNCTION ev_ops.audit() RETURNS trigger LANGUAGE plpgsql
+               SET search_path = ev_ops, pg_catalog AS $$
+             BEGIN
+               PERFORM 1 FROM settings WHERE name = 'audit';
+               RETURN NEW;
+             END $$;
+             CREATE TRIGGER ev_audit BEFORE UPDATE ON public.ev_notes
+               FOR EACH ROW EXECUTE FUNCTION ev_ops.audit();"
+        ),
+    );
+    let mut m = db.connect_as(&migrator);
+    exec(
+        &mut m,
+        "CREATE FUNCTION pg_temp.steal() RETURNS boolean LANGUAGE sql
+           AS $$ INSERT INTO public.ev_who VALUES (current_user::text) RETURNING true $$;
+         CREATE TEMP VIEW settings AS SELECT 'audit'::text AS name, pg_temp.steal() AS on_;",
+    );
+    let mut tx = m.transaction().unwrap();
+    let previous: i64 = tx
+        .query_one("SELECT syncular.migrate_schema(2, $1)", &[&l2()])
+        .unwrap()
+        .get(0);
+    assert_eq!(previous, 1);
+    tx.commit().unwrap();
+    let who: Vec<String> = c
+        .query("SELECT DISTINCT who FROM public.ev_who", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        who,
+        vec![migrator.clone()],
+        "the planted function ran as {who:?}"
+    );
+    let superuser: bool = one(
+        &mut c,
+        "SELECT rolsuper FROM pg_roles WHERE rolname = $1",
+        &[&migrator],
+    );
+    assert!(!superuser);
+    assert_eq!(
+        decoded_at(&mut c, "n1", 2),
+        with_body(note("n1", "first"), json!(null))
+    );
+    // Without UPDATE on a table it does not own, the migrator cannot re-encode it: refused.
+    exec(
+        &mut c,
+        &format!("REVOKE UPDATE ON public.ev_notes FROM {migrator}"),
+    );
+    let layouts3 = {
+        let mut l = l2();
+        l["notes"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "extra", "type": "string", "nullable": true}));
+        l
+    };
+    let mut tx = m.transaction().unwrap();
+    let err = sql_error(
+        &tx.query_one("SELECT syncular.migrate_schema(3, $1)", &[&layouts3])
+            .unwrap_err(),
+    );
+    tx.rollback().unwrap();
+    assert_eq!(err.state, "42501", "{err:?}");
+}
+
+/// Red team 3, B2: a trigger that keeps (or changes) the payload the rewrite wrote — counted as
+/// updated by PostgreSQL — fails the migration; nothing is left unreadable.
+#[test]
+fn a_trigger_that_keeps_the_old_payload_fails_the_migration() {
+    let (_db, mut c) = setup("ev_b2");
+    exec(
+        &mut c,
+        "CREATE FUNCTION public.ev_keep() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           NEW._sync_payload := OLD._sync_payload;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER ev_keep BEFORE UPDATE ON public.ev_notes
+           FOR EACH ROW EXECUTE FUNCTION public.ev_keep();",
+    );
+    let before = payload(&mut c, "n1");
+    let mut tx = c.transaction().unwrap();
+    let err = sql_error(
+        &tx.query_one("SELECT syncular.migrate_schema(2, $1)", &[&l2()])
+            .unwrap_err(),
+    );
+    tx.rollback().unwrap();
+    assert!(
+        err.message
+            .contains("holds another _sync_payload after the update"),
+        "{err:?}"
+    );
+    assert_eq!(payload(&mut c, "n1"), before);
+    assert_eq!(decoded(&mut c, "n1"), note("n1", "first"));
+}
+
+/// Red team 3, B3: the rewrite of an ordinary table touches `ONLY` its own rows, never an
+/// inheritance child's (another relation, here registered under another name with its own
+/// layout).
+#[test]
+fn the_rewrite_never_touches_an_inheritance_child() {
+    let (_db, mut c) = setup("ev_b3");
+    exec(
+        &mut c,
+        "CREATE TABLE public.ev_archive () INHERITS (public.ev_notes);
+         ALTER TABLE public.ev_archive ADD PRIMARY KEY (_sync_partition, _sync_row_id);
+         SELECT syncular.register_table('archive', 'public.ev_archive');",
+    );
+    // The archive's row, stored with the version-1 layout, which stays the archive's.
+    exec(
+        &mut c,
+        "INSERT INTO public.ev_archive
+           (_sync_partition, _sync_row_id, _sync_server_version, _sync_scopes, _sync_payload)
+         SELECT 'part-1', 'a1', 1, '{\"project_id\":\"p1\"}',
+                syncular.encode_row('notes',
+                  '{\"id\":\"a1\",\"project_id\":\"p1\",\"title\":\"kept\",\"c1\":1,\"c2\":null,\"c3\":3,\"c4\":null,\"c5\":5}')",
+    );
+    let archived: Vec<u8> = one(
+        &mut c,
+        "SELECT _sync_payload FROM ONLY public.ev_archive WHERE _sync_row_id = 'a1'",
+        &[],
+    );
+    let state = migrate_to_2(&mut c, &l2());
+    assert_eq!(state["rewritten"], json!({"notes": 2}), "{state}");
+    let after: Vec<u8> = one(
+        &mut c,
+        "SELECT _sync_payload FROM ONLY public.ev_archive WHERE _sync_row_id = 'a1'",
+        &[],
+    );
+    assert_eq!(after, archived);
+}
