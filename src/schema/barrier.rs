@@ -91,25 +91,38 @@ pub fn compare_layouts(configured: &Map<String, Value>, stored: &Map<String, Val
         let have = columns(stored.get(table));
         for i in 0..wanted.len().max(have.len()) {
             crate::interrupts::check();
-            let ok = matches!((wanted.get(i), have.get(i)), (Some(a), Some(b)) if same(a, b));
+            let (running, stored_column) = (wanted.get(i), have.get(i));
+            let ok = matches!((running, stored_column), (Some(a), Some(b)) if same(a, b));
             if !ok {
-                let column = wanted
-                    .get(i)
-                    .or(have.get(i))
+                let column = running
+                    .or(stored_column)
                     .and_then(|c| c.get("name"))
                     .cloned();
+                // Which side has what, column by column, so the fix is plain: migrate to a new
+                // version, or run the build whose layouts are stored (docs/API.md check_schema).
+                let shown = |c: Option<&Value>| c.map_or("no column".to_string(), Value::to_string);
+                let hint = format!(
+                    "table {table}, column {i}: this process has {}, the stored version has {}; \
+                     layouts never change within a schema version: migrate to a new version, or \
+                     run the build whose layouts are stored",
+                    shown(running),
+                    shown(stored_column)
+                );
                 return Err(Error::new(
                     Code::StoredLayoutMismatch,
                     json!({"table": table, "column": column.unwrap_or(Value::Null)}),
-                ));
+                )
+                .with_hint(hint));
             }
         }
     }
     if let Some(extra) = stored.keys().find(|t| !configured.contains_key(*t)) {
-        return Err(Error::new(
-            Code::StoredLayoutMismatch,
-            json!({ "table": extra }),
-        ));
+        return Err(
+            Error::new(Code::StoredLayoutMismatch, json!({ "table": extra })).with_hint(format!(
+                "the stored version has table {extra}, this process's layouts do not: a table is \
+             retired by migrating to a new version without it"
+            )),
+        );
     }
     Ok(())
 }

@@ -160,18 +160,31 @@ fn sch_06_stored_layouts_must_match_at_the_same_version() {
     let mut without_docs = l1();
     without_docs.as_object_mut().unwrap().remove("docs");
     let code = ("SY021", "sync.storage.stored_layout_mismatch");
-    expect_error(
+    let err = expect_error(
         check(&mut c, 1, &not_null, None),
         code.0,
         code.1,
         Some(json!({"table":"tasks","column":"data"})),
     );
-    expect_error(
+    // The hint says what differs and what fixes it (issue 27, item 7).
+    let hint = err.hint.unwrap_or_default();
+    assert!(
+        hint.contains("column 2: this process has")
+            && hint.contains("\"nullable\":false")
+            && hint.contains("\"nullable\":true")
+            && hint.contains("migrate to a new version"),
+        "{hint}"
+    );
+    let err = expect_error(
         check(&mut c, 1, &without_docs, None),
         code.0,
         code.1,
         Some(json!({"table":"docs"})),
     );
+    assert!(err
+        .hint
+        .unwrap_or_default()
+        .contains("retired by migrating"));
     expect_error(
         check(&mut c, 1, &l2(), None),
         code.0,
