@@ -288,16 +288,14 @@ pub type Reencode<'a> = dyn FnMut(&str, &str, &[u8]) -> error::Result<Vec<u8>> +
 /// SECURITY, or any policy for a migrating role that is not the owner) fails the migration
 /// instead of leaving rows unconverted.
 impl AppRelation {
-    /// Checks the relation again, then runs `body` for the migrating `caller` (module comment).
+    /// [`AppRelation::run_as`] for the migrating `caller`, with `row_security` off (module
+    /// comment).
     fn run_rewrite<R>(
         &self,
         caller: pg_sys::Oid,
         body: impl FnOnce() -> error::Result<R>,
     ) -> error::Result<R> {
-        if let Some(why) = super::changed_since_open(self) {
-            return Err(super::unknown_table_changed(self, why));
-        }
-        sandbox::host_code(self.acting_role(caller), || {
+        self.run_as(caller, || {
             // SAFETY: inside the sandbox's GUC nest level, discarded when it ends (as
             // `db::generic` sets plan_cache_mode); a valid setting name and value.
             unsafe {

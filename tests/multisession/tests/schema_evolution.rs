@@ -143,6 +143,20 @@ fn with_body(mut row: Value, body: Value) -> Value {
     row
 }
 
+/// `migrate_schema(version, layouts)` in a transaction that must fail, rolled back; its error.
+fn refused_migration(c: &mut Client, version: i64, layouts: &Value) -> SqlError {
+    let mut tx = c.transaction().unwrap();
+    let err = sql_error(
+        &tx.query_one(
+            "SELECT syncular.migrate_schema($1, $2)",
+            &[&version, layouts],
+        )
+        .unwrap_err(),
+    );
+    tx.rollback().unwrap();
+    err
+}
+
 #[test]
 fn rows_written_at_1_are_pulled_decoded_and_updated_at_2() {
     let (_db, mut c) = setup("ev_e2e");
@@ -412,12 +426,7 @@ fn a_stored_row_that_does_not_decode_fails_the_migration() {
          VALUES ('part-1', 'bad', 1, '{\"project_id\":\"p1\"}', '\\x0001')",
     );
     let before = payload(&mut c, "n1");
-    let mut tx = c.transaction().unwrap();
-    let err = sql_error(
-        &tx.query_one("SELECT syncular.migrate_schema(2, $1)", &[&l2()])
-            .unwrap_err(),
-    );
-    tx.rollback().unwrap();
+    let err = refused_migration(&mut c, 2, &l2());
     assert_eq!(err.state, "XX000", "{err:?}");
     assert!(
         err.message
@@ -622,12 +631,7 @@ fn a_migrator_re_encodes_as_itself_never_as_a_more_privileged_owner() {
             .push(json!({"name": "extra", "type": "string", "nullable": true}));
         l
     };
-    let mut tx = m.transaction().unwrap();
-    let err = sql_error(
-        &tx.query_one("SELECT syncular.migrate_schema(3, $1)", &[&layouts3])
-            .unwrap_err(),
-    );
-    tx.rollback().unwrap();
+    let err = refused_migration(&mut m, 3, &layouts3);
     assert_eq!(err.state, "42501", "{err:?}");
 }
 
@@ -647,12 +651,7 @@ fn a_trigger_that_keeps_the_old_payload_fails_the_migration() {
            FOR EACH ROW EXECUTE FUNCTION public.ev_keep();",
     );
     let before = payload(&mut c, "n1");
-    let mut tx = c.transaction().unwrap();
-    let err = sql_error(
-        &tx.query_one("SELECT syncular.migrate_schema(2, $1)", &[&l2()])
-            .unwrap_err(),
-    );
-    tx.rollback().unwrap();
+    let err = refused_migration(&mut c, 2, &l2());
     assert!(
         err.message
             .contains("holds another _sync_payload after the update"),
