@@ -154,13 +154,18 @@ fn apply_pull(writes: Option<args::JsonArg>) -> JsonB {
                             DatumWithOid::from(r.client_id.as_str()),
                         ],
                     )?;
-                    let stored = stored.first();
-                    let actor = stored.get::<String>(1)?;
-                    let cursor = json!(stored.get::<i64>(2)?);
-                    if actor.as_deref() == Some(r.actor_id.as_str()) {
-                        ("newer_record", cursor)
+                    if stored.is_empty() {
+                        // Deleted in between (a rotation committed after the touch read it).
+                        ("epoch_changed", Value::Null)
                     } else {
-                        ("actor_mismatch", Value::Null)
+                        let stored = stored.first();
+                        let actor = stored.get::<String>(1)?;
+                        let cursor = json!(stored.get::<i64>(2)?);
+                        if actor.as_deref() == Some(r.actor_id.as_str()) {
+                            ("newer_record", cursor)
+                        } else {
+                            ("actor_mismatch", Value::Null)
+                        }
                     }
                 }
             };
