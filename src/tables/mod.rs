@@ -525,6 +525,16 @@ pub enum Registrant {
 }
 
 /// `register_table` for an already validated name; shared with `adopt_legacy_tables`.
+/// Another registered table whose relation is a partition ancestor or descendant of `$1`.
+const OVERLAPPING_SQL: &str = "\
+SELECT a.tbl FROM syncular.sync_app_tables a
+ WHERE a.tbl <> $2 AND a.relation::pg_catalog.oid <> $1
+   AND a.relation::pg_catalog.oid IN (
+     SELECT t.relid::pg_catalog.oid FROM pg_catalog.pg_partition_ancestors($1::pg_catalog.regclass) t
+     UNION ALL
+     SELECT t.relid::pg_catalog.oid FROM pg_catalog.pg_partition_tree($1::pg_catalog.regclass) t)
+ ORDER BY a.tbl LIMIT 1";
+
 pub fn register(
     client: &SpiClient<'_>,
     tbl: &str,
@@ -554,6 +564,24 @@ pub fn register(
     if keyed != Some(true) {
         return Err(Error::invalid_argument("relation", "shape")
             .with_hint("the primary key must be (_sync_partition, _sync_row_id)"));
+    }
+    // A partition of a registered partitioned table, or the partitioned parent of a registered
+    // partition, holds the other registration's rows: every statement over the parent reads and
+    // writes them too, with the parent's push schema and layouts (red team 3). One of the two.
+    let overlapping = access::as_extension_owner(client, || {
+        db::first::<String>(db::read(
+            client,
+            OVERLAPPING_SQL,
+            &[DatumWithOid::from(relation), DatumWithOid::from(tbl)],
+        )?)
+    })?;
+    if let Some(other) = overlapping {
+        return Err(
+            Error::invalid_argument("relation", "shape").with_hint(format!(
+            "the relation is a partition, or the partitioned parent, of the relation registered \
+             as {other}: their rows are the same rows; register only one of them"
+        )),
+        );
     }
     let previous = registration(client, tbl, true)?;
     let registered_by = match registrant {

@@ -696,3 +696,55 @@ fn the_rewrite_never_touches_an_inheritance_child() {
     );
     assert_eq!(after, archived);
 }
+
+/// Red team 3, B3's variant: a partition of a registered partitioned table (or the parent of a
+/// registered partition) holds the other registration's rows — every statement over the parent,
+/// the re-encoding included, reads and writes them with the parent's layout — so it cannot be
+/// registered too.
+#[test]
+fn a_partition_and_its_registered_parent_are_never_both_registered() {
+    let db = TestDb::new("ev_parts");
+    let mut c = db.connect();
+    exec(
+        &mut c,
+        "CREATE TABLE public.ev_pt (
+           _sync_partition text NOT NULL, _sync_row_id text NOT NULL,
+           _sync_server_version bigint NOT NULL, _sync_scopes jsonb NOT NULL,
+           _sync_payload bytea NOT NULL, _sync_column_versions bytea,
+           PRIMARY KEY (_sync_partition, _sync_row_id)) PARTITION BY LIST (_sync_partition);
+         CREATE TABLE public.ev_pt_acme PARTITION OF public.ev_pt FOR VALUES IN ('acme');
+         CREATE TABLE public.ev_pt_other PARTITION OF public.ev_pt FOR VALUES IN ('other');
+         SELECT syncular.register_table('pt', 'public.ev_pt');",
+    );
+    let refused = |c: &mut Client, sql: &str| {
+        let err = expect_error(
+            c.query_one(sql, &[]).map(|_| ()),
+            "SY000",
+            "sync.storage.invalid_argument",
+            Some(json!({"argument": "relation", "reason": "shape"})),
+        );
+        assert!(
+            err.hint.unwrap_or_default().contains("registered as pt"),
+            "{sql}"
+        );
+    };
+    refused(
+        &mut c,
+        "SELECT syncular.register_table('acme', 'public.ev_pt_acme')",
+    );
+    // The other way round: a registered partition, then its parent.
+    exec(
+        &mut c,
+        "SELECT syncular.retire_table('pt');
+         SELECT syncular.register_table('pt', 'public.ev_pt_other');",
+    );
+    refused(
+        &mut c,
+        "SELECT syncular.register_table('all', 'public.ev_pt')",
+    );
+    // Registering the same relation again under its own name stays possible.
+    exec(
+        &mut c,
+        "SELECT syncular.register_table('pt', 'public.ev_pt_other', true)",
+    );
+}
