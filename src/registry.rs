@@ -9,7 +9,7 @@ use crate::gate;
 use crate::log;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
-use pgrx::spi::{SpiClient, SpiTupleTable};
+use pgrx::spi::{SpiClient, SpiHeapTupleData, SpiTupleTable};
 use pgrx::JsonB;
 use serde_json::{json, Value};
 
@@ -19,17 +19,23 @@ macro_rules! entry_columns {
     };
 }
 
-/// Registry entry objects `{"partition", "logEpoch", "epochRequired", "lastAuthenticatedAtMs"}`.
+/// The registry entry object `{"partition", "logEpoch", "epochRequired",
+/// "lastAuthenticatedAtMs"}` of a row whose first columns are [`entry_columns!`].
+pub fn entry(row: &SpiHeapTupleData<'_>) -> Result<Value> {
+    Ok(json!({
+        "partition": row.get::<String>(1)?,
+        "logEpoch": row.get::<String>(2)?,
+        "epochRequired": row.get::<bool>(3)?,
+        "lastAuthenticatedAtMs": row.get::<i64>(4)?,
+    }))
+}
+
+/// Registry entry objects ([`entry`]) of every row.
 fn entries(table: SpiTupleTable<'_>) -> Result<Vec<Value>> {
     table
         .map(|row| {
             crate::interrupts::check();
-            Ok(json!({
-                "partition": row.get::<String>(1)?,
-                "logEpoch": row.get::<String>(2)?,
-                "epochRequired": row.get::<bool>(3)?,
-                "lastAuthenticatedAtMs": row.get::<i64>(4)?,
-            }))
+            entry(&row)
         })
         .collect()
 }

@@ -14,6 +14,7 @@ use crate::clients;
 use crate::db;
 use crate::error::{self, Error, Result};
 use crate::limits;
+use crate::registry;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::JsonB;
@@ -23,7 +24,8 @@ use serde_json::{json, Map, Value};
 /// registry's epoch (after the touch) is the one the pull served (`$3`): a rotation in between
 /// deleted the partition's records, and a record of the older generation must not come back.
 /// Over an existing record: only the same actor's, only when it is not newer (`updated_at_ms`),
-/// and the cursor never decreases.
+/// and the cursor never decreases. The first four columns are the registry entry
+/// (`registry::entry`).
 const APPLY_SQL: &str = "\
 WITH touched AS (
   INSERT INTO syncular.sync_partition_registry AS r
@@ -130,14 +132,11 @@ fn apply_pull(writes: Option<args::JsonArg>) -> JsonB {
                     DatumWithOid::from(record.is_some()),
                 ],
             )?;
-            let row = table.first();
+            let row = table.into_iter().next().ok_or_else(|| {
+                Error::Internal("syncular: the registry touch returned no row".into())
+            })?;
             let written = row.get::<i64>(5)?;
-            let registry = json!({
-                "partition": row.get::<String>(1)?,
-                "logEpoch": row.get::<String>(2)?,
-                "epochRequired": row.get::<bool>(3)?,
-                "lastAuthenticatedAtMs": row.get::<i64>(4)?,
-            });
+            let registry = registry::entry(&row)?;
             let served_epoch = registry["logEpoch"] == json!(epoch);
             let (status, cursor) = match (&record, written) {
                 (None, _) => ("none", Value::Null),

@@ -404,11 +404,12 @@ fn serve(
         return Ok((outcome("reset", "sync.cursor_expired"), None));
     }
     if sub.token.is_none() && sub.cursor <= head.max_seq && sub.cursor >= 0 {
-        let table = scope::log_table("request.subscriptions.table", Some(&sub.table))?;
+        // The table is registered (checked for the whole request by the head statement), so
+        // it is no reserved `sync_` name.
         let window = window::window(
             client,
             partition,
-            &table,
+            &sub.table,
             effective,
             sub.cursor,
             head.max_seq,
@@ -599,10 +600,6 @@ fn serve_request(
         .or(head.client.as_ref().map(|(_, c)| *c))
         .unwrap_or(-1)
         .clamp(-MAX_SAFE, MAX_SAFE);
-    let record = (!mismatch).then(|| {
-        json!({"clientId": client_id, "actorId": actor_id, "wireVersion": request.wire_version,
-               "cursor": cursor, "subscriptions": request.recorded, "updatedAtMs": now_ms})
-    });
     // A read-only transaction — every transaction of a hot standby — writes nothing: the
     // document hands the writes to the host, for `apply_pull` on the primary (src/pull/apply.rs,
     // docs/DESIGN.md §Read replicas). The registry entry is the one the touch would leave.
@@ -613,6 +610,13 @@ fn serve_request(
         let registry = json!({"partition": partition, "logEpoch": served,
                               "epochRequired": head.epoch_required.unwrap_or(false),
                               "lastAuthenticatedAtMs": now_ms});
+        // The client record as `put_client` takes it (only built here: the primary's
+        // statement binds its fields).
+        let record = (!mismatch).then(|| {
+            json!({"clientId": client_id, "actorId": actor_id,
+                   "wireVersion": request.wire_version, "cursor": cursor,
+                   "subscriptions": request.recorded, "updatedAtMs": now_ms})
+        });
         let writes = json!({"partition": partition, "logEpoch": served, "atMs": now_ms,
                             "client": record});
         (registry, Some(writes))

@@ -74,16 +74,7 @@ fn stored_layouts(text: Option<&str>) -> Map<String, Value> {
 
 /// Layout comparison (docs/DESIGN.md §Schema barrier); `Err` is `stored_layout_mismatch`.
 pub fn compare_layouts(configured: &Map<String, Value>, stored: &Map<String, Value>) -> Result<()> {
-    let empty = Vec::new();
-    let columns = |v: Option<&Value>| match v {
-        Some(Value::Array(a)) => a.clone(),
-        _ => empty.clone(),
-    };
-    let same = |a: &Value, b: &Value| {
-        ["name", "type", "nullable"]
-            .iter()
-            .all(|k| a.get(*k) == b.get(*k))
-    };
+    use evolution::{columns, same};
     // serde_json's Map is ordered by key bytes: byte order of table names.
     for (table, wanted) in configured {
         crate::interrupts::check();

@@ -55,14 +55,16 @@ pub struct Grown {
     pub new: usize,
 }
 
-fn columns(value: Option<&Value>) -> &[Value] {
+/// A table's layout columns (none when absent or not an array).
+pub(super) fn columns(value: Option<&Value>) -> &[Value] {
     match value {
         Some(Value::Array(a)) => a,
         _ => &[],
     }
 }
 
-fn same(a: &Value, b: &Value) -> bool {
+/// Whether two layout columns agree on name, type and nullability (their other keys aside).
+pub(super) fn same(a: &Value, b: &Value) -> bool {
     ["name", "type", "nullable"]
         .iter()
         .all(|k| a.get(*k) == b.get(*k))
