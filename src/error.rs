@@ -147,6 +147,10 @@ pub enum Error {
     },
     /// A bug or an unexpected SPI failure: raised as `XX000`, never as a catalogue code.
     Internal(String),
+    /// Host code (a trigger, policy or function of a host relation) changed rows the extension
+    /// was rewriting: raised as PostgreSQL's `27000` (triggered_data_change_violation) with a
+    /// HINT saying what to change (`migrate_schema`, docs/SECURITY.md rule 19).
+    TriggeredChange(String),
     /// An allocation of this many bytes failed: raised as PostgreSQL's own `53200`
     /// (`src/alloc.rs`, docs/DESIGN.md §Memory).
     OutOfMemory(usize),
@@ -319,6 +323,17 @@ pub fn run_in_host_code<T>(body: impl FnOnce() -> Result<T>) -> T {
             hint,
         ),
         Ok(Err(Error::Internal(message))) => ("XX000", message, None, None),
+        Ok(Err(Error::TriggeredChange(message))) => (
+            "27000",
+            message,
+            None,
+            Some(
+                "disable the relation's UPDATE triggers for the migration (ALTER TABLE … DISABLE \
+                 TRIGGER, then ENABLE after it) or make them leave _sync_payload and the other \
+                 registered tables' rows alone"
+                    .into(),
+            ),
+        ),
         Ok(Err(Error::OutOfMemory(_))) => unreachable!("handled above"),
         Err(payload) => match payload.downcast::<CaughtError>() {
             Ok(caught) => match *caught {

@@ -81,8 +81,9 @@ pub(crate) fn to_json(value: &Value<'_>) -> Json {
     }
 }
 
-/// The layout of `tbl` at `schema_version` (NULL: the stored schema version), checked for a
-/// sparse row, which needs the primary key only a push schema names.
+/// The layout of `tbl` at `schema_version` (NULL: the stored schema version, the marker
+/// `migrate_schema` sets — the version stored rows are encoded at), checked for a sparse row,
+/// which needs the primary key only a push schema names.
 fn codec_table(
     tbl: &str,
     sparse: bool,
@@ -94,9 +95,10 @@ fn codec_table(
     let table = db::with_spi(|client| push_schema::codec_table(client, tbl, schema_version))?;
     if sparse && !table.keyed {
         return Err(tables::unknown_table(tbl).with_hint(format!(
-            "no push schema is stored at schema version {}: a sparse row needs the primary key \
-             a push schema names (the stored layouts decode full rows only)",
-            schema_version.unwrap_or(0)
+            "no push schema is stored at schema version {v}: a sparse row needs the primary key \
+             a push schema names (the stored layouts encode and decode full rows only); call \
+             syncular.set_push_schema({v}, …) first",
+            v = table.version
         )));
     }
     Ok(table)

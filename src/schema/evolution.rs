@@ -189,7 +189,12 @@ pub fn reencode(
 /// Re-encodes the stored payloads of every **registered** table of `grown` (tables registered
 /// with `register_table`; an unregistered table's rows are the host's to rewrite), each for the
 /// migrating `caller` in the sandbox (`tables::statements`: the less privileged of it and the
-/// relation's owner); the rows rewritten per table, tables without rows left out.
+/// relation's owner); the rows rewritten per table, tables without rows left out. Then, once no
+/// host code of the migration runs any more, every stored payload of those tables is read again
+/// and must decode with the new layout: a trigger of a later chunk or of another table that
+/// rewrote a row already re-encoded fails the migration (red team 4, C2; docs/SECURITY.md rule
+/// 19) — an old-layout payload never decodes with a layout that appended columns (the new
+/// columns' null bits are clear, so their values would be read past the payload's end).
 pub fn rewrite(
     client: &SpiClient<'_>,
     grown: &[Grown],
@@ -200,6 +205,7 @@ pub fn rewrite(
     caller: pg_sys::Oid,
 ) -> Result<Map<String, Value>> {
     let mut counts = Map::new();
+    let mut rewritten = Vec::new();
     for g in grown {
         crate::interrupts::check();
         let Some(relation) = tables::open_for_migration(client, &g.table)? else {
@@ -216,7 +222,7 @@ pub fn rewrite(
         let old = codec_layout(columns(stored.get(&g.table))).map_err(|w| unreadable(from, w))?;
         let new = codec_layout(columns(layouts.get(&g.table))).map_err(|w| unreadable(to, w))?;
         let table = g.table.as_str();
-        let rewritten = relation.rewrite_payloads(caller, &mut |partition, row_id, payload| {
+        let count = relation.rewrite_payloads(caller, &mut |partition, row_id, payload| {
             reencode(&old, &new, payload).map_err(|e| {
                 Error::Internal(format!(
                     "syncular: migrate_schema cannot re-encode stored row {table}/{row_id} of \
@@ -226,9 +232,30 @@ pub fn rewrite(
                 ))
             })
         })?;
-        if rewritten > 0 {
-            counts.insert(g.table.clone(), json!(rewritten));
+        if count > 0 {
+            counts.insert(g.table.clone(), json!(count));
         }
+        rewritten.push((g.table.as_str(), new));
+    }
+    for (table, new) in rewritten {
+        crate::interrupts::check();
+        // Opened again: every check of a registered relation, after what host code did.
+        let Some(relation) = tables::open_for_migration(client, table)? else {
+            continue;
+        };
+        relation.verify_payloads(
+            caller,
+            &mut |partition, row_id, payload| match row::decode_full(&new, payload) {
+                Ok(_) => Ok(()),
+                Err(e) => Err(Error::TriggeredChange(format!(
+                "syncular: migrate_schema re-encoded the stored rows of table {table}, but row \
+                 {row_id} of partition {partition} no longer decodes with the layout of schema \
+                 version {to} ({}): host code of the migration (a trigger of a registered \
+                 relation) wrote it after it was re-encoded",
+                e.message()
+            ))),
+            },
+        )?;
     }
     Ok(counts)
 }

@@ -472,30 +472,58 @@ pub fn agrees_with_layouts(
 pub struct CodecTable {
     pub layout: Layout,
     pub keyed: bool,
+    /// The schema version the layout is of.
+    pub version: i64,
 }
 
-/// The layout of `tbl` for the row codec's SQL functions: at `version` when given — the push
-/// schema stored at that version, else the layouts `migrate_schema` stored for it (the history
-/// `sync_schema_layouts`, or the marker's when it is at that version) — else
-/// [`stored_table`]'s.
+/// The layout of `tbl` for the row codec's SQL functions, at `version` — by default the stored
+/// schema version (the marker `migrate_schema` sets), the version the stored rows are encoded
+/// at; without a marker, the highest stored push schema's ([`stored_table`]). At a version, the
+/// push schema stored at it, else the layouts `migrate_schema` stored for it (the history
+/// `sync_schema_layouts`, or the marker's), which decode and encode full rows only. Between
+/// `migrate_schema` and `set_push_schema` of a new version the default is therefore the new
+/// layouts, never the previous version's push schema (red team 4, C3: a row encoded with it
+/// would not decode at the stored version).
 pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> Result<CodecTable> {
-    let Some(version) = version else {
-        return Ok(CodecTable {
-            layout: stored_table(client, tbl)?.layout,
-            keyed: true,
-        });
+    let given = version.is_some();
+    let version = match version {
+        Some(v) => v,
+        None => match db::first::<i64>(db::read(
+            client,
+            "SELECT m.schema_version FROM syncular.sync_schema_meta m WHERE m.id = 1",
+            &[],
+        )?)? {
+            Some(marker) => marker,
+            None => {
+                let (version, schema) = stored_table(client, tbl)?;
+                return Ok(CodecTable {
+                    layout: schema.layout,
+                    keyed: true,
+                    version,
+                });
+            }
+        },
+    };
+    // How a hint names the version: given, or the default a caller may not know it chose.
+    let at = if given {
+        format!("schema version {version}")
+    } else {
+        format!(
+            "schema version {version} (the stored schema version, which encode_row and \
+             decode_row use when schema_version is not given)"
+        )
     };
     match table_at(client, version, tbl)? {
         Some(Some(schema)) => {
             return Ok(CodecTable {
                 layout: schema.layout,
                 keyed: true,
+                version,
             })
         }
         Some(None) => {
-            return Err(tables::unknown_table(tbl).with_hint(format!(
-                "the push schema at schema version {version} has no table {tbl}"
-            )))
+            return Err(tables::unknown_table(tbl)
+                .with_hint(format!("the push schema at {at} has no table {tbl}")))
         }
         None => {}
     }
@@ -509,7 +537,7 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
     )?;
     let Some(text) = db::first::<String>(stored)? else {
         return Err(tables::unknown_table(tbl).with_hint(format!(
-            "neither a push schema nor layouts are stored at schema version {version}"
+            "neither a push schema nor layouts are stored at {at}"
         )));
     };
     let columns = match serde_json::from_str::<Value>(&text) {
@@ -520,30 +548,28 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
         _ => Vec::new(),
     };
     if columns.is_empty() {
-        return Err(tables::unknown_table(tbl).with_hint(format!(
-            "the layouts stored at schema version {version} have no table {tbl}"
-        )));
+        return Err(tables::unknown_table(tbl)
+            .with_hint(format!("the layouts stored at {at} have no table {tbl}")));
     }
     let layout = crate::schema::evolution::codec_layout(&columns).map_err(|why| {
         tables::unknown_table(tbl).with_hint(format!(
-            "the layouts stored at schema version {version} are not row-codec layouts ({why})"
+            "the layouts stored at {at} are not row-codec layouts ({why})"
         ))
     })?;
     Ok(CodecTable {
         layout,
         keyed: false,
+        version,
     })
 }
 
-/// The stored push schema of `tbl`: the one at the stored schema version (the marker) if
-/// there is one, else the highest stored version (docs/CODEC.md §Push schema).
-pub fn stored_table(client: &SpiClient<'_>, tbl: &str) -> Result<TableSchema> {
+/// The push schema of `tbl` at the highest stored version, and that version: what the row
+/// codec's functions use on an install without a marker (docs/CODEC.md §Push schema).
+fn stored_table(client: &SpiClient<'_>, tbl: &str) -> Result<(i64, TableSchema)> {
     let found = db::read(
         client,
         "SELECT p.schema_version, (p.tables -> $1)::text FROM syncular.sync_push_schemas p
-          ORDER BY p.schema_version = (SELECT m.schema_version FROM syncular.sync_schema_meta m
-                                        WHERE m.id = 1) DESC NULLS LAST,
-                   p.schema_version DESC
+          ORDER BY p.schema_version DESC
           LIMIT 1",
         &[DatumWithOid::from(tbl)],
     )?;
@@ -560,11 +586,12 @@ pub fn stored_table(client: &SpiClient<'_>, tbl: &str) -> Result<TableSchema> {
     };
     let descriptor: Value = serde_json::from_str(&text)
         .map_err(|e| Error::Internal(format!("syncular: stored push schema unreadable: {e}")))?;
-    table_schema(tbl, &descriptor).map_err(|_| {
+    let schema = table_schema(tbl, &descriptor).map_err(|_| {
         Error::Internal(format!(
             "syncular: the stored push schema of {tbl} at version {version} no longer validates"
         ))
-    })
+    })?;
+    Ok((version, schema))
 }
 
 #[cfg(test)]

@@ -178,6 +178,8 @@ struct Inspected {
     owner: pg_sys::Oid,
     /// An ordinary table (not partitioned).
     ordinary: bool,
+    /// A partitioned table or a partition: its rows may be another registration's too.
+    in_partition_tree: bool,
     row_security: bool,
     triggerless: bool,
     schema: String,
@@ -229,6 +231,7 @@ fn inspect(oid: pg_sys::Oid) -> Option<Inspected> {
         let inspected = Inspected {
             owner: form.relowner,
             ordinary: kind == pg_sys::RELKIND_RELATION,
+            in_partition_tree: kind == pg_sys::RELKIND_PARTITIONED_TABLE || form.relispartition,
             row_security: form.relrowsecurity,
             triggerless: kind == pg_sys::RELKIND_RELATION && !form.relhastriggers,
             schema,
@@ -336,6 +339,17 @@ pub fn open(client: &SpiClient<'_>, tbl: &str) -> error::Result<Result<AppRelati
         return Ok(Err(
             "the registered relation changed owner to a role its registrant does not hold; register it again".into(),
         ));
+    }
+    // Checked at registration and again here: ATTACH PARTITION can join two registered
+    // relations afterwards (red team 4, C1). Only a relation of a partition tree pays the query.
+    if relation.in_partition_tree {
+        if let Some(other) = overlapping(client, registration.relation, tbl)? {
+            return Ok(Err(format!(
+                "the registered relation is now a partition, or the partitioned parent, of the \
+                 relation registered as {other}: their rows are the same rows; retire one of \
+                 them (syncular.retire_table) or detach the partition"
+            )));
+        }
     }
     Ok(Ok(AppRelation {
         oid: registration.relation,
@@ -524,7 +538,6 @@ pub enum Registrant {
     RelationOwner,
 }
 
-/// `register_table` for an already validated name; shared with `adopt_legacy_tables`.
 /// Another registered table whose relation is a partition ancestor or descendant of `$1`.
 const OVERLAPPING_SQL: &str = "\
 SELECT a.tbl FROM syncular.sync_app_tables a
@@ -535,6 +548,23 @@ SELECT a.tbl FROM syncular.sync_app_tables a
      SELECT t.relid::pg_catalog.oid FROM pg_catalog.pg_partition_tree($1::pg_catalog.regclass) t)
  ORDER BY a.tbl LIMIT 1";
 
+/// The first other registered table ([`OVERLAPPING_SQL`]) whose rows are rows of `relation`,
+/// registered as `tbl`, too.
+fn overlapping(
+    client: &SpiClient<'_>,
+    relation: pg_sys::Oid,
+    tbl: &str,
+) -> error::Result<Option<String>> {
+    access::as_extension_owner(client, || {
+        db::first::<String>(db::read(
+            client,
+            OVERLAPPING_SQL,
+            &[DatumWithOid::from(relation), DatumWithOid::from(tbl)],
+        )?)
+    })
+}
+
+/// `register_table` for an already validated name; shared with `adopt_legacy_tables`.
 pub fn register(
     client: &SpiClient<'_>,
     tbl: &str,
@@ -568,14 +598,7 @@ pub fn register(
     // A partition of a registered partitioned table, or the partitioned parent of a registered
     // partition, holds the other registration's rows: every statement over the parent reads and
     // writes them too, with the parent's push schema and layouts (red team 3). One of the two.
-    let overlapping = access::as_extension_owner(client, || {
-        db::first::<String>(db::read(
-            client,
-            OVERLAPPING_SQL,
-            &[DatumWithOid::from(relation), DatumWithOid::from(tbl)],
-        )?)
-    })?;
-    if let Some(other) = overlapping {
+    if let Some(other) = overlapping(client, relation, tbl)? {
         return Err(
             Error::invalid_argument("relation", "shape").with_hint(format!(
             "the relation is a partition, or the partitioned parent, of the relation registered \

@@ -278,6 +278,18 @@ const REWRITE_CHUNK_BYTES: i64 = 8 << 20;
 /// What [`AppRelation::rewrite_payloads`] does to one row: `(partition, row_id, payload)` to the
 /// new payload.
 pub type Reencode<'a> = dyn FnMut(&str, &str, &[u8]) -> error::Result<Vec<u8>> + 'a;
+/// What [`AppRelation::verify_payloads`] checks of one row: `(partition, row_id, payload)`.
+pub type Verify<'a> = dyn FnMut(&str, &str, &[u8]) -> error::Result<()> + 'a;
+
+/// A stored row as [`AppRelation::walk_chunks`] lists it: its key and its payload's length.
+struct RowKey {
+    partition: String,
+    row_id: String,
+    bytes: i64,
+}
+
+/// What [`AppRelation::walk_chunks`] does with one chunk of keys, in an SPI connection of its own.
+type EachChunk<'a> = dyn FnMut(&SpiClient<'_>, &[RowKey]) -> error::Result<()> + 'a;
 
 /// `migrate_schema`'s re-encoding of stored payloads (src/schema/evolution.rs). It runs in the
 /// sandbox as [`AppRelation::acting_role`] of the migrating role — the less privileged of it and
@@ -314,17 +326,15 @@ impl AppRelation {
         })
     }
 
-    /// Replaces every stored row's `_sync_payload` by `reencode(partition, row_id, payload)`,
-    /// page by page in key order (each page and chunk in an SPI connection of its own, so what
-    /// it read is freed before the next), locking each chunk's rows before it reads them; the
-    /// number of rows rewritten. A row a host trigger or policy keeps from being updated, or
-    /// whose stored payload is not the re-encoded one after the statement (a trigger that kept or
-    /// changed it), fails the call: no row is left unreadable at the new version.
-    pub fn rewrite_payloads(
+    /// Walks every stored row of the relation page by page in key order (each page and chunk in
+    /// an SPI connection of its own, so what it read is freed before the next), handing `each`
+    /// the keys and payload lengths of one chunk at a time: at most [`REWRITE_PAGE_ROWS`] rows
+    /// and [`REWRITE_CHUNK_BYTES`] of payload (or one larger row).
+    fn walk_chunks(
         &self,
         caller: pg_sys::Oid,
-        reencode: &mut Reencode<'_>,
-    ) -> error::Result<i64> {
+        each: &mut EachChunk<'_>,
+    ) -> error::Result<()> {
         let q = &self.rows;
         let first = format!(
             "SELECT a.\"_sync_partition\", a.\"_sync_row_id\",
@@ -339,13 +349,112 @@ impl AppRelation {
               WHERE (a.\"_sync_partition\", a.\"_sync_row_id\") > ($1, $2)
               ORDER BY a.\"_sync_partition\", a.\"_sync_row_id\" LIMIT {REWRITE_PAGE_ROWS}"
         );
+        let mut after: Option<(String, String)> = None;
+        loop {
+            crate::interrupts::check();
+            let page: Vec<RowKey> = db::with_spi(|c| {
+                self.run_rewrite(caller, || {
+                    let rows = match &after {
+                        None => db::write_dynamic(c, &first, &[])?,
+                        Some((p, id)) => db::write_dynamic(
+                            c,
+                            &next,
+                            &[
+                                DatumWithOid::from(p.as_str()),
+                                DatumWithOid::from(id.as_str()),
+                            ],
+                        )?,
+                    };
+                    let mut page = Vec::new();
+                    for row in rows {
+                        crate::interrupts::check();
+                        page.push(RowKey {
+                            partition: db::text_column(&row, 1)?.unwrap_or_default(),
+                            row_id: db::text_column(&row, 2)?.unwrap_or_default(),
+                            bytes: row.get::<i64>(3)?.unwrap_or(0),
+                        });
+                    }
+                    Ok(page)
+                })
+            })?;
+            let Some(last) = page.last() else {
+                break;
+            };
+            after = Some((last.partition.clone(), last.row_id.clone()));
+            let full = page.len() as i64 == REWRITE_PAGE_ROWS;
+            let mut start = 0;
+            while start < page.len() {
+                crate::interrupts::check();
+                let mut end = start;
+                let mut bytes = 0i64;
+                while end < page.len()
+                    && (end == start || bytes + page[end].bytes <= REWRITE_CHUNK_BYTES)
+                {
+                    crate::interrupts::check();
+                    bytes += page[end].bytes;
+                    end += 1;
+                }
+                let chunk = &page[start..end];
+                start = end;
+                db::with_spi(|c| each(c, chunk))?;
+            }
+            if !full {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The rows of `chunk` ([`AppRelation::walk_chunks`]) that still exist, locked, each handed
+    /// to `each(partition, row_id, payload)` as read.
+    fn read_chunk(
+        &self,
+        client: &SpiClient<'_>,
+        caller: pg_sys::Oid,
+        chunk: &[RowKey],
+        each: &mut dyn FnMut(String, String, Vec<u8>) -> error::Result<()>,
+    ) -> error::Result<()> {
         let read = format!(
             "SELECT a.\"_sync_partition\", a.\"_sync_row_id\", a.\"_sync_payload\"
                FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]),
                                pg_catalog.unnest($2::pg_catalog.text[])) AS k(p, id)
-               JOIN {q} a ON a.\"_sync_partition\" = k.p AND a.\"_sync_row_id\" = k.id
-                FOR UPDATE OF a"
+               JOIN {} a ON a.\"_sync_partition\" = k.p AND a.\"_sync_row_id\" = k.id
+                FOR UPDATE OF a",
+            self.rows
         );
+        let partitions: Vec<&str> = chunk.iter().map(|k| k.partition.as_str()).collect();
+        let ids: Vec<&str> = chunk.iter().map(|k| k.row_id.as_str()).collect();
+        self.run_rewrite(caller, || {
+            let rows = db::write_dynamic(
+                client,
+                &read,
+                &[DatumWithOid::from(partitions), DatumWithOid::from(ids)],
+            )?;
+            for row in rows {
+                crate::interrupts::check();
+                each(
+                    db::text_column(&row, 1)?.unwrap_or_default(),
+                    db::text_column(&row, 2)?.unwrap_or_default(),
+                    db::bytes_column(&row, 3)?.unwrap_or_default(),
+                )?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Replaces every stored row's `_sync_payload` by `reencode(partition, row_id, payload)`,
+    /// chunk by chunk ([`AppRelation::walk_chunks`]), locking each chunk's rows before it reads
+    /// them; the number of rows rewritten. A row a host trigger or policy keeps from being
+    /// updated, or whose stored payload is not the re-encoded one after the statement (a trigger
+    /// that kept or changed it), fails the call. A trigger of a later chunk, or of another
+    /// table, can still change a row already rewritten: [`AppRelation::verify_payloads`] after
+    /// every rewrite of the migration closes that (red team 4, C2).
+    pub fn rewrite_payloads(
+        &self,
+        caller: pg_sys::Oid,
+        reencode: &mut Reencode<'_>,
+    ) -> error::Result<i64> {
+        let q = &self.rows;
         let write = format!(
             "UPDATE {q} a SET \"_sync_payload\" = u.payload
                FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]),
@@ -364,132 +473,82 @@ impl AppRelation {
               WHERE a.\"_sync_payload\" IS DISTINCT FROM u.payload
               LIMIT 1"
         );
-        let mut after: Option<(String, String)> = None;
         let mut rewritten = 0i64;
-        loop {
-            crate::interrupts::check();
-            let page: Vec<(String, String, i64)> = db::with_spi(|c| {
-                self.run_rewrite(caller, || {
-                    let rows = match &after {
-                        None => db::write_dynamic(c, &first, &[])?,
-                        Some((p, id)) => db::write_dynamic(
-                            c,
-                            &next,
-                            &[
-                                DatumWithOid::from(p.as_str()),
-                                DatumWithOid::from(id.as_str()),
-                            ],
-                        )?,
-                    };
-                    let mut page = Vec::new();
-                    for row in rows {
-                        crate::interrupts::check();
-                        page.push((
-                            db::text_column(&row, 1)?.unwrap_or_default(),
-                            db::text_column(&row, 2)?.unwrap_or_default(),
-                            row.get::<i64>(3)?.unwrap_or(0),
-                        ));
-                    }
-                    Ok(page)
-                })
+        self.walk_chunks(caller, &mut |c, chunk| {
+            let (mut keys_p, mut keys_id, mut payloads) = (Vec::new(), Vec::new(), Vec::new());
+            self.read_chunk(c, caller, chunk, &mut |partition, row_id, payload| {
+                payloads.push(reencode(&partition, &row_id, &payload)?);
+                keys_p.push(partition);
+                keys_id.push(row_id);
+                Ok(())
             })?;
-            let Some(last) = page.last() else {
-                break;
-            };
-            after = Some((last.0.clone(), last.1.clone()));
-            let full = page.len() as i64 == REWRITE_PAGE_ROWS;
-            let mut start = 0;
-            while start < page.len() {
-                crate::interrupts::check();
-                let mut end = start;
-                let mut bytes = 0i64;
-                while end < page.len()
-                    && (end == start || bytes + page[end].2 <= REWRITE_CHUNK_BYTES)
-                {
-                    crate::interrupts::check();
-                    bytes += page[end].2;
-                    end += 1;
-                }
-                let chunk = &page[start..end];
-                start = end;
-                rewritten += db::with_spi(|c| {
-                    let partitions: Vec<&str> = chunk.iter().map(|k| k.0.as_str()).collect();
-                    let ids: Vec<&str> = chunk.iter().map(|k| k.1.as_str()).collect();
-                    let (mut keys_p, mut keys_id, mut payloads) =
-                        (Vec::new(), Vec::new(), Vec::new());
-                    self.run_rewrite(caller, || {
-                        let rows = db::write_dynamic(
-                            c,
-                            &read,
-                            &[DatumWithOid::from(partitions), DatumWithOid::from(ids)],
-                        )?;
-                        for row in rows {
-                            crate::interrupts::check();
-                            let partition = db::text_column(&row, 1)?.unwrap_or_default();
-                            let row_id = db::text_column(&row, 2)?.unwrap_or_default();
-                            let payload = db::bytes_column(&row, 3)?.unwrap_or_default();
-                            payloads.push(reencode(&partition, &row_id, &payload)?);
-                            keys_p.push(partition);
-                            keys_id.push(row_id);
-                        }
-                        Ok(())
-                    })?;
-                    if keys_p.is_empty() {
-                        return Ok(0);
-                    }
-                    let expected = keys_p.len();
-                    let updated = self.run_rewrite(caller, || {
-                        Ok(db::write_dynamic(
-                            c,
-                            &write,
-                            &[
-                                DatumWithOid::from(keys_p.clone()),
-                                DatumWithOid::from(keys_id.clone()),
-                                DatumWithOid::from(payloads.clone()),
-                            ],
-                        )?
-                        .len())
-                    })?;
-                    if updated != expected {
-                        return Err(error::Error::Internal(format!(
-                            "syncular: migrate_schema re-encoded {expected} stored rows of table {} \
-                             but {updated} were updated: a trigger or policy of the relation kept \
-                             rows from being rewritten, which would leave them unreadable at the \
-                             new schema version",
-                            self.tbl
-                        )));
-                    }
-                    // What the statement left, triggers included: the re-encoded bytes, or
-                    // the call fails (a BEFORE trigger returning OLD counts as updated).
-                    let stored = self.run_rewrite(caller, || {
-                        let rows = db::write_dynamic(
-                            c,
-                            &reread,
-                            &[
-                                DatumWithOid::from(keys_p),
-                                DatumWithOid::from(keys_id),
-                                DatumWithOid::from(payloads),
-                            ],
-                        )?;
-                        db::first::<String>(rows)
-                    })?;
-                    if let Some(row_id) = stored {
-                        return Err(error::Error::Internal(format!(
-                            "syncular: migrate_schema re-encoded stored row {row_id} of table {} \
-                             but the relation holds another _sync_payload after the update: a \
-                             trigger of the relation kept or changed it, which would leave it \
-                             unreadable at the new schema version",
-                            self.tbl
-                        )));
-                    }
-                    Ok(expected as i64)
-                })?;
+            if keys_p.is_empty() {
+                return Ok(());
             }
-            if !full {
-                break;
+            let expected = keys_p.len();
+            let updated = self.run_rewrite(caller, || {
+                Ok(db::write_dynamic(
+                    c,
+                    &write,
+                    &[
+                        DatumWithOid::from(keys_p.clone()),
+                        DatumWithOid::from(keys_id.clone()),
+                        DatumWithOid::from(payloads.clone()),
+                    ],
+                )?
+                .len())
+            })?;
+            if updated != expected {
+                return Err(error::Error::TriggeredChange(format!(
+                    "syncular: migrate_schema re-encoded {expected} stored rows of table {} but \
+                     {updated} were updated: a trigger or policy of the relation kept rows from \
+                     being rewritten, which would leave them unreadable at the new schema version",
+                    self.tbl
+                )));
             }
-        }
+            // What the statement left, triggers included: the re-encoded bytes, or the call
+            // fails (a BEFORE trigger returning OLD counts as updated).
+            let stored = self.run_rewrite(caller, || {
+                let rows = db::write_dynamic(
+                    c,
+                    &reread,
+                    &[
+                        DatumWithOid::from(keys_p),
+                        DatumWithOid::from(keys_id),
+                        DatumWithOid::from(payloads),
+                    ],
+                )?;
+                db::first::<String>(rows)
+            })?;
+            if let Some(row_id) = stored {
+                return Err(error::Error::TriggeredChange(format!(
+                    "syncular: migrate_schema re-encoded stored row {row_id} of table {} but the \
+                     relation holds another _sync_payload after the update: a trigger of the \
+                     relation kept or changed it, which would leave it unreadable at the new \
+                     schema version",
+                    self.tbl
+                )));
+            }
+            rewritten += expected as i64;
+            Ok(())
+        })?;
         Ok(rewritten)
+    }
+
+    /// Hands every stored row's payload to `verify(partition, row_id, payload)`, chunk by chunk
+    /// ([`AppRelation::walk_chunks`]): `migrate_schema`'s last pass, after every rewrite of the
+    /// migration, when no host code of it runs any more (the statements read only: no trigger
+    /// fires on a read; rules are refused, and `row_security` is off).
+    pub fn verify_payloads(
+        &self,
+        caller: pg_sys::Oid,
+        verify: &mut Verify<'_>,
+    ) -> error::Result<()> {
+        self.walk_chunks(caller, &mut |c, chunk| {
+            self.read_chunk(c, caller, chunk, &mut |partition, row_id, payload| {
+                verify(&partition, &row_id, &payload)
+            })
+        })
     }
 }
 

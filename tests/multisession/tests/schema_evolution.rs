@@ -652,10 +652,15 @@ fn a_trigger_that_keeps_the_old_payload_fails_the_migration() {
     );
     let before = payload(&mut c, "n1");
     let err = refused_migration(&mut c, 2, &l2());
+    assert_eq!(err.state, "27000", "{err:?}");
     assert!(
         err.message
             .contains("holds another _sync_payload after the update"),
         "{err:?}"
+    );
+    assert!(
+        err.hint.unwrap_or_default().contains("DISABLE TRIGGER"),
+        "the HINT says what to change"
     );
     assert_eq!(payload(&mut c, "n1"), before);
     assert_eq!(decoded(&mut c, "n1"), note("n1", "first"));
@@ -747,4 +752,215 @@ fn a_partition_and_its_registered_parent_are_never_both_registered() {
         &mut c,
         "SELECT syncular.register_table('pt', 'public.ev_pt_other', true)",
     );
+}
+
+/// Red team 4, C2: an `AFTER UPDATE` trigger of a later page writes a row of an earlier page
+/// back to its old payload (saved before the migration). Each page's own check passes; the last
+/// pass, which reads every stored payload again once no host code runs, fails the migration
+/// (`27000`), and nothing of it is kept.
+#[test]
+fn a_later_pages_trigger_that_writes_back_an_earlier_row_fails_the_migration() {
+    let (_db, mut c) = setup("ev_c2");
+    exec(
+        &mut c,
+        "INSERT INTO public.ev_notes (_sync_partition, _sync_row_id, _sync_server_version,
+                                      _sync_scopes, _sync_payload)
+         SELECT 'part-1', 'r' || lpad(i::text, 5, '0'), 1, '{\"project_id\":\"p1\"}',
+                syncular.encode_row('notes', jsonb_build_object(
+                  'id', 'r' || lpad(i::text, 5, '0'), 'project_id', 'p1', 'title', 't',
+                  'c1', i, 'c2', NULL, 'c3', NULL, 'c4', NULL, 'c5', NULL), false, 1)
+           FROM generate_series(1, 600) i;
+         CREATE TABLE public.ev_saved AS
+           SELECT _sync_row_id, _sync_payload FROM public.ev_notes WHERE _sync_row_id = 'n1';
+         CREATE FUNCTION public.ev_restore() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NEW._sync_row_id = 'r00600' THEN
+             UPDATE public.ev_notes n SET _sync_payload = s._sync_payload
+               FROM public.ev_saved s WHERE n._sync_row_id = s._sync_row_id;
+           END IF;
+           RETURN NULL;
+         END $$;
+         CREATE TRIGGER ev_restore AFTER UPDATE ON public.ev_notes
+           FOR EACH ROW EXECUTE FUNCTION public.ev_restore();",
+    );
+    let before = payload(&mut c, "n1");
+    let err = refused_migration(&mut c, 2, &l2());
+    assert_eq!(err.state, "27000", "{err:?}");
+    assert!(
+        err.message.contains(
+            "row n1 of partition part-1 no longer decodes with the layout of schema version 2"
+        ),
+        "{err:?}"
+    );
+    assert_eq!(payload(&mut c, "n1"), before);
+    assert_eq!(decoded(&mut c, "n1"), note("n1", "first"));
+    // The same write-back into another registered table, rewritten earlier in the migration
+    // (tables are re-encoded in byte order of their names: `notes` before `zz`).
+    exec(
+        &mut c,
+        "DROP TRIGGER ev_restore ON public.ev_notes;
+         DELETE FROM public.ev_notes WHERE _sync_row_id LIKE 'r%';",
+    );
+    exec(
+        &mut c,
+        &app_table_sql("public.ev_zz", "id text, project_id text,"),
+    );
+    exec(
+        &mut c,
+        "SELECT syncular.register_table('zz', 'public.ev_zz')",
+    );
+    let mut l2zz = l2();
+    l2zz["zz"] = json!([{"name": "id", "type": "string", "nullable": false},
+                        {"name": "project_id", "type": "string", "nullable": false}]);
+    migrate_to_2(&mut c, &l2zz);
+    // n1's payload at version 2 saved; zz's row encoded at version 2 (the marker's layouts: no
+    // push schema is stored there); the trigger on zz writes n1's saved payload back.
+    exec(
+        &mut c,
+        "UPDATE public.ev_saved s SET _sync_payload = n._sync_payload
+           FROM public.ev_notes n WHERE n._sync_row_id = s._sync_row_id;
+         INSERT INTO public.ev_zz (_sync_partition, _sync_row_id, _sync_server_version,
+                                   _sync_scopes, _sync_payload)
+         VALUES ('part-1', 'r00600', 1, '{\"project_id\":\"p1\"}',
+                 syncular.encode_row('zz', '{\"id\":\"r00600\",\"project_id\":\"p1\"}'));
+         CREATE TRIGGER ev_restore AFTER UPDATE ON public.ev_zz
+           FOR EACH ROW EXECUTE FUNCTION public.ev_restore();",
+    );
+    let mut l3 = l2zz.clone();
+    for t in ["notes", "zz"] {
+        l3[t]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "extra", "type": "string", "nullable": true}));
+    }
+    let before = payload(&mut c, "n1");
+    let err = refused_migration(&mut c, 3, &l3);
+    assert_eq!(err.state, "27000", "{err:?}");
+    assert!(err.message.contains("table notes, but row n1"), "{err:?}");
+    assert_eq!(payload(&mut c, "n1"), before);
+}
+
+/// Red team 4, C1: two relations registered apart and joined afterwards by `ATTACH PARTITION`
+/// hold the same rows; every use of either is refused (`SY041`, a HINT naming the other) until
+/// one is retired or the partition detached — a migration's re-encoding among them.
+#[test]
+fn relations_joined_by_attach_partition_after_registration_are_refused() {
+    let db = TestDb::new("ev_attach");
+    let mut c = db.connect();
+    let columns = "_sync_partition text NOT NULL, _sync_row_id text NOT NULL,
+                   _sync_server_version bigint NOT NULL, _sync_scopes jsonb NOT NULL,
+                   _sync_payload bytea NOT NULL, _sync_column_versions bytea,
+                   PRIMARY KEY (_sync_partition, _sync_row_id)";
+    exec(
+        &mut c,
+        &format!(
+            "CREATE TABLE public.ev_pt ({columns}) PARTITION BY LIST (_sync_partition);
+             CREATE TABLE public.ev_pt_a PARTITION OF public.ev_pt FOR VALUES IN ('a');
+             CREATE TABLE public.ev_solo ({columns});
+             SELECT syncular.register_table('pt', 'public.ev_pt');
+             SELECT syncular.register_table('solo', 'public.ev_solo');"
+        ),
+    );
+    let id = json!([{"name": "id", "type": "string", "nullable": false}]);
+    migrate(&mut c, 1, &json!({"pt": id, "solo": id}), &json!([]));
+    exec(
+        &mut c,
+        "INSERT INTO public.ev_solo VALUES ('solo', 's1', 1, '{}',
+                                           syncular.encode_row('solo', '{\"id\":\"s1\"}'), NULL);
+         ALTER TABLE public.ev_pt ATTACH PARTITION public.ev_solo FOR VALUES IN ('solo');",
+    );
+    for (tbl, other) in [("pt", "solo"), ("solo", "pt")] {
+        let err = expect_error(
+            c.query_one("SELECT syncular.get_row_scopes('solo', $1, 's1')", &[&tbl])
+                .map(|_| ()),
+            "SY041",
+            "sync.storage.unknown_table",
+            Some(json!({"table": tbl})),
+        );
+        assert!(
+            err.hint
+                .unwrap_or_default()
+                .contains(&format!("registered as {other}")),
+            "{tbl}"
+        );
+    }
+    let grown = json!({"pt": [id[0], {"name": "n", "type": "integer", "nullable": true}],
+                       "solo": [id[0], {"name": "n", "type": "integer", "nullable": true}]});
+    let err = refused_migration(&mut c, 2, &grown);
+    assert_eq!(err.state, "SY041", "{err:?}");
+    // Detached, both serve again.
+    exec(
+        &mut c,
+        "ALTER TABLE public.ev_pt DETACH PARTITION public.ev_solo",
+    );
+    let scopes: Option<Value> = one(
+        &mut c,
+        "SELECT syncular.get_row_scopes('solo', 'solo', 's1')",
+        &[],
+    );
+    assert_eq!(scopes, Some(json!({"serverVersion": 1, "scopes": {}})));
+}
+
+/// Red team 4, C3: between `migrate_schema(2)` and `set_push_schema(2)`, `encode_row` and
+/// `decode_row` without `schema_version` use the stored version's layouts (the marker's: what
+/// the stored rows are encoded at), never version 1's push schema; a sparse row, which needs a
+/// push schema's primary key, is refused with a HINT naming the version and the fix.
+#[test]
+fn encode_row_defaults_to_the_stored_schema_version() {
+    let (_db, mut c) = setup("ev_c3");
+    migrate_to_2(&mut c, &l2());
+    let full: Vec<u8> = one(
+        &mut c,
+        "SELECT syncular.encode_row('notes', $1)",
+        &[&with_body(note("n3", "third"), json!("b"))],
+    );
+    let at2: Vec<u8> = one(
+        &mut c,
+        "SELECT syncular.encode_row('notes', $1, schema_version => 2)",
+        &[&with_body(note("n3", "third"), json!("b"))],
+    );
+    assert_eq!(full, at2);
+    // Version 1's columns only: refused at the stored version (a full row needs every column).
+    let err = expect_error(
+        c.query_one(
+            "SELECT syncular.encode_row('notes', $1)",
+            &[&note("n3", "third")],
+        )
+        .map(|_| ()),
+        "SY000",
+        "sync.storage.invalid_argument",
+        Some(json!({"argument": "values", "reason": "missing"})),
+    );
+    assert!(err.hint.unwrap_or_default().contains("column body"));
+    assert_eq!(
+        decoded(&mut c, "n1"),
+        with_body(note("n1", "first"), json!(null))
+    );
+    let err = expect_error(
+        c.query_one(
+            "SELECT syncular.encode_row('notes', $1, true)",
+            &[&json!({"id": "n1", "title": "x"})],
+        )
+        .map(|_| ()),
+        "SY041",
+        "sync.storage.unknown_table",
+        Some(json!({"table": "notes"})),
+    );
+    let hint = err.hint.unwrap_or_default();
+    assert!(
+        hint.contains("no push schema is stored at schema version 2")
+            && hint.contains("set_push_schema(2"),
+        "{hint}"
+    );
+    let _: i32 = one(
+        &mut c,
+        "SELECT syncular.set_push_schema(2, $1)",
+        &[&push_schema(&l2())],
+    );
+    let sparse: Vec<u8> = one(
+        &mut c,
+        "SELECT syncular.encode_row('notes', $1, true)",
+        &[&json!({"id": "n1", "title": "x"})],
+    );
+    assert!(!sparse.is_empty());
 }
