@@ -40,7 +40,9 @@ CONF
       exit 1
     fi
     limit=${SYNCULAR_CLUSTER_MEMORY_KB:-unlimited}
-    if ! as_postgres bash -c 'ulimit -v "$1" && exec "$2" -D "$3" -l "$3/server.log" -w -t 60 start' \
+    # RUST_BACKTRACE=1: the servers capture Rust backtraces, so a test sees one that would reach
+    # a client (tests/multisession/tests/security.rs, a_caught_error_is_raised_again_…).
+    if ! as_postgres env RUST_BACKTRACE=1 bash -c 'ulimit -v "$1" && exec "$2" -D "$3" -l "$3/server.log" -w -t 60 start' \
       _ "$limit" "$BIN/pg_ctl" "$dir" >/dev/null; then
       echo "cluster.sh: the server in $dir did not start on port $port; its log is $dir/server.log, ending:" >&2
       tail -n 20 "$dir/server.log" >&2 || true

@@ -301,7 +301,8 @@ pub fn run_in_host_code<T>(body: impl FnOnce() -> Result<T>) -> T {
     let call = crate::alloc::Call::begin();
     let outcome = catch_unwind(AssertUnwindSafe(body));
     let failed = call.end();
-    type Raised = (&'static str, String, Option<String>, Option<String>);
+    type Raised = (c_int, String, Option<String>, Option<String>, Origin);
+    let ours = |state: &str| crate::port::make_sqlstate(state);
     if let Some(size) = failed.or(match &outcome {
         Ok(Err(Error::OutOfMemory(size))) => Some(*size),
         _ => None,
@@ -314,17 +315,18 @@ pub fn run_in_host_code<T>(body: impl FnOnce() -> Result<T>) -> T {
             None,
         )
     }
-    let (sqlstate, message, detail, hint): Raised = match outcome {
+    let (code, message, detail, hint, origin): Raised = match outcome {
         Ok(Ok(value)) => return value,
         Ok(Err(Error::Sync { code, detail, hint })) => (
-            code.sqlstate(),
+            ours(code.sqlstate()),
             code.message().to_string(),
             detail.map(|d| d.to_string()),
             hint,
+            Origin::Ours,
         ),
-        Ok(Err(Error::Internal(message))) => ("XX000", message, None, None),
+        Ok(Err(Error::Internal(message))) => (ours("XX000"), message, None, None, Origin::Ours),
         Ok(Err(Error::TriggeredChange(message))) => (
-            "27000",
+            ours("27000"),
             message,
             None,
             Some(
@@ -333,19 +335,32 @@ pub fn run_in_host_code<T>(body: impl FnOnce() -> Result<T>) -> T {
                  registered tables' rows alone"
                     .into(),
             ),
+            Origin::Ours,
         ),
         Ok(Err(Error::OutOfMemory(_))) => unreachable!("handled above"),
         Err(payload) => match payload.downcast::<CaughtError>() {
+            // A PostgreSQL error caught under SPI is raised again as itself: its SQLSTATE (the
+            // catalogue's for one of ours), message, DETAIL and HINT. Not by pgrx's rethrow,
+            // which appends the Rust backtrace to the DETAIL when RUST_BACKTRACE is set in the
+            // server's environment (issue 30, item 6).
             Ok(caught) => match *caught {
-                CaughtError::PostgresError(ref report) if raised_by_us(report) => {
-                    match Code::from_message(report.message()) {
+                CaughtError::PostgresError(ref report) => {
+                    let by_us = raised_by_us(report);
+                    match Code::from_message(report.message()).filter(|_| by_us) {
                         Some(code) => (
-                            code.sqlstate(),
+                            ours(code.sqlstate()),
                             code.message().to_string(),
                             report.detail().map(str::to_string),
                             report.hint().map(str::to_string),
+                            Origin::Ours,
                         ),
-                        None => caught.rethrow(),
+                        None => (
+                            report.sql_error_code() as c_int,
+                            report.message().to_string(),
+                            report.detail().map(str::to_string),
+                            report.hint().map(str::to_string),
+                            if by_us { Origin::Ours } else { Origin::Caught },
+                        ),
                     }
                 }
                 other => other.rethrow(),
@@ -353,7 +368,16 @@ pub fn run_in_host_code<T>(body: impl FnOnce() -> Result<T>) -> T {
             Err(other) => resume_unwind(other),
         },
     };
-    raise(sqlstate, message, detail, hint)
+    raise_code(code, message, detail, hint, origin)
+}
+
+/// Where an error [`raise_code`] raises comes from, as its file and function say.
+#[derive(Clone, Copy)]
+enum Origin {
+    /// Raised by this crate: [`run`] re-codes a catalogue message of such an error.
+    Ours,
+    /// Caught from PostgreSQL or host code under SPI and raised again: never re-coded.
+    Caught,
 }
 
 /// PostgreSQL's message and DETAIL for an allocation that failed (`mcxt.c`), so a host sees one
@@ -384,6 +408,11 @@ pub fn postgres_report(
 /// name has no directory.
 const RAISED_FILE: &std::ffi::CStr = c"syncular_error.rs";
 const RAISED_FUNCTION: &std::ffi::CStr = c"syncular::error::raise";
+/// Where an error caught under SPI and raised again says it comes from: static strings, as
+/// `errfinish` keeps the pointers (an error copied by a PL/pgSQL handler outlives the error
+/// context), so the original file and function are not kept.
+const CAUGHT_FILE: &std::ffi::CStr = c"syncular_caught.rs";
+const CAUGHT_FUNCTION: &std::ffi::CStr = c"syncular::error::run";
 
 fn raised_by_us(report: &pgrx::pg_sys::panic::ErrorReportWithLevel) -> bool {
     Some(report.file()) == RAISED_FILE.to_str().ok()
@@ -423,11 +452,31 @@ pub fn raise(
     detail: Option<String>,
     hint: Option<String>,
 ) -> ! {
+    raise_code(
+        crate::port::make_sqlstate(sqlstate),
+        message,
+        detail,
+        hint,
+        Origin::Ours,
+    )
+}
+
+/// [`raise`] with an encoded SQLSTATE and the [`Origin`] its file and function name.
+fn raise_code(
+    code: c_int,
+    message: String,
+    detail: Option<String>,
+    hint: Option<String>,
+    origin: Origin,
+) -> ! {
     let message_c = palloc_cstr(&message);
     let detail_c = detail.as_deref().map(palloc_cstr);
     let hint_c = hint.as_deref().map(palloc_cstr);
     drop((message, detail, hint));
-    let code = crate::port::make_sqlstate(sqlstate);
+    let (file, function) = match origin {
+        Origin::Ours => (RAISED_FILE, RAISED_FUNCTION),
+        Origin::Caught => (CAUGHT_FILE, CAUGHT_FUNCTION),
+    };
     // SAFETY: the elog.c protocol (errstart, then the field setters, then errfinish) with
     // NUL-terminated strings in PostgreSQL's memory; the "%s" formats take exactly one string.
     unsafe {
@@ -440,7 +489,7 @@ pub fn raise(
             if let Some(hint) = hint_c {
                 errhint(c"%s".as_ptr(), hint);
             }
-            errfinish(RAISED_FILE.as_ptr(), 0, RAISED_FUNCTION.as_ptr());
+            errfinish(file.as_ptr(), 0, function.as_ptr());
         }
     }
     unreachable!("errfinish(ERROR) does not return")

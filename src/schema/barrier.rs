@@ -13,7 +13,7 @@ use crate::codec::ColumnType;
 use crate::db;
 use crate::error::{self, Code, Error, Result};
 use crate::gate::{self, SchemaState};
-use crate::schema::evolution;
+use crate::schema::{evolution, push_schema};
 use crate::txn_local;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
@@ -290,6 +290,7 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
                 DatumWithOid::from(Value::Object(a.layouts.clone()).to_string()),
             ],
         )?;
+        push_schema::check_stored_at(client, a.version)?;
         if evolution::installed() {
             let stored_text = state.stored_layouts.as_deref().filter(|_| stored > 0);
             record_layouts(

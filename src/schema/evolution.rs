@@ -189,11 +189,12 @@ pub fn reencode(
 /// Re-encodes the stored payloads of every **registered** table of `grown` (tables registered
 /// with `register_table`; an unregistered table's rows are the host's to rewrite), each for the
 /// migrating `caller` in the sandbox (`tables::statements`: the less privileged of it and the
-/// relation's owner); the rows rewritten per table, tables without rows left out. Then, once no
-/// host code of the migration runs any more, every stored payload of those tables is read again
-/// and must decode with the new layout: a trigger of a later chunk or of another table that
-/// rewrote a row already re-encoded fails the migration (red team 4, C2; docs/SECURITY.md rule
-/// 19) — an old-layout payload never decodes with a layout that appended columns (the new
+/// relation's owner); the rows rewritten per table, tables without rows left out. Then every
+/// stored payload of those tables is read again below SQL, where no host code can run
+/// (src/tables/payloads.rs), and must decode with the new layout: host code of the migration
+/// that wrote a row back after it was re-encoded — a trigger of a later chunk or of another
+/// table, a function planning ran — fails it (red teams 4 and 5, C2 and R5-2; docs/SECURITY.md
+/// rule 19) — an old-layout payload never decodes with a layout that appended columns (the new
 /// columns' null bits are clear, so their values would be read past the payload's end).
 pub fn rewrite(
     client: &SpiClient<'_>,
@@ -243,17 +244,18 @@ pub fn rewrite(
         let Some(relation) = tables::open_for_migration(client, table)? else {
             continue;
         };
-        relation.verify_payloads(
-            caller,
+        relation.scan_payloads(
+            client,
             &mut |partition, row_id, payload| match row::decode_full(&new, payload) {
                 Ok(_) => Ok(()),
                 Err(e) => Err(Error::TriggeredChange(format!(
-                "syncular: migrate_schema re-encoded the stored rows of table {table}, but row \
-                 {row_id} of partition {partition} no longer decodes with the layout of schema \
-                 version {to} ({}): host code of the migration (a trigger of a registered \
-                 relation) wrote it after it was re-encoded",
-                e.message()
-            ))),
+                    "syncular: migrate_schema re-encoded the stored rows of table {table}, but \
+                     row {row_id} of partition {partition} no longer decodes with the layout of \
+                     schema version {to} ({}): host code of the migration (a trigger, or a \
+                     function of the relation's statistics or constraints) wrote it after it \
+                     was re-encoded",
+                    e.message()
+                ))),
             },
         )?;
     }

@@ -348,6 +348,48 @@ fn check_layouts(
     Ok(())
 }
 
+/// `migrate_schema`'s check of a push schema stored at `version` before the migration to it:
+/// `set_push_schema` compares with the layouts only when the marker is at its version, so one
+/// stored ahead must match the new layouts here, or the row codec's functions and the one-call
+/// push would read the rows the migration re-encodes with another column list (red team 5,
+/// R5-3). Runs after the marker is written, in the migration's transaction.
+pub fn check_stored_at(client: &SpiClient<'_>, version: i64) -> Result<()> {
+    let found = db::read(
+        client,
+        "SELECT p.tables::text FROM syncular.sync_push_schemas p WHERE p.schema_version = $1",
+        &[DatumWithOid::from(version)],
+    )?;
+    let Some(text) = db::first::<String>(found)? else {
+        return Ok(());
+    };
+    let unreadable = || {
+        Error::Internal(format!(
+            "syncular: the stored push schema at version {version} no longer validates"
+        ))
+    };
+    let Ok(Value::Object(tables)) = serde_json::from_str::<Value>(&text) else {
+        return Err(unreadable());
+    };
+    let schemas = tables
+        .iter()
+        .map(|(tbl, d)| {
+            crate::interrupts::check();
+            Ok((tbl.clone(), table_schema(tbl, d).map_err(|_| unreadable())?))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    check_layouts(client, version, &schemas, true).map_err(|e| match e {
+        Error::Sync { hint, .. } => {
+            Error::invalid_argument("layouts", "mismatch").with_hint(format!(
+            "the push schema stored at schema version {version} (by set_push_schema before this \
+             migration) does not match these layouts: {}; store one that does with \
+             syncular.set_push_schema({version}, …) first",
+            hint.unwrap_or_default()
+        ))
+        }
+        other => other,
+    })
+}
+
 #[pg_extern(
     volatile,
     parallel_unsafe,

@@ -15,6 +15,7 @@
 //! rules.
 //!
 //! - [`statements`]: every statement over a host relation's rows;
+//! - [`payloads`]: the one read of a host relation below SQL (no host code can run in it);
 //! - [`row_meta`]: the row-meta trigger that keeps row scopes in step with the host's writes;
 //! - [`sandbox`]: the one place host code runs (a restricted security context, the pinned
 //!   `search_path`, a GUC nest level discarded afterwards).
@@ -36,6 +37,7 @@ use pgrx::JsonB;
 use serde_json::json;
 use std::ffi::CStr;
 
+mod payloads;
 pub mod row_meta;
 mod sandbox;
 pub mod statements;
@@ -56,6 +58,8 @@ pub struct AppRelation {
     /// under another name with another layout) are never touched through it; a partitioned table
     /// as it is (its partitions hold its rows).
     rows: String,
+    /// A partitioned table (its leaf partitions hold its rows).
+    partitioned: bool,
     /// Row-level security is enabled (`relrowsecurity`).
     row_security: bool,
     /// A plain table on which no trigger can fire (not partitioned, `relhastriggers` false: no
@@ -282,6 +286,9 @@ unsafe fn meta_column_problem(descriptor: pg_sys::TupleDesc) -> Option<String> {
 struct Registration {
     relation: pg_sys::Oid,
     registered_by: pg_sys::Oid,
+    /// Another name the same relation is registered under (read without `FOR UPDATE` only):
+    /// registrations made before `register_table` refused it (red team 5, R5-1).
+    also: Option<String>,
 }
 
 /// The registration of `tbl`, read as the extension owner; `FOR UPDATE` when it will change.
@@ -295,15 +302,17 @@ fn registration(
         if for_update {
             db::write(
                 client,
-                "SELECT relation::oid, registered_by::oid FROM syncular.sync_app_tables
-                  WHERE tbl = $1 FOR UPDATE",
+                "SELECT a.relation::oid, a.registered_by::oid, NULL::text
+                   FROM syncular.sync_app_tables a WHERE a.tbl = $1 FOR UPDATE",
                 &args,
             )
         } else {
             db::read(
                 client,
-                "SELECT relation::oid, registered_by::oid FROM syncular.sync_app_tables
-                  WHERE tbl = $1",
+                "SELECT a.relation::oid, a.registered_by::oid,
+                        (SELECT min(b.tbl) FROM syncular.sync_app_tables b
+                          WHERE b.relation = a.relation AND b.tbl <> a.tbl)
+                   FROM syncular.sync_app_tables a WHERE a.tbl = $1",
                 &args,
             )
         }
@@ -315,6 +324,7 @@ fn registration(
     Ok(Some(Registration {
         relation: row.get::<pg_sys::Oid>(1)?.unwrap_or(pg_sys::InvalidOid),
         registered_by: row.get::<pg_sys::Oid>(2)?.unwrap_or(pg_sys::InvalidOid),
+        also: row.get::<String>(3)?,
     }))
 }
 
@@ -330,6 +340,12 @@ pub fn open(client: &SpiClient<'_>, tbl: &str) -> error::Result<Result<AppRelati
     let Some(relation) = inspect(registration.relation) else {
         return Ok(Err("the registered relation no longer exists".into()));
     };
+    if let Some(other) = &registration.also {
+        return Ok(Err(format!(
+            "the registered relation is registered as {other} too: their rows are the same \
+             rows, read with two layouts; retire one of the two names (syncular.retire_table)"
+        )));
+    }
     if let Some(unfit) = relation.unfit {
         return Ok(Err(format!(
             "the registered relation changed and cannot be used: {unfit}; register it again"
@@ -362,6 +378,7 @@ pub fn open(client: &SpiClient<'_>, tbl: &str) -> error::Result<Result<AppRelati
             relation.qualified()
         },
         qualified: relation.qualified(),
+        partitioned: !relation.ordinary,
         row_security: relation.row_security,
         triggerless: relation.triggerless,
         reader: None,
@@ -538,11 +555,14 @@ pub enum Registrant {
     RelationOwner,
 }
 
-/// Another registered table whose relation is a partition ancestor or descendant of `$1`.
+/// Another registered table whose relation is `$1` itself (one relation under two names: red
+/// team 5, R5-1) or a partition ancestor or descendant of it.
 const OVERLAPPING_SQL: &str = "\
 SELECT a.tbl FROM syncular.sync_app_tables a
- WHERE a.tbl <> $2 AND a.relation::pg_catalog.oid <> $1
+ WHERE a.tbl <> $2
    AND a.relation::pg_catalog.oid IN (
+     SELECT $1::pg_catalog.oid
+     UNION ALL
      SELECT t.relid::pg_catalog.oid FROM pg_catalog.pg_partition_ancestors($1::pg_catalog.regclass) t
      UNION ALL
      SELECT t.relid::pg_catalog.oid FROM pg_catalog.pg_partition_tree($1::pg_catalog.regclass) t)
@@ -595,15 +615,17 @@ pub fn register(
         return Err(Error::invalid_argument("relation", "shape")
             .with_hint("the primary key must be (_sync_partition, _sync_row_id)"));
     }
-    // A partition of a registered partitioned table, or the partitioned parent of a registered
-    // partition, holds the other registration's rows: every statement over the parent reads and
-    // writes them too, with the parent's push schema and layouts (red team 3). One of the two.
+    // The relation registered under another name, a partition of a registered partitioned
+    // table, or the partitioned parent of a registered partition holds the other registration's
+    // rows: every statement over it reads and writes them too, with its own push schema and
+    // layouts (red teams 3 and 5). One of the two.
     if let Some(other) = overlapping(client, relation, tbl)? {
         return Err(
             Error::invalid_argument("relation", "shape").with_hint(format!(
-            "the relation is a partition, or the partitioned parent, of the relation registered \
-             as {other}: their rows are the same rows; register only one of them"
-        )),
+                "the relation is registered as {other} already, or is a partition or the \
+             partitioned parent of the relation registered as {other}: their rows are the same \
+             rows; register only one of them"
+            )),
         );
     }
     let previous = registration(client, tbl, true)?;

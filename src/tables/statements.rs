@@ -278,8 +278,6 @@ const REWRITE_CHUNK_BYTES: i64 = 8 << 20;
 /// What [`AppRelation::rewrite_payloads`] does to one row: `(partition, row_id, payload)` to the
 /// new payload.
 pub type Reencode<'a> = dyn FnMut(&str, &str, &[u8]) -> error::Result<Vec<u8>> + 'a;
-/// What [`AppRelation::verify_payloads`] checks of one row: `(partition, row_id, payload)`.
-pub type Verify<'a> = dyn FnMut(&str, &str, &[u8]) -> error::Result<()> + 'a;
 
 /// A stored row as [`AppRelation::walk_chunks`] lists it: its key and its payload's length.
 struct RowKey {
@@ -330,11 +328,7 @@ impl AppRelation {
     /// an SPI connection of its own, so what it read is freed before the next), handing `each`
     /// the keys and payload lengths of one chunk at a time: at most [`REWRITE_PAGE_ROWS`] rows
     /// and [`REWRITE_CHUNK_BYTES`] of payload (or one larger row).
-    fn walk_chunks(
-        &self,
-        caller: pg_sys::Oid,
-        each: &mut EachChunk<'_>,
-    ) -> error::Result<()> {
+    fn walk_chunks(&self, caller: pg_sys::Oid, each: &mut EachChunk<'_>) -> error::Result<()> {
         let q = &self.rows;
         let first = format!(
             "SELECT a.\"_sync_partition\", a.\"_sync_row_id\",
@@ -447,8 +441,9 @@ impl AppRelation {
     /// them; the number of rows rewritten. A row a host trigger or policy keeps from being
     /// updated, or whose stored payload is not the re-encoded one after the statement (a trigger
     /// that kept or changed it), fails the call. A trigger of a later chunk, or of another
-    /// table, can still change a row already rewritten: [`AppRelation::verify_payloads`] after
-    /// every rewrite of the migration closes that (red team 4, C2).
+    /// table, can still change a row already rewritten: `AppRelation::scan_payloads`
+    /// (src/tables/payloads.rs) after every rewrite of the migration closes that (red team 4,
+    /// C2).
     pub fn rewrite_payloads(
         &self,
         caller: pg_sys::Oid,
@@ -533,22 +528,6 @@ impl AppRelation {
             Ok(())
         })?;
         Ok(rewritten)
-    }
-
-    /// Hands every stored row's payload to `verify(partition, row_id, payload)`, chunk by chunk
-    /// ([`AppRelation::walk_chunks`]): `migrate_schema`'s last pass, after every rewrite of the
-    /// migration, when no host code of it runs any more (the statements read only: no trigger
-    /// fires on a read; rules are refused, and `row_security` is off).
-    pub fn verify_payloads(
-        &self,
-        caller: pg_sys::Oid,
-        verify: &mut Verify<'_>,
-    ) -> error::Result<()> {
-        self.walk_chunks(caller, &mut |c, chunk| {
-            self.read_chunk(c, caller, chunk, &mut |partition, row_id, payload| {
-                verify(&partition, &row_id, &payload)
-            })
-        })
     }
 }
 

@@ -964,3 +964,276 @@ fn encode_row_defaults_to_the_stored_schema_version() {
     );
     assert!(!sparse.is_empty());
 }
+
+/// Two registered tables `a` and `b` of columns `id, p`, migrated to version 1, one row each.
+fn two_tables(name: &str) -> (TestDb, Client) {
+    let db = TestDb::new(name);
+    let mut c = db.connect();
+    for t in ["a", "b"] {
+        exec(
+            &mut c,
+            &app_table_sql(&format!("public.ev_{t}"), "id text, p text,"),
+        );
+        exec(
+            &mut c,
+            &format!("SELECT syncular.register_table('{t}', 'public.ev_{t}')"),
+        );
+    }
+    migrate(&mut c, 1, &ab_layouts(false), &json!([]));
+    for t in ["a", "b"] {
+        exec(
+            &mut c,
+            &format!(
+                "INSERT INTO public.ev_{t} (_sync_partition, _sync_row_id, _sync_server_version,
+                                             _sync_scopes, _sync_payload)
+                 VALUES ('part-1', 'r1', 1, '{{\"p\":\"p1\"}}',
+                         syncular.encode_row('{t}', '{{\"id\":\"r1\",\"p\":\"p1\"}}'))"
+            ),
+        );
+    }
+    (db, c)
+}
+
+/// The layouts of `a` and `b`: `id, p`, and with `grown` a nullable `x` appended to both.
+fn ab_layouts(grown: bool) -> Value {
+    let mut columns = vec![
+        json!({"name": "id", "type": "string", "nullable": false}),
+        json!({"name": "p", "type": "string", "nullable": false}),
+    ];
+    if grown {
+        columns.push(json!({"name": "x", "type": "string", "nullable": true}));
+    }
+    json!({"a": columns, "b": columns})
+}
+
+/// Red team 5, R5-1: one relation registered under two names holds the same rows, which a
+/// migration growing one name re-encodes under the other's feet. `register_table` refuses the
+/// second name; a pair registered before that (an older install) makes both names unusable
+/// (`SY041`, HINT naming the other) until one is retired — a migration among the uses.
+#[test]
+fn one_relation_is_never_registered_under_two_names() {
+    let (_db, mut c) = two_tables("ev_r51");
+    let err = expect_error(
+        c.query_one("SELECT syncular.register_table('b2', 'public.ev_b')", &[])
+            .map(|_| ()),
+        "SY000",
+        "sync.storage.invalid_argument",
+        Some(json!({"argument": "relation", "reason": "shape"})),
+    );
+    assert!(
+        err.hint
+            .unwrap_or_default()
+            .contains("registered as b already"),
+        "the HINT names the other registration"
+    );
+    // A pair from before the refusal, as an older install may hold it.
+    exec(
+        &mut c,
+        "INSERT INTO syncular.sync_app_tables
+           (tbl, relation_schema, relation_name, maintain_row_meta, registered_at_ms, relation,
+            registered_by)
+         SELECT 'b2', relation_schema, relation_name, maintain_row_meta, registered_at_ms,
+                relation, registered_by
+           FROM syncular.sync_app_tables WHERE tbl = 'b'",
+    );
+    for (tbl, other) in [("b", "b2"), ("b2", "b")] {
+        let err = expect_error(
+            c.query_one(
+                "SELECT syncular.get_row_scopes('part-1', $1, 'r1')",
+                &[&tbl],
+            )
+            .map(|_| ()),
+            "SY041",
+            "sync.storage.unknown_table",
+            Some(json!({"table": tbl})),
+        );
+        assert!(
+            err.hint
+                .unwrap_or_default()
+                .contains(&format!("registered as {other} too")),
+            "{tbl}"
+        );
+    }
+    let mut grown = ab_layouts(true);
+    grown["b2"] = ab_layouts(false)["b"].clone();
+    let err = refused_migration(&mut c, 2, &grown);
+    assert_eq!(err.state, "SY041", "{err:?}");
+    exec(&mut c, "SELECT syncular.retire_table('b2')");
+    let scopes: Option<Value> = one(
+        &mut c,
+        "SELECT syncular.get_row_scopes('part-1', 'b', 'r1')",
+        &[],
+    );
+    assert_eq!(
+        scopes,
+        Some(json!({"serverVersion": 1, "scopes": {"p": "p1"}}))
+    );
+}
+
+/// Red team 5, R5-2: planning a statement runs host code — an extended-statistics expression
+/// (on every plan) or a CHECK constraint (under `constraint_exclusion = on`) calling a function
+/// that writes — so a last pass made of SQL statements could itself write a row back after
+/// checking it. The function here writes `a`'s old payload back from its `n`-th call on, during
+/// the plannings of `b`'s statements; whichever call that is, the migration either fails
+/// (`27000`, nothing kept) or commits with every row readable at version 2 — and at least one
+/// `n` makes it fail. Before the fix, one `n` fell into the last pass after `a`'s check and the
+/// migration committed with `a` unreadable.
+#[test]
+fn host_code_run_by_planning_cannot_write_a_row_back_past_the_last_pass() {
+    for variant in ["statistics", "check"] {
+        let mut refused = 0;
+        for n in 1..=8 {
+            let (_db, mut c) = two_tables(&format!("ev_r52_{variant}_{n}"));
+            exec(
+                &mut c,
+                &format!(
+                    "CREATE TABLE public.ev_saved AS SELECT _sync_payload FROM public.ev_a;
+                     CREATE TABLE public.ev_calls (n int);
+                     INSERT INTO public.ev_calls VALUES (0);
+                     CREATE FUNCTION public.ev_vol() RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+                     BEGIN
+                       UPDATE public.ev_calls SET n = n + 1;
+                       IF (SELECT c.n FROM public.ev_calls c) >= {n} THEN
+                         UPDATE public.ev_a
+                            SET _sync_payload = (SELECT _sync_payload FROM public.ev_saved);
+                       END IF;
+                       RETURN true;
+                     END $$;
+                     CREATE FUNCTION public.ev_evil(int) RETURNS boolean LANGUAGE plpgsql
+                       IMMUTABLE AS $$ BEGIN PERFORM public.ev_vol(); RETURN true; END $$;
+                     {}
+                     UPDATE public.ev_calls SET n = -1000000;",
+                    if variant == "statistics" {
+                        "CREATE STATISTICS public.ev_st ON (p || public.ev_evil(1)::text)
+                           FROM public.ev_b;"
+                    } else {
+                        "ALTER TABLE public.ev_b ADD CONSTRAINT ev_evil CHECK (public.ev_evil(1));"
+                    }
+                ),
+            );
+            exec(&mut c, "UPDATE public.ev_calls SET n = 0");
+            let before: Vec<u8> = one(&mut c, "SELECT _sync_payload FROM public.ev_a", &[]);
+            let mut tx = c.transaction().unwrap();
+            tx.batch_execute("SET LOCAL constraint_exclusion = on")
+                .unwrap();
+            match tx.query_one(
+                "SELECT syncular.migrate_schema(2, $1)",
+                &[&ab_layouts(true)],
+            ) {
+                Ok(_) => {
+                    tx.commit().unwrap();
+                    for t in ["a", "b"] {
+                        let row: Value = one(
+                            &mut c,
+                            &format!(
+                                "SELECT syncular.decode_row('{t}', _sync_payload) FROM public.ev_{t}"
+                            ),
+                            &[],
+                        );
+                        assert_eq!(
+                            row,
+                            json!({"id": "r1", "p": "p1", "x": null}),
+                            "{variant} {n} {t}"
+                        );
+                    }
+                }
+                Err(e) => {
+                    let err = sql_error(&e);
+                    tx.rollback().unwrap();
+                    assert_eq!(err.state, "27000", "{variant} {n}: {err:?}");
+                    assert!(err.message.contains("table a, but row r1"), "{err:?}");
+                    let after: Vec<u8> = one(&mut c, "SELECT _sync_payload FROM public.ev_a", &[]);
+                    assert_eq!(after, before, "{variant} {n}");
+                    refused += 1;
+                }
+            }
+        }
+        assert!(refused > 0, "{variant}: the write-back never fired");
+    }
+}
+
+/// Red team 5, blocked attempts kept as tests: host code run while the re-encoding is planned
+/// cannot call the API, nor change role (directly or through `set_config`); the serving role
+/// cannot migrate at all.
+#[test]
+fn planning_time_host_code_of_a_migration_can_neither_call_the_api_nor_change_role() {
+    let (db, mut c) = two_tables("ev_r5_blocked");
+    exec(
+        &mut c,
+        "CREATE TABLE public.ev_mode (m text);
+         INSERT INTO public.ev_mode VALUES ('off');
+         CREATE FUNCTION public.ev_vol() RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+         BEGIN
+           CASE (SELECT m FROM public.ev_mode)
+             WHEN 'api' THEN PERFORM syncular.retire_table('a');
+             WHEN 'role' THEN SET ROLE postgres;
+             WHEN 'set_config' THEN PERFORM pg_catalog.set_config('role', 'postgres', true);
+             ELSE NULL;
+           END CASE;
+           RETURN true;
+         END $$;
+         CREATE FUNCTION public.ev_evil(int) RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS $$
+         BEGIN PERFORM public.ev_vol(); RETURN true; END $$;
+         CREATE STATISTICS public.ev_st ON (p || public.ev_evil(1)::text) FROM public.ev_a;",
+    );
+    for (mode, expected) in [
+        ("api", "syncular functions cannot be called by host code"),
+        ("role", "cannot set parameter \"role\""),
+        ("set_config", "cannot set parameter \"role\""),
+    ] {
+        exec(&mut c, &format!("UPDATE public.ev_mode SET m = '{mode}'"));
+        let err = refused_migration(&mut c, 2, &ab_layouts(true));
+        assert!(err.message.contains(expected), "{mode}: {err:?}");
+    }
+    let server = format!("{}_srv", db.name);
+    exec(
+        &mut c,
+        &format!("CREATE ROLE {server} LOGIN; GRANT syncular_host TO {server};"),
+    );
+    let mut s = db.connect_as(&server);
+    let err = refused_migration(&mut s, 2, &ab_layouts(true));
+    assert_eq!(err.state, "42501", "{err:?}");
+}
+
+/// Red team 5, R5-3: a push schema stored for version 2 while the marker was at 1 is compared
+/// with nothing then; `migrate_schema(2)` compares it with its layouts and refuses a different
+/// one (`SY000` `layouts` `mismatch`, a HINT naming the column and the fix), so the row codec
+/// and the one-call push never read the re-encoded rows with another column list.
+#[test]
+fn a_push_schema_stored_ahead_of_its_migration_must_match_its_layouts() {
+    let (_db, mut c) = setup("ev_r53");
+    // The host's DDL first: set_push_schema checks the relation's columns.
+    exec(&mut c, "ALTER TABLE public.ev_notes ADD COLUMN body text");
+    let mut swapped = l2();
+    let columns = swapped["notes"].as_array_mut().unwrap();
+    let body = columns.pop().unwrap();
+    columns.insert(2, body);
+    let _: i32 = one(
+        &mut c,
+        "SELECT syncular.set_push_schema(2, $1)",
+        &[&push_schema(&swapped)],
+    );
+    let err = refused_migration(&mut c, 2, &l2());
+    assert_eq!(err.state, "SY000", "{err:?}");
+    assert_eq!(
+        err.detail,
+        Some(json!({"argument": "layouts", "reason": "mismatch"}))
+    );
+    let hint = err.hint.unwrap_or_default();
+    assert!(
+        hint.contains("push schema stored at schema version 2") && hint.contains("column 2"),
+        "{hint}"
+    );
+    assert_eq!(decoded(&mut c, "n1"), note("n1", "first"));
+    // Stored again to match, the migration goes through.
+    let _: i32 = one(
+        &mut c,
+        "SELECT syncular.set_push_schema(2, $1)",
+        &[&push_schema(&l2())],
+    );
+    migrate(&mut c, 2, &l2(), &json!([]));
+    assert_eq!(
+        decoded(&mut c, "n1"),
+        with_body(note("n1", "first"), json!(null))
+    );
+}

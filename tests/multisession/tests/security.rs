@@ -568,6 +568,35 @@ fn a_host_error_that_looks_like_ours_is_not_recoded() {
     assert_eq!(err.state, "P0001", "{err:?}");
 }
 
+/// A PostgreSQL error caught under SPI reaches the client as itself — SQLSTATE, message, DETAIL
+/// and HINT — and never with a Rust backtrace appended to its DETAIL, which pgrx's rethrow adds
+/// when the server runs with RUST_BACKTRACE set (scripts/cluster.sh sets it for the test
+/// clusters; issue 30, item 6).
+#[test]
+fn a_caught_error_is_raised_again_as_itself_without_a_backtrace() {
+    let db = TestDb::new("sec_caught");
+    let mut c = db.connect();
+    exec(
+        &mut c,
+        "CREATE FUNCTION public.deny() RETURNS trigger LANGUAGE plpgsql AS
+           $$BEGIN RAISE EXCEPTION 'the host says no' USING ERRCODE = '22023',
+                   DETAIL = 'host detail', HINT = 'host hint'; END$$;
+         CREATE TRIGGER deny BEFORE INSERT ON syncular.sync_changes
+           FOR EACH ROW EXECUTE FUNCTION public.deny();",
+    );
+    let err =
+        sql_error(&try_append(&mut c, P, "tasks", "t1", Some(1)).expect_err("the trigger raises"));
+    assert_eq!(err.state, "22023", "{err:?}");
+    assert_eq!(err.message, "the host says no");
+    assert_eq!(err.hint.as_deref(), Some("host hint"));
+    let raw = try_append(&mut c, P, "tasks", "t1", Some(1)).expect_err("the trigger raises");
+    assert_eq!(
+        raw.as_db_error().and_then(|e| e.detail()),
+        Some("host detail"),
+        "{raw:?}"
+    );
+}
+
 /// Control state lives in backend memory: settings of the same names change nothing.
 #[test]
 fn control_state_is_not_settable_by_a_session() {

@@ -1,0 +1,155 @@
+//! Every stored `_sync_payload` of a registered relation, read below SQL: a heap scan of the
+//! relation (of its leaf partitions when it is partitioned), with no planner and no executor, so
+//! no host code can run while it reads. `migrate_schema`'s last pass (src/schema/evolution.rs,
+//! docs/SECURITY.md rule 19) needs exactly that: planning even a read-only `SELECT` evaluates a
+//! host's extended-statistics expressions, and its CHECK constraints under
+//! `constraint_exclusion = on` — code that could write a row back after it was checked (red
+//! team 5, R5-2).
+
+use super::AppRelation;
+use crate::db;
+use crate::error::{self, Error};
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys;
+use pgrx::spi::SpiClient;
+use pgrx::{FromDatum, PgMemoryContexts};
+use std::ffi::CStr;
+
+/// What [`AppRelation::scan_payloads`] hands each stored row: `(partition, row_id, payload)`.
+pub type EachPayload<'a> = dyn FnMut(&str, &str, &[u8]) -> error::Result<()> + 'a;
+
+impl AppRelation {
+    /// Hands every stored row of the relation to `each`, as of a snapshot taken now (this
+    /// transaction's writes included): `ONLY` the relation when it is an ordinary table, every
+    /// leaf partition when it is partitioned. A leaf that is not an ordinary table (a foreign
+    /// table) cannot be read below SQL: refused. Memory: one row at a time.
+    pub fn scan_payloads(
+        &self,
+        client: &SpiClient<'_>,
+        each: &mut EachPayload<'_>,
+    ) -> error::Result<()> {
+        let leaves = if self.partitioned {
+            // pg_partition_tree and pg_class: catalog reads, no host object in the plan.
+            let rows = db::read(
+                client,
+                "SELECT t.relid::pg_catalog.oid, c.relkind::pg_catalog.text
+                   FROM pg_catalog.pg_partition_tree($1::pg_catalog.regclass) t
+                   JOIN pg_catalog.pg_class c ON c.oid = t.relid
+                  WHERE t.isleaf",
+                &[DatumWithOid::from(self.oid)],
+            )?;
+            let mut leaves = Vec::new();
+            for row in rows {
+                crate::interrupts::check();
+                let oid = row.get::<pg_sys::Oid>(1)?.unwrap_or(pg_sys::InvalidOid);
+                match db::text_column(&row, 2)?.as_deref() {
+                    Some("r") => leaves.push(oid),
+                    // A partitioned table without partitions is a leaf without storage.
+                    Some("p") => {}
+                    _ => {
+                        return Err(Error::Internal(format!(
+                            "syncular: a partition of the relation registered as {} is not an \
+                             ordinary table (a foreign table?): its stored rows cannot be read \
+                             to check them",
+                            self.tbl
+                        )))
+                    }
+                }
+            }
+            leaves
+        } else {
+            vec![self.oid]
+        };
+        for leaf in leaves {
+            crate::interrupts::check();
+            scan_leaf(leaf, each)?;
+        }
+        Ok(())
+    }
+}
+
+/// The attribute number of the live column `name` of `descriptor`, if any.
+///
+/// # Safety
+/// `descriptor` is the tuple descriptor of an open relation.
+unsafe fn attribute(descriptor: pg_sys::TupleDesc, name: &CStr) -> Option<i32> {
+    // SAFETY: the caller guarantees an open relation's descriptor; `attname` is NUL-terminated.
+    unsafe {
+        let attributes = pgrx::PgTupleDesc::from_pg_unchecked(descriptor);
+        let found = attributes
+            .iter()
+            .position(|a| !a.attisdropped && CStr::from_ptr(a.attname.data.as_ptr()) == name);
+        found.map(|i| i as i32 + 1)
+    }
+}
+
+/// One leaf relation's rows, by a sequential heap scan (`systable_beginscan` without an index,
+/// as genam.c offers any relation).
+fn scan_leaf(oid: pg_sys::Oid, each: &mut EachPayload<'_>) -> error::Result<()> {
+    let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+    let mut scratch = PgMemoryContexts::new("syncular payload scan");
+    // SAFETY: the relation is opened (and locked to the end of the transaction, as every read
+    // of a host relation), scanned under a registered snapshot and closed here; tuples are read
+    // with the relation's own descriptor at attribute numbers found in it by name; detoasted
+    // values live in `scratch`, reset after each row, and what `each` receives does not outlive
+    // the row. A PostgreSQL error on the way aborts the transaction, whose resource owner ends
+    // the scan and releases the relation and the snapshot.
+    unsafe {
+        pg_sys::CommandCounterIncrement();
+        let relation = pg_sys::table_open(oid, lock);
+        let descriptor = (*relation).rd_att;
+        let columns = (
+            attribute(descriptor, c"_sync_partition"),
+            attribute(descriptor, c"_sync_row_id"),
+            attribute(descriptor, c"_sync_payload"),
+        );
+        let (Some(at_partition), Some(at_row), Some(at_payload)) = columns else {
+            pg_sys::table_close(relation, pg_sys::NoLock as pg_sys::LOCKMODE);
+            return Err(Error::Internal(format!(
+                "syncular: relation {oid:?} lacks a meta column"
+            )));
+        };
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let scan = pg_sys::systable_beginscan(
+            relation,
+            pg_sys::InvalidOid,
+            false,
+            snapshot,
+            0,
+            std::ptr::null_mut(),
+        );
+        let mut outcome = Ok(());
+        loop {
+            crate::interrupts::check();
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() {
+                break;
+            }
+            let row = scratch.switch_to(|_| {
+                let get = |at: i32| {
+                    let mut is_null = false;
+                    let datum = pg_sys::heap_getattr(tuple, at, descriptor, &mut is_null);
+                    (datum, is_null)
+                };
+                let (p, p_null) = get(at_partition);
+                let (r, r_null) = get(at_row);
+                let (b, b_null) = get(at_payload);
+                (
+                    String::from_datum(p, p_null).unwrap_or_default(),
+                    String::from_datum(r, r_null).unwrap_or_default(),
+                    <&[u8]>::from_datum(b, b_null).unwrap_or_default(),
+                )
+            });
+            outcome = each(&row.0, &row.1, row.2);
+            drop(row);
+            scratch.reset();
+            if outcome.is_err() {
+                break;
+            }
+        }
+        pg_sys::systable_endscan(scan);
+        pg_sys::UnregisterSnapshot(snapshot);
+        pg_sys::table_close(relation, pg_sys::NoLock as pg_sys::LOCKMODE);
+        outcome
+    }
+}
