@@ -10,7 +10,9 @@
 #  3. the walk-through scripts/demo.sql as a pg_regress test (tests/regress/expected/demo.out);
 #  4. the scenario suite again on installs updated from 0.1.0;
 # and once, on 15: 5. the client examples; 6. the TypeScript storage adapter's tests
-# (adapters/typescript: npm ci, tsc --strict, node --test; scripts/adapter-ts.sh).
+# (adapters/typescript: npm ci, tsc --strict, node --test; scripts/adapter-ts.sh); 7. where a
+# Citus is installed, the Citus suite (scripts/citus.sh, tests/multisession/tests/citus.rs),
+# else one line saying it was skipped.
 # SYNCULAR_TEST_MAJORS="15" (or "18") limits the run to some majors.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -104,6 +106,19 @@ if [[ " $MAJORS " == *" 15 "* ]]; then
   scripts/examples.sh "$BASE_PORT" "$WORK" 2>&1 | tee -a "$LOG"
   echo "== TypeScript storage adapter (adapters/typescript), PostgreSQL 15"
   scripts/adapter-ts.sh "$BASE_PORT" 2>&1 | tee -a "$LOG"
+  # Distributed by partition on Citus (issue 30, docs/SCALING.md), where a Citus is installed for
+  # PostgreSQL 15: nothing of Citus is in this repository.
+  if scripts/citus.sh available; then
+    echo "== Citus (a coordinator and two workers), PostgreSQL 15"
+    citus_port=$((BASE_PORT + 30))
+    for i in 0 1 2; do CLUSTERS+=("15:$WORK/citus/node$i"); done
+    scripts/citus.sh fresh "$WORK/citus" "$citus_port" citus_db
+    SYNCULAR_TEST_CITUS="host=127.0.0.1 port=$citus_port user=postgres dbname=citus_db" \
+      cargo test --manifest-path tests/multisession/Cargo.toml --test citus -- --ignored \
+      --test-threads=1 2>&1 | tee -a "$LOG"
+  else
+    echo "citus: skipped, Citus is not installed for PostgreSQL 15 (tests/multisession/tests/citus.rs needs one; docs/SCALING.md)" | tee -a "$LOG"
+  fi
 fi
 
 # One closing line over every runner (pipefail already failed the script on any red run).

@@ -122,6 +122,11 @@ pub fn write<'conn>(
 /// generic one, though both use the same index, and re-planning is most of an idle pull's cost
 /// (docs/BENCHMARKS.md, Pull).
 fn generic<R>(body: impl FnOnce() -> Result<R>) -> Result<R> {
+    // Citus plans a statement over its tables itself and cannot route a generic plan of it
+    // ("could not create distributed plan"): the plan cache's own choice there (src/citus.rs).
+    if crate::citus::installed() {
+        return body();
+    }
     // SAFETY: the setting is made in a GUC nest level of its own and undone right after the
     // body; an error in between unwinds it with the (sub)transaction, as for a function's own
     // SET clause.

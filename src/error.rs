@@ -346,7 +346,8 @@ pub fn run_in_host_code<T>(body: impl FnOnce() -> Result<T>) -> T {
             Ok(caught) => match *caught {
                 CaughtError::PostgresError(ref report) => {
                     let by_us = raised_by_us(report);
-                    match Code::from_message(report.message()).filter(|_| by_us) {
+                    match Code::from_message(report.message()).filter(|_| by_us || relayed(report))
+                    {
                         Some(code) => (
                             ours(code.sqlstate()),
                             code.message().to_string(),
@@ -413,6 +414,17 @@ const RAISED_FUNCTION: &std::ffi::CStr = c"syncular::error::raise";
 /// context), so the original file and function are not kept.
 const CAUGHT_FILE: &std::ffi::CStr = c"syncular_caught.rs";
 const CAUGHT_FUNCTION: &std::ffi::CStr = c"syncular::error::run";
+
+/// An error Citus relays from a worker (docs/SCALING.md) whose SQLSTATE the binding layer could
+/// not name (pgrx reports a code outside PostgreSQL's list, as ours are, as `XX000`): when its
+/// message is a catalogue code, it keeps that code's SQLSTATE. The worker raised it with a
+/// SQLSTATE outside PostgreSQL's list — ours, or one host code chose itself — so nothing is
+/// re-coded that its raiser did not choose (docs/SECURITY.md, rule 6).
+fn relayed(report: &pgrx::pg_sys::panic::ErrorReportWithLevel) -> bool {
+    report.file() == "remote_commands.c"
+        && report.function_name() == Some("ReportResultError")
+        && report.sql_error_code() == pgrx::pg_sys::errcodes::PgSqlErrorCode::ERRCODE_INTERNAL_ERROR
+}
 
 fn raised_by_us(report: &pgrx::pg_sys::panic::ErrorReportWithLevel) -> bool {
     Some(report.file()) == RAISED_FILE.to_str().ok()

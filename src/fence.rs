@@ -11,7 +11,7 @@
 use crate::args;
 use crate::db;
 use crate::error::{self, Code, Error};
-use crate::heap::{self, SyncTable};
+use crate::heap::{self, Lookup, SyncTable};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use serde_json::json;
@@ -23,12 +23,13 @@ pub fn requirement(partition: &str) -> error::Result<Option<i64>> {
     // SAFETY: called inside a transaction (a trigger or SQL function); the snapshot is
     // registered before the two lookups and unregistered after them, and the keys are of the
     // primary keys' types (text under "C", int4) with their equality functions.
-    unsafe {
+    let (fence, floor) = unsafe {
         let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
         let partition_key = partition.into_datum().expect("text is never NULL here");
         let fence = heap::bigint_by_key(
             SyncTable::WriterFence,
             partition_key,
+            Some(partition),
             (pg_sys::F_TEXTEQ, pg_sys::C_COLLATION_OID),
             c"required_writer_version",
             snapshot,
@@ -36,17 +37,43 @@ pub fn requirement(partition: &str) -> error::Result<Option<i64>> {
         let floor = heap::bigint_by_key(
             SyncTable::SchemaMeta,
             pg_sys::Datum::from(1i32),
+            None,
             (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
             c"required_writer_version",
             snapshot,
         );
         pg_sys::UnregisterSnapshot(snapshot);
-        let floor = floor?.filter(|g| *g > 0);
-        Ok(match (fence?, floor) {
-            (Some(f), Some(g)) => Some(f.max(g)),
-            (f, g) => f.or(g),
-        })
-    }
+        (fence?, floor?)
+    };
+    let fence = match fence {
+        Lookup::Here(value) => value,
+        // On Citus, a call on a node without the partition's shard (the coordinator): through
+        // Citus, which routes the read to the shard's node (docs/SCALING.md). The fence trigger
+        // itself always fires where the shard is, and reads it there.
+        Lookup::Elsewhere => db::with_spi(|client| {
+            db::first::<i64>(db::read(
+                client,
+                "SELECT f.required_writer_version FROM syncular.sync_writer_fence f
+                  WHERE f.partition = $1",
+                &[DatumWithOid::from(partition)],
+            )?)
+        })?,
+    };
+    let floor = match floor {
+        Lookup::Here(value) => value,
+        Lookup::Elsewhere => db::with_spi(|client| {
+            db::first::<i64>(db::read(
+                client,
+                "SELECT m.required_writer_version FROM syncular.sync_schema_meta m WHERE m.id = 1",
+                &[],
+            )?)
+        })?,
+    };
+    let floor = floor.filter(|g| *g > 0);
+    Ok(match (fence, floor) {
+        (Some(f), Some(g)) => Some(f.max(g)),
+        (f, g) => f.or(g),
+    })
 }
 
 /// The fence predicate: allowed iff there is no requirement, or `w` is not NULL and `w >= R(p)`.

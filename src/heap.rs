@@ -92,11 +92,24 @@ pub unsafe fn open(table: SyncTable, lock: pg_sys::LOCKMODE) -> Result<pg_sys::R
     }
 }
 
+/// Where [`bigint_by_key`] found the row's relation.
+pub enum Lookup {
+    /// Read on this node: the column's value, `None` when there is no such row.
+    Here(Option<i64>),
+    /// A Citus table whose shard for the key is on another node (docs/SCALING.md): read it
+    /// through SQL.
+    Elsewhere,
+}
+
 /// Reads the `bigint` column named `column` of the row whose primary key equals `key`, by a
 /// direct scan of the primary-key index with `snapshot`. No SPI, no executor, no privilege
 /// check: the fence lookup must not depend on the inserting role (docs/DESIGN.md §Writer fence)
 /// and runs once per inserted commit row. The column is found by name in the open relation's
-/// descriptor, so a column added or dropped by an update never shifts what is read.
+/// descriptor, so a column added or dropped by an update never shifts what is read. When Citus
+/// manages the table (src/citus.rs), the relation read is the shard on this node that holds
+/// `distribution` (the key's value of a distributed table; `None` for a reference table), never
+/// the empty shell under the table's name; [`Lookup::Elsewhere`] when that shard is on another
+/// node.
 ///
 /// # Safety
 /// Must run inside a transaction; `key` is a datum of the primary key's type, compared with
@@ -104,16 +117,26 @@ pub unsafe fn open(table: SyncTable, lock: pg_sys::LOCKMODE) -> Result<pg_sys::R
 pub unsafe fn bigint_by_key(
     table: SyncTable,
     key: pg_sys::Datum,
+    distribution: Option<&str>,
     (equality, collation): (u32, pg_sys::Oid),
     column: &CStr,
     snapshot: pg_sys::Snapshot,
-) -> Result<Option<i64>> {
+) -> Result<Lookup> {
     let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
     // SAFETY: the relation is opened and closed here; the scan key, scan and tuple follow
     // genam.h's systable protocol under the caller's registered snapshot; the attribute number
-    // comes from the relation's own descriptor and is checked to be a live int8 column.
+    // comes from the relation's own descriptor and is checked to be a live int8 column. A shard
+    // is a table of the same columns and primary key, opened by the OID Citus's metadata names.
     unsafe {
-        let relation = open(table, lock)?;
+        let mut relation = open(table, lock)?;
+        if crate::citus::manages((*relation).rd_id) {
+            let shell = (*relation).rd_id;
+            pg_sys::table_close(relation, lock);
+            match crate::citus::local_shard(shell, distribution)? {
+                Some(shard) => relation = pg_sys::table_open(shard, lock),
+                None => return Ok(Lookup::Elsewhere),
+            }
+        }
         let attributes = pgrx::PgTupleDesc::from_pg_unchecked((*relation).rd_att);
         let attnum = attributes.iter().position(|a| {
             !a.attisdropped
@@ -151,7 +174,7 @@ pub unsafe fn bigint_by_key(
         };
         pg_sys::systable_endscan(scan);
         pg_sys::table_close(relation, lock);
-        Ok(value)
+        Ok(Lookup::Here(value))
     }
 }
 
@@ -361,7 +384,8 @@ unsafe fn is_plain(relation: pg_sys::Relation, columns: &[(&CStr, pg_sys::Oid)])
     // SAFETY: the caller's open relation; its `rd_rel`, `rd_att` and `constr` are read only.
     unsafe {
         let form = &*(*relation).rd_rel;
-        if form.relkind != pg_sys::RELKIND_RELATION as std::ffi::c_char
+        if crate::citus::manages((*relation).rd_id)
+            || form.relkind != pg_sys::RELKIND_RELATION as std::ffi::c_char
             || form.relowner != pg_sys::GetUserId()
             || form.relispartition
             || !(*relation).trigdesc.is_null()

@@ -27,7 +27,8 @@
 //!   [`txn_local`]: transaction-local control state no session can set;
 //! - [`args`], [`limits`], [`db`]: argument decoding and the size caps, SPI with kept plans;
 //!   [`interrupts`]: the interrupt check of every loop over input; [`heap`]: the extension's
-//!   tables below SQL (cached OIDs, direct inserts into the commit log);
+//!   tables below SQL (cached OIDs, direct inserts into the commit log); [`citus`]: whether
+//!   Citus manages one of them (then nothing of it is read or written below SQL);
 //! - [`error`]: the error catalogue and the one place that raises it; [`alloc`]: the global
 //!   allocator and fallible allocation, so that out of memory is an ERROR, never an abort;
 //! - [`port`]: Rust ports of PostgreSQL header code, each quoting what it ports.
@@ -49,6 +50,7 @@ mod adopt;
 mod alloc;
 mod args;
 mod checkpoint;
+mod citus;
 mod clients;
 mod codec;
 mod commit;

@@ -290,7 +290,7 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
                 DatumWithOid::from(Value::Object(a.layouts.clone()).to_string()),
             ],
         )?;
-        push_schema::check_stored_at(client, a.version)?;
+        push_schema::check_stored_at(client, a.version, &a.layouts)?;
         if evolution::installed() {
             let stored_text = state.stored_layouts.as_deref().filter(|_| stored > 0);
             record_layouts(

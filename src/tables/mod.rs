@@ -615,6 +615,18 @@ pub fn register(
         return Err(Error::invalid_argument("relation", "shape")
             .with_hint("the primary key must be (_sync_partition, _sync_row_id)"));
     }
+    let previous = registration(client, tbl, true)?;
+    let registered_by = match registrant {
+        Registrant::Caller => caller,
+        Registrant::RelationOwner => target.owner,
+    };
+    if let Some(previous) = &previous {
+        require_registrant(caller, previous)?;
+        // Adoption registers on behalf of the relation's owner: the operator holds every role's
+        // privileges, the owner may not (a 0.24 schema a host prepared would otherwise re-point
+        // another role's registration to the host's own table).
+        require_registrant(registered_by, previous)?;
+    }
     // The relation registered under another name, a partition of a registered partitioned
     // table, or the partitioned parent of a registered partition holds the other registration's
     // rows: every statement over it reads and writes them too, with its own push schema and
@@ -627,18 +639,6 @@ pub fn register(
              rows; register only one of them"
             )),
         );
-    }
-    let previous = registration(client, tbl, true)?;
-    let registered_by = match registrant {
-        Registrant::Caller => caller,
-        Registrant::RelationOwner => target.owner,
-    };
-    if let Some(previous) = &previous {
-        require_registrant(caller, previous)?;
-        // Adoption registers on behalf of the relation's owner: the operator holds every role's
-        // privileges, the owner may not (a 0.24 schema a host prepared would otherwise re-point
-        // another role's registration to the host's own table).
-        require_registrant(registered_by, previous)?;
     }
     access::as_extension_owner(client, || {
         if let Some(previous) = &previous {

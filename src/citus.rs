@@ -1,0 +1,109 @@
+//! Citus (docs/SCALING.md): the one place that knows whether Citus runs in this database and
+//! which of the extension's tables it manages. A table Citus distributes or replicates keeps its
+//! rows in shards; the relation under its own name is an empty shell on every node. So nothing
+//! of the extension may read or write such a table below SQL (src/heap.rs), and its statements
+//! must let Citus plan them (no forced generic plans, src/db.rs) — issue 30, item 1.
+
+use crate::error::Result;
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys;
+use pgrx::spi::Spi;
+use std::ffi::CStr;
+
+/// Citus's catalog of the tables it manages, `pg_catalog.pg_dist_partition`, if Citus is
+/// installed in this database (one catalog-cache lookup).
+fn catalog() -> pg_sys::Oid {
+    // SAFETY: a catalog-cache lookup by name in a transaction; InvalidOid when absent.
+    unsafe {
+        pg_sys::get_relname_relid(
+            c"pg_dist_partition".as_ptr(),
+            pg_sys::Oid::from(pg_sys::PG_CATALOG_NAMESPACE),
+        )
+    }
+}
+
+/// Whether Citus is installed in this database.
+pub fn installed() -> bool {
+    catalog() != pg_sys::InvalidOid
+}
+
+/// Whether Citus keeps the rows of `relation` elsewhere: a table it distributes or replicates
+/// (listed in `pg_dist_partition`). A direct insert into it would go into the shell, where no
+/// query reads it, and a direct read would find nothing — the writer fence let every writer
+/// through that way (issue 30). Where Citus is not installed, one catalog-cache lookup.
+///
+/// # Safety
+/// Must run inside a transaction.
+pub unsafe fn manages(relation: pg_sys::Oid) -> bool {
+    // SAFETY: catalog lookups by name, then a scan of Citus's catalog table under the catalog
+    // snapshot (`systable_beginscan` registers it), with one key on its `logicalrelid` column,
+    // found by name and checked to be an oid/regclass column; everything is closed here.
+    unsafe {
+        let catalog = catalog();
+        if catalog == pg_sys::InvalidOid {
+            return false;
+        }
+        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        let table = pg_sys::table_open(catalog, lock);
+        let attributes = pgrx::PgTupleDesc::from_pg_unchecked((*table).rd_att);
+        let column = attributes.iter().position(|a| {
+            !a.attisdropped
+                && (a.atttypid == pg_sys::REGCLASSOID || a.atttypid == pg_sys::OIDOID)
+                && CStr::from_ptr(a.attname.data.as_ptr()) == c"logicalrelid"
+        });
+        drop(attributes);
+        let Some(column) = column else {
+            pg_sys::table_close(table, lock);
+            // A catalog of another shape is not Citus's: nothing to avoid.
+            return false;
+        };
+        let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
+        pg_sys::ScanKeyEntryInitialize(
+            &mut key,
+            0,
+            column as i16 + 1,
+            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+            pg_sys::InvalidOid,
+            pg_sys::InvalidOid,
+            pg_sys::RegProcedure::from(pg_sys::F_OIDEQ),
+            pg_sys::Datum::from(relation),
+        );
+        let scan = pg_sys::systable_beginscan(
+            table,
+            pg_sys::InvalidOid,
+            false,
+            std::ptr::null_mut(),
+            1,
+            &mut key,
+        );
+        let found = !pg_sys::systable_getnext(scan).is_null();
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(table, lock);
+        found
+    }
+}
+
+/// The relation on this node that holds the row of Citus table `table` whose distribution
+/// column is `key` (`None` for a reference table, which has one shard, placed on every node
+/// that has reference tables): its shard, found by name from Citus's own metadata functions
+/// (`get_shard_id_for_distribution_column`, `shard_name`); `None` when that shard is not on this
+/// node (a call through the coordinator: the row is read through Citus, by SQL, instead).
+pub fn local_shard(table: pg_sys::Oid, key: Option<&str>) -> Result<Option<pg_sys::Oid>> {
+    let found = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT pg_catalog.to_regclass(pg_catalog.shard_name(p.logicalrelid, CASE
+                      WHEN p.partmethod = 'n'
+                        THEN (SELECT s.shardid FROM pg_catalog.pg_dist_shard s
+                               WHERE s.logicalrelid = p.logicalrelid
+                               ORDER BY s.shardid LIMIT 1)
+                      ELSE pg_catalog.get_shard_id_for_distribution_column(p.logicalrelid, $2)
+                    END))::pg_catalog.oid
+               FROM pg_catalog.pg_dist_partition p
+              WHERE p.logicalrelid = $1::pg_catalog.oid::pg_catalog.regclass",
+            None,
+            &[DatumWithOid::from(table), DatumWithOid::from(key)],
+        )?;
+        rows.first().get::<pg_sys::Oid>(1)
+    })?;
+    Ok(found.filter(|oid| *oid != pg_sys::InvalidOid))
+}
