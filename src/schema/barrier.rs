@@ -233,6 +233,14 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
         "LOCK TABLE syncular.sync_partitions IN EXCLUSIVE MODE",
         &[],
     )?;
+    // Push schemas stay as they are until we end, and one being stored now is committed first:
+    // `set_push_schema` takes ROW EXCLUSIVE before it compares with the marker, so each of the
+    // two sees the other's result (red team 6, R6-1; docs/DESIGN.md §Lock order).
+    db::write(
+        client,
+        "LOCK TABLE syncular.sync_push_schemas IN SHARE MODE",
+        &[],
+    )?;
     // Re-validate under the lock, with a snapshot taken after it was granted.
     let state = gate::read_state(client, None, a.version, true)?;
     let stored = state.stored_schema_version;

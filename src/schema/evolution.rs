@@ -17,6 +17,8 @@ use crate::tables;
 use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
 use serde_json::{json, Map, Value};
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
 
 /// Whether this install has the layout history (`sync_schema_layouts`, 0.2.0): a 0.1.0 install
 /// running this library before `ALTER EXTENSION syncular UPDATE` has not, and keeps 0.1.0's
@@ -207,6 +209,7 @@ pub fn rewrite(
 ) -> Result<Map<String, Value>> {
     let mut counts = Map::new();
     let mut rewritten = Vec::new();
+    let keys = (RandomState::new(), RandomState::new());
     for g in grown {
         crate::interrupts::check();
         let Some(relation) = tables::open_for_migration(client, &g.table)? else {
@@ -223,30 +226,35 @@ pub fn rewrite(
         let old = codec_layout(columns(stored.get(&g.table))).map_err(|w| unreadable(from, w))?;
         let new = codec_layout(columns(layouts.get(&g.table))).map_err(|w| unreadable(to, w))?;
         let table = g.table.as_str();
+        relation.lock_for_rewrite(caller)?;
+        let mut written = Digest::new(&keys);
         let count = relation.rewrite_payloads(caller, &mut |partition, row_id, payload| {
-            reencode(&old, &new, payload).map_err(|e| {
+            let out = reencode(&old, &new, payload).map_err(|e| {
                 Error::Internal(format!(
                     "syncular: migrate_schema cannot re-encode stored row {table}/{row_id} of \
                      partition {partition} for schema version {to}: its _sync_payload does not \
                      decode with the layout of schema version {from}: {}",
                     e.message()
                 ))
-            })
+            })?;
+            written.add(partition, row_id, &out);
+            Ok(out)
         })?;
         if count > 0 {
             counts.insert(g.table.clone(), json!(count));
         }
-        rewritten.push((g.table.as_str(), new));
+        rewritten.push((g.table.as_str(), new, written));
     }
-    for (table, new) in rewritten {
+    for (table, new, written) in rewritten {
         crate::interrupts::check();
         // Opened again: every check of a registered relation, after what host code did.
         let Some(relation) = tables::open_for_migration(client, table)? else {
             continue;
         };
-        relation.scan_payloads(
-            client,
-            &mut |partition, row_id, payload| match row::decode_full(&new, payload) {
+        let mut stored = Digest::new(&keys);
+        relation.scan_payloads(client, &mut |partition, row_id, payload| {
+            stored.add(partition, row_id, payload);
+            match row::decode_full(&new, payload) {
                 Ok(_) => Ok(()),
                 Err(e) => Err(Error::TriggeredChange(format!(
                     "syncular: migrate_schema re-encoded the stored rows of table {table}, but \
@@ -256,10 +264,56 @@ pub fn rewrite(
                      was re-encoded",
                     e.message()
                 ))),
-            },
-        )?;
+            }
+        })?;
+        // Decoding is not enough: a crafted old payload can decode with a layout whose null
+        // bitmap grew a byte (red team 6, R6-3). The stored rows must be exactly the rows
+        // written: the same keys with the same bytes.
+        if stored != written {
+            return Err(Error::TriggeredChange(format!(
+                "syncular: migrate_schema re-encoded {} stored rows of table {table}, but the \
+                 table now holds {} rows that are not exactly those: host code of the migration \
+                 (a trigger, or a function of the relation's statistics or constraints) wrote, \
+                 inserted or deleted rows of it after they were re-encoded",
+                written.rows, stored.rows
+            )));
+        }
     }
     Ok(counts)
+}
+
+/// An order-independent digest of a set of stored rows: the wrapping sum of a keyed 128-bit
+/// hash of each `(partition, row_id, payload)`, and their count. The rows a migration wrote and
+/// the rows the table holds afterwards compare in memory that does not grow with the table; the
+/// keys are random per migration, so no host can craft rows whose hashes cancel out.
+struct Digest {
+    keys: (RandomState, RandomState),
+    sum: u128,
+    rows: u64,
+}
+
+impl Digest {
+    fn new(keys: &(RandomState, RandomState)) -> Digest {
+        Digest {
+            keys: keys.clone(),
+            sum: 0,
+            rows: 0,
+        }
+    }
+
+    fn add(&mut self, partition: &str, row_id: &str, payload: &[u8]) {
+        let row = (partition, row_id, payload);
+        let high = self.keys.0.hash_one(row) as u128;
+        let low = self.keys.1.hash_one(row) as u128;
+        self.sum = self.sum.wrapping_add(high << 64 | low);
+        self.rows += 1;
+    }
+}
+
+impl PartialEq for Digest {
+    fn eq(&self, other: &Digest) -> bool {
+        self.sum == other.sum && self.rows == other.rows
+    }
 }
 
 #[cfg(test)]

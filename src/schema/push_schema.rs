@@ -274,7 +274,9 @@ fn check_layouts(
     schemas: &[(String, TableSchema)],
     whole: bool,
 ) -> Result<()> {
-    let stored = db::read(
+    // A fresh snapshot: after the lock `set_push_schema` waited on, a migration committed in the
+    // meantime is seen (red team 6, R6-1).
+    let stored = db::write(
         client,
         "SELECT m.layouts FROM syncular.sync_schema_meta m WHERE m.id = 1 AND m.schema_version = $1",
         &[DatumWithOid::from(version)],
@@ -360,7 +362,9 @@ pub fn check_stored_at(
     version: i64,
     layouts: &Map<String, Value>,
 ) -> Result<()> {
-    let found = db::read(
+    // A fresh snapshot: after the lock the migration waited on, a push schema committed in the
+    // meantime is seen (red team 6, R6-1).
+    let found = db::write(
         client,
         "SELECT p.tables::text FROM syncular.sync_push_schemas p WHERE p.schema_version = $1",
         &[DatumWithOid::from(version)],
@@ -427,6 +431,14 @@ fn set_push_schema(schema_version: Option<i64>, tables: Option<JsonArg>) -> i32 
             .map(|(tbl, s)| (tbl.clone(), s.stored.clone()))
             .collect();
         db::with_spi(|client| {
+            // Before the comparison with the marker: waits for a migration in progress (it holds
+            // SHARE until it commits), so the marker read next is the migration's (red team 6,
+            // R6-1).
+            db::write(
+                client,
+                "LOCK TABLE syncular.sync_push_schemas IN ROW EXCLUSIVE MODE",
+                &[],
+            )?;
             for (tbl, schema) in &schemas {
                 crate::interrupts::check();
                 check_relation(client, tbl, schema)?;

@@ -324,6 +324,15 @@ impl AppRelation {
         })
     }
 
+    /// Locks the relation against every writer until the migration's transaction ends, after
+    /// waiting for the writers in flight (`SHARE`: a host's own insert outside the protocol, not
+    /// yet committed, would otherwise keep a row the rewrite and the last pass cannot see; red
+    /// team 6, R6-2). Partitions included; `ONLY` an ordinary table. Runs no host code.
+    pub fn lock_for_rewrite(&self, caller: pg_sys::Oid) -> error::Result<()> {
+        let sql = format!("LOCK TABLE {} IN SHARE MODE", self.rows);
+        db::with_spi(|c| self.run_rewrite(caller, || db::write_dynamic(c, &sql, &[]).map(drop)))
+    }
+
     /// Walks every stored row of the relation page by page in key order (each page and chunk in
     /// an SPI connection of its own, so what it read is freed before the next), handing `each`
     /// the keys and payload lengths of one chunk at a time: at most [`REWRITE_PAGE_ROWS`] rows

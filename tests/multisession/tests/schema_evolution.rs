@@ -1237,3 +1237,189 @@ fn a_push_schema_stored_ahead_of_its_migration_must_match_its_layouts() {
         with_body(note("n1", "first"), json!(null))
     );
 }
+
+/// `push_schema(layouts)` with `body` moved before `title`: a column list other than `l2()`'s.
+fn swapped() -> Value {
+    let mut swapped = l2();
+    let columns = swapped["notes"].as_array_mut().unwrap();
+    let body = columns.pop().unwrap();
+    columns.insert(2, body);
+    swapped
+}
+
+/// Red team 6, R6-1: `set_push_schema(2)` and `migrate_schema(2)` racing in two sessions each
+/// compared with the other's uncommitted state, so a push schema that disagrees with the layouts
+/// of version 2 got stored beside them. Now the second waits for the first and refuses (in
+/// either order): `set_push_schema` after a migration in flight compares with its layouts, a
+/// migration after a `set_push_schema` in flight compares with that push schema.
+#[test]
+fn set_push_schema_and_migrate_schema_racing_never_disagree() {
+    let (db, mut c) = setup("ev_r61");
+    exec(&mut c, "ALTER TABLE public.ev_notes ADD COLUMN body text");
+    // A migration in flight; set_push_schema waits for it, then compares with its layouts.
+    let mut migrator = db.connect();
+    exec(&mut migrator, "BEGIN");
+    one::<i64>(
+        &mut migrator,
+        "SELECT syncular.migrate_schema(2, $1)",
+        &[&l2()],
+    );
+    let mut other = db.connect();
+    let pid = backend_pid(&mut other);
+    let store = std::thread::spawn(move || {
+        other
+            .query_one(
+                "SELECT syncular.set_push_schema(2, $1)",
+                &[&push_schema(&swapped())],
+            )
+            .map(|_| ())
+            .map_err(|e| sql_error(&e))
+    });
+    wait_until_blocked(&mut c, pid);
+    exec(&mut migrator, "COMMIT");
+    let err = store
+        .join()
+        .unwrap()
+        .expect_err("refused after the migration");
+    assert_eq!(err.state, "SY000", "{err:?}");
+    assert!(
+        err.hint
+            .unwrap_or_default()
+            .contains("the layouts stored by migrate_schema at schema version 2"),
+        "compared with the layouts of version 2"
+    );
+    // A set_push_schema in flight; the next migration waits for it, then compares with it.
+    let mut l3 = l2();
+    l3["notes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "extra", "type": "string", "nullable": true}));
+    exec(&mut c, "ALTER TABLE public.ev_notes ADD COLUMN extra text");
+    let mut storer = db.connect();
+    exec(&mut storer, "BEGIN");
+    let mut wrong = l3.clone();
+    wrong["notes"].as_array_mut().unwrap().swap(8, 9);
+    one::<i32>(
+        &mut storer,
+        "SELECT syncular.set_push_schema(3, $1)",
+        &[&push_schema(&wrong)],
+    );
+    let mut migrator = db.connect();
+    let pid = backend_pid(&mut migrator);
+    let migration = std::thread::spawn(move || {
+        let mut tx = migrator.transaction().unwrap();
+        let out = tx
+            .query_one("SELECT syncular.migrate_schema(3, $1)", &[&l3])
+            .map(|_| ())
+            .map_err(|e| sql_error(&e));
+        tx.rollback().unwrap();
+        out
+    });
+    wait_until_blocked(&mut c, pid);
+    exec(&mut storer, "COMMIT");
+    let err = migration
+        .join()
+        .unwrap()
+        .expect_err("refused after the push schema");
+    assert_eq!(
+        err.detail,
+        Some(json!({"argument": "layouts", "reason": "mismatch"})),
+        "{err:?}"
+    );
+}
+
+/// Red team 6, R6-2: a host's own insert outside the protocol, in flight while the migration
+/// re-encodes its table, kept a row of the old layout the rewrite and the last pass could not
+/// see. The migration now waits for the writers of every table it re-encodes (and keeps new ones
+/// out until it commits): the row in flight is re-encoded with the others.
+#[test]
+fn a_row_inserted_while_the_migration_runs_is_re_encoded_too() {
+    let (db, mut c) = setup("ev_r62");
+    let mut writer = db.connect();
+    exec(&mut writer, "BEGIN");
+    exec(
+        &mut writer,
+        "INSERT INTO public.ev_notes (_sync_partition, _sync_row_id, _sync_server_version,
+                                      _sync_scopes, _sync_payload)
+         VALUES ('part-1', 'n9', 1, '{\"project_id\":\"p1\"}',
+                 syncular.encode_row('notes', '{\"id\":\"n9\",\"project_id\":\"p1\",\"title\":\"late\",
+                   \"c1\":null,\"c2\":null,\"c3\":null,\"c4\":null,\"c5\":null}'))",
+    );
+    let mut migrator = db.connect();
+    let pid = backend_pid(&mut migrator);
+    let migration = std::thread::spawn(move || migrate_to_2(&mut migrator, &l2()));
+    wait_until_blocked(&mut c, pid);
+    exec(&mut writer, "COMMIT");
+    let state = migration.join().unwrap();
+    assert_eq!(state["rewritten"], json!({"notes": 3}), "{state}");
+    let row = decoded_at(&mut c, "n9", 2);
+    assert_eq!(row["title"], json!("late"));
+    assert_eq!(row["body"], json!(null));
+}
+
+/// Red team 6, R6-3: an old payload can decode with the grown layout when the null bitmap grows
+/// a byte (here a crdt value whose first bytes read as the second bitmap byte and a length), so
+/// "every row decodes" cannot tell a row written back from a re-encoded one. The last pass
+/// compares the stored rows with the rows written — keys and bytes — and fails the migration.
+#[test]
+fn a_written_back_row_that_happens_to_decode_still_fails_the_migration() {
+    let db = TestDb::new("ev_r63");
+    let mut c = db.connect();
+    let w = |extra: bool| {
+        let mut columns = vec![json!({"name": "doc", "type": "crdt", "nullable": false})];
+        columns.extend(
+            (1..=7).map(|i| json!({"name": format!("c{i}"), "type": "string", "nullable": true})),
+        );
+        if extra {
+            columns.push(json!({"name": "c8", "type": "crdt", "nullable": true}));
+        }
+        json!(columns)
+    };
+    let x = |extra: bool| {
+        let mut columns = vec![json!({"name": "id", "type": "string", "nullable": false})];
+        if extra {
+            columns.push(json!({"name": "y", "type": "string", "nullable": true}));
+        }
+        json!(columns)
+    };
+    for t in ["w", "x"] {
+        exec(&mut c, &app_table_sql(&format!("public.ev_{t}"), ""));
+        exec(
+            &mut c,
+            &format!("SELECT syncular.register_table('{t}', 'public.ev_{t}')"),
+        );
+    }
+    migrate(
+        &mut c,
+        1,
+        &json!({"w": w(false), "x": x(false)}),
+        &json!([]),
+    );
+    exec(
+        &mut c,
+        "INSERT INTO public.ev_w VALUES ('part-1', 'r1', 1, '{}',
+           syncular.encode_row('w', jsonb_build_object('doc',
+             translate(encode(decode('00AAFA000000' || repeat('42', 250), 'hex'), 'base64'), E'\\n', ''),
+             'c1', null, 'c2', null, 'c3', null, 'c4', null, 'c5', null, 'c6', null, 'c7', null)), NULL);
+         INSERT INTO public.ev_x VALUES ('part-1', 'x1', 1, '{}',
+           syncular.encode_row('x', '{\"id\":\"x1\"}'), NULL);
+         CREATE TABLE public.ev_saved AS SELECT _sync_row_id, _sync_payload FROM public.ev_w;
+         CREATE FUNCTION public.ev_back() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           UPDATE public.ev_w w SET _sync_payload = s._sync_payload
+             FROM public.ev_saved s WHERE w._sync_row_id = s._sync_row_id;
+           RETURN NULL;
+         END $$;
+         CREATE TRIGGER ev_back AFTER UPDATE ON public.ev_x
+           FOR EACH ROW EXECUTE FUNCTION public.ev_back();",
+    );
+    let before: Vec<u8> = one(&mut c, "SELECT _sync_payload FROM public.ev_w", &[]);
+    let err = refused_migration(&mut c, 2, &json!({"w": w(true), "x": x(true)}));
+    assert_eq!(err.state, "27000", "{err:?}");
+    assert!(
+        err.message.contains("rows that are not exactly those"),
+        "{err:?}"
+    );
+    let after: Vec<u8> = one(&mut c, "SELECT _sync_payload FROM public.ev_w", &[]);
+    assert_eq!(after, before);
+}
