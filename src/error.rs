@@ -359,7 +359,10 @@ pub fn run_in_host_code<T>(body: impl FnOnce() -> Result<T>) -> T {
                             report.sql_error_code() as c_int,
                             report.message().to_string(),
                             report.detail().map(str::to_string),
-                            report.hint().map(str::to_string),
+                            report
+                                .hint()
+                                .map(str::to_string)
+                                .or_else(|| read_only_hint(report)),
                             if by_us { Origin::Ours } else { Origin::Caught },
                         ),
                     }
@@ -370,6 +373,29 @@ pub fn run_in_host_code<T>(body: impl FnOnce() -> Result<T>) -> T {
         },
     };
     raise_code(code, message, detail, hint, origin)
+}
+
+/// What to do about PostgreSQL's `25006` (a write in a read-only transaction), which names
+/// neither: on a hot standby, where every transaction is read-only, the way to the primary
+/// (issue 32, docs/DESIGN.md §Read replicas); elsewhere, the read-only transaction.
+fn read_only_hint(report: &pgrx::pg_sys::panic::ErrorReportWithLevel) -> Option<String> {
+    use pgrx::pg_sys::errcodes::PgSqlErrorCode;
+    if report.sql_error_code() != PgSqlErrorCode::ERRCODE_READ_ONLY_SQL_TRANSACTION {
+        return None;
+    }
+    // SAFETY: reads the shared recovery state; callable in any backend.
+    let standby = unsafe { pgrx::pg_sys::RecoveryInProgress() };
+    Some(
+        if standby {
+            "this server is a hot standby: send this call to the primary; pull is served here \
+             (its writes come back as document.writes, for apply_pull on the primary), \
+             docs/DESIGN.md §Read replicas"
+        } else {
+            "the transaction is read-only (BEGIN READ ONLY, or default_transaction_read_only): \
+             run this call in a read-write transaction; only pull serves read-only transactions"
+        }
+        .to_string(),
+    )
 }
 
 /// Where an error [`raise_code`] raises comes from, as its file and function say.

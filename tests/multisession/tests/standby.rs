@@ -156,12 +156,35 @@ fn a_standby_serves_the_same_pull_and_hands_over_its_writes() {
     );
     assert_eq!(applied["registry"], on_primary["registry"]);
     assert_eq!(stored_record(&mut primary), before);
-    // A write on the standby is PostgreSQL's own refusal; nothing of the API pretends otherwise.
+    // A write on the standby is PostgreSQL's own refusal, with a HINT that says where to send
+    // it; in a read-only transaction on the primary, a HINT that says what to change.
     let refused = standby
         .query_one("SELECT syncular.touch_partition('part-1', 1, 'e')", &[])
         .map_err(|e| sql_error(&e))
         .unwrap_err();
     assert_eq!(refused.state, "25006", "{refused:?}");
+    assert!(
+        refused
+            .hint
+            .unwrap_or_default()
+            .contains("send this call to the primary"),
+        "the HINT names the way out"
+    );
+    let mut tx = primary.transaction().unwrap();
+    tx.batch_execute("SET TRANSACTION READ ONLY").unwrap();
+    let refused = tx
+        .query_one("SELECT syncular.touch_partition('part-1', 1, 'e')", &[])
+        .map_err(|e| sql_error(&e))
+        .unwrap_err();
+    tx.rollback().unwrap();
+    assert_eq!(refused.state, "25006", "{refused:?}");
+    assert!(
+        refused
+            .hint
+            .unwrap_or_default()
+            .contains("read-write transaction"),
+        "the HINT names the way out"
+    );
 }
 
 /// A standby that lags serves what it has: never a commit past its own head, never a cursor
