@@ -840,6 +840,30 @@ fn a_later_pages_trigger_that_writes_back_an_earlier_row_fails_the_migration() {
     assert_eq!(payload(&mut c, "n1"), before);
 }
 
+/// Both names of `pair` are unusable, each read of row 1 of `partition` refused with `SY041`
+/// and a HINT naming the other ("registered as <other><then>").
+fn refused_as_sharing_rows(c: &mut Client, partition: &str, pair: (&str, &str), then: &str) {
+    for (tbl, other) in [pair, (pair.1, pair.0)] {
+        let row = if partition == "solo" { "s1" } else { "r1" };
+        let err = expect_error(
+            c.query_one(
+                "SELECT syncular.get_row_scopes($1, $2, $3)",
+                &[&partition, &tbl, &row],
+            )
+            .map(|_| ()),
+            "SY041",
+            "sync.storage.unknown_table",
+            Some(json!({"table": tbl})),
+        );
+        assert!(
+            err.hint
+                .unwrap_or_default()
+                .contains(&format!("registered as {other}{then}")),
+            "{tbl}"
+        );
+    }
+}
+
 /// Red team 4, C1: two relations registered apart and joined afterwards by `ATTACH PARTITION`
 /// hold the same rows; every use of either is refused (`SY041`, a HINT naming the other) until
 /// one is retired or the partition detached — a migration's re-encoding among them.
@@ -869,21 +893,7 @@ fn relations_joined_by_attach_partition_after_registration_are_refused() {
                                            syncular.encode_row('solo', '{\"id\":\"s1\"}'), NULL);
          ALTER TABLE public.ev_pt ATTACH PARTITION public.ev_solo FOR VALUES IN ('solo');",
     );
-    for (tbl, other) in [("pt", "solo"), ("solo", "pt")] {
-        let err = expect_error(
-            c.query_one("SELECT syncular.get_row_scopes('solo', $1, 's1')", &[&tbl])
-                .map(|_| ()),
-            "SY041",
-            "sync.storage.unknown_table",
-            Some(json!({"table": tbl})),
-        );
-        assert!(
-            err.hint
-                .unwrap_or_default()
-                .contains(&format!("registered as {other}")),
-            "{tbl}"
-        );
-    }
+    refused_as_sharing_rows(&mut c, "solo", ("pt", "solo"), "");
     let grown = json!({"pt": [id[0], {"name": "n", "type": "integer", "nullable": true}],
                        "solo": [id[0], {"name": "n", "type": "integer", "nullable": true}]});
     let err = refused_migration(&mut c, 2, &grown);
@@ -1036,24 +1046,7 @@ fn one_relation_is_never_registered_under_two_names() {
                 relation, registered_by
            FROM syncular.sync_app_tables WHERE tbl = 'b'",
     );
-    for (tbl, other) in [("b", "b2"), ("b2", "b")] {
-        let err = expect_error(
-            c.query_one(
-                "SELECT syncular.get_row_scopes('part-1', $1, 'r1')",
-                &[&tbl],
-            )
-            .map(|_| ()),
-            "SY041",
-            "sync.storage.unknown_table",
-            Some(json!({"table": tbl})),
-        );
-        assert!(
-            err.hint
-                .unwrap_or_default()
-                .contains(&format!("registered as {other} too")),
-            "{tbl}"
-        );
-    }
+    refused_as_sharing_rows(&mut c, "part-1", ("b", "b2"), " too");
     let mut grown = ab_layouts(true);
     grown["b2"] = ab_layouts(false)["b"].clone();
     let err = refused_migration(&mut c, 2, &grown);
