@@ -187,6 +187,10 @@ COMMENT ON FUNCTION syncular._fence_guard_on_create() IS 'Event trigger: replace
 COMMENT ON FUNCTION syncular._fence_guard_busy() IS 'Internal: true while the fence guard reacts to its own DDL (transaction-local state no session can set).';
 COMMENT ON FUNCTION syncular._fence_guard_hold(boolean) IS 'Internal, extension owner only: sets the fence guard''s busy flag for the rest of the (sub)transaction.';
 
+-- Distribution on Citus (docs/SCALING.md)
+COMMENT ON FUNCTION syncular.distribute() IS
+  'Extension owner or superuser only, on a Citus coordinator: distributes the sync tables by partition (colocated), makes the global ones reference tables, delegates the one-call functions by their partition; reports which registered app tables are colocated (docs/SCALING.md).';
+
 -- Repairs (docs/SECURITY.md)
 COMMENT ON FUNCTION syncular.repair_schema_marker(bigint, bigint, text) IS
   'Extension owner only: lowers the stored schema version and the global writer floor, with a reason; audited in sync_repairs.';

@@ -448,5 +448,14 @@ REVOKE ALL ON FUNCTION syncular.apply_pull(jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION syncular.apply_pull(jsonb) IS
   'Applies on the primary the writes a pull served by a hot standby returned (its document''s "writes"): the registry touch and the client record, monotonic and idempotent (a late or repeated apply never moves a cursor back or overwrites a newer record).';
 
+-- 0.2.0: distribution on Citus (docs/SCALING.md), an operator action.
+CREATE FUNCTION syncular.distribute() RETURNS jsonb
+VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'distribute_wrapper';
+REVOKE ALL ON FUNCTION syncular.distribute() FROM PUBLIC;
+COMMENT ON FUNCTION syncular.distribute() IS
+  'Extension owner or superuser only, on a Citus coordinator: distributes the sync tables by partition (colocated), makes the global ones reference tables, delegates the one-call functions by their partition; reports which registered app tables are colocated (docs/SCALING.md).';
+
 -- Last, as in every update script: the roles get exactly the grants of this version.
 SELECT syncular._grant_api_roles();

@@ -127,21 +127,32 @@ fn generic<R>(body: impl FnOnce() -> Result<R>) -> Result<R> {
     if crate::citus::installed() {
         return body();
     }
-    // SAFETY: the setting is made in a GUC nest level of its own and undone right after the
-    // body; an error in between unwinds it with the (sub)transaction, as for a function's own
-    // SET clause.
+    with_settings(&[(c"plan_cache_mode", c"force_generic_plan")], body)
+}
+
+/// Runs `body` with the user-settable `settings` made in a GUC nest level of its own, undone
+/// right after it; an error in between unwinds them with the (sub)transaction, as for a
+/// function's own SET clause.
+pub fn with_settings<R>(
+    settings: &[(&std::ffi::CStr, &std::ffi::CStr)],
+    body: impl FnOnce() -> Result<R>,
+) -> Result<R> {
+    // SAFETY: valid, NUL-terminated setting names and values, set with GUC_ACTION_SAVE inside
+    // the nest level that AtEOXact_GUC(true, level) then pops.
     unsafe {
         let level = pg_sys::NewGUCNestLevel();
-        pg_sys::set_config_option(
-            c"plan_cache_mode".as_ptr(),
-            c"force_generic_plan".as_ptr(),
-            pg_sys::GucContext::PGC_USERSET,
-            pg_sys::GucSource::PGC_S_SESSION,
-            pg_sys::GucAction::GUC_ACTION_SAVE,
-            true,
-            0,
-            false,
-        );
+        for (name, value) in settings {
+            pg_sys::set_config_option(
+                name.as_ptr(),
+                value.as_ptr(),
+                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+                pg_sys::GucAction::GUC_ACTION_SAVE,
+                true,
+                0,
+                false,
+            );
+        }
         let result = body();
         pg_sys::AtEOXact_GUC(true, level);
         result

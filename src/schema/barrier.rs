@@ -235,12 +235,17 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
     )?;
     // Push schemas stay as they are until we end, and one being stored now is committed first:
     // `set_push_schema` takes ROW EXCLUSIVE before it compares with the marker, so each of the
-    // two sees the other's result (red team 6, R6-1; docs/DESIGN.md §Lock order).
-    db::write(
-        client,
-        "LOCK TABLE syncular.sync_push_schemas IN SHARE MODE",
-        &[],
-    )?;
+    // two sees the other's result (red team 6, R6-1; docs/DESIGN.md §Lock order). A 0.1.0
+    // install this library runs before its update has neither push schemas nor the history
+    // (both 0.2.0) and keeps 0.1.0's contract.
+    let updated = evolution::installed();
+    if updated {
+        db::write(
+            client,
+            "LOCK TABLE syncular.sync_push_schemas IN SHARE MODE",
+            &[],
+        )?;
+    }
     // Re-validate under the lock, with a snapshot taken after it was granted.
     let state = gate::read_state(client, None, a.version, true)?;
     let stored = state.stored_schema_version;
@@ -298,8 +303,10 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
                 DatumWithOid::from(Value::Object(a.layouts.clone()).to_string()),
             ],
         )?;
-        push_schema::check_stored_at(client, a.version, &a.layouts)?;
-        if evolution::installed() {
+        if updated {
+            push_schema::check_stored_at(client, a.version, &a.layouts)?;
+        }
+        if updated {
             let stored_text = state.stored_layouts.as_deref().filter(|_| stored > 0);
             record_layouts(
                 client,

@@ -12,33 +12,8 @@ use postgres::{Client, NoTls};
 use serde_json::json;
 use syncular_multisession::*;
 
-/// Every partition-keyed table distributed by `partition`, colocated; the global ones reference
-/// tables (docs/SCALING.md); the two functions under test delegated by their partition. One
-/// transaction per statement (Citus refuses DDL after a parallel operation in one transaction).
-const DISTRIBUTE: &str = "
-SET citus.enable_unsafe_triggers = on;
-SELECT create_distributed_table('syncular.sync_partitions', 'partition');
-SELECT create_distributed_table('syncular.' || t, 'partition',
-                                colocate_with => 'syncular.sync_partitions')
-  FROM unnest(ARRAY['sync_commits', 'sync_partition_registry', 'sync_row_scopes', 'sync_changes',
-                    'sync_change_scopes', 'sync_push_results', 'sync_reactions', 'sync_clients',
-                    'sync_blob_refs', 'sync_tombstones', 'sync_backfill_checkpoints',
-                    'sync_writer_fence']) t;
-SELECT create_reference_table('syncular.' || t)
-  FROM unnest(ARRAY['sync_schema_meta', 'sync_app_tables', 'sync_repairs', 'sync_push_schemas',
-                    'sync_schema_layouts', 'sync_notify_channel']) t;
-CREATE SCHEMA delegated;
-CREATE FUNCTION delegated.append_commit(partition text, commit jsonb) RETURNS bigint
-  LANGUAGE sql AS $$ SELECT syncular.append_commit(partition, commit) $$;
-CREATE FUNCTION delegated.writer_fence_allows(partition text, writer_version bigint)
-  RETURNS boolean LANGUAGE sql AS $$ SELECT syncular.writer_fence_allows(partition, writer_version) $$;
-SELECT create_distributed_function('delegated.append_commit(text,jsonb)', '$1',
-                                   colocate_with => 'syncular.sync_partitions');
-SELECT create_distributed_function('delegated.writer_fence_allows(text,bigint)', '$1',
-                                   colocate_with => 'syncular.sync_partitions');
-";
-
-/// The coordinator's database, with the extension created and distributed once.
+/// The coordinator's database, with the extension created and distributed once by
+/// `syncular.distribute()`, whose report is checked.
 fn coordinator() -> Client {
     let params = std::env::var("SYNCULAR_TEST_CITUS").expect(
         "SYNCULAR_TEST_CITUS: connection parameters of the Citus coordinator's database that \
@@ -55,14 +30,50 @@ fn coordinator() -> Client {
         );
         if !installed {
             exec(&mut c, "CREATE EXTENSION syncular");
-            for statement in DISTRIBUTE.split(";\n").filter(|s| !s.trim().is_empty()) {
-                c.batch_execute(statement)
-                    .unwrap_or_else(|e| panic!("{statement}: {:?}", sql_error(&e)));
-            }
+            let report: serde_json::Value = one(&mut c, "SELECT syncular.distribute()", &[]);
+            assert_eq!(
+                report["distributed"].as_array().unwrap().len(),
+                13,
+                "{report}"
+            );
+            assert_eq!(report["reference"].as_array().unwrap().len(), 6, "{report}");
+            assert_eq!(
+                report["delegated"],
+                json!([
+                    "push_commit",
+                    "pull",
+                    "append_commit",
+                    "writer_fence_allows"
+                ])
+            );
+            // Again: nothing left to do.
+            let again: serde_json::Value = one(&mut c, "SELECT syncular.distribute()", &[]);
+            assert_eq!(
+                again,
+                json!({"distributed": [], "reference": [], "delegated": [], "appTables": []})
+            );
         }
         *done = true;
     }
     c
+}
+
+/// `sql` with `params`, through the coordinator: in a transaction block (`coordinator`: Citus
+/// does not delegate a function called inside one) or alone (delegated to the partition's
+/// worker by `syncular.distribute()`).
+fn call(
+    c: &mut Client,
+    coordinator: bool,
+    sql: &str,
+    params: &[&(dyn postgres::types::ToSql + Sync)],
+) -> Result<postgres::Row, postgres::Error> {
+    if !coordinator {
+        return c.query_one(sql, params);
+    }
+    let mut tx = c.transaction()?;
+    let row = tx.query_one(sql, params)?;
+    tx.commit()?;
+    Ok(row)
 }
 
 /// A commit of `rows` upserts by a writer at `writer_version`.
@@ -82,28 +93,31 @@ fn commit(key: &str, writer_version: Option<i64>, rows: &[&str]) -> serde_json::
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
 fn the_writer_fence_holds_through_the_coordinator_and_in_delegated_calls() {
     let mut c = coordinator();
-    for (partition, call) in [
-        ("fence-coord", "syncular.append_commit"),
-        ("fence-delegated", "delegated.append_commit"),
-    ] {
+    for (partition, through) in [("fence-coord", true), ("fence-delegated", false)] {
         let fenced: i64 = one(
             &mut c,
             "SELECT syncular.raise_writer_fence($1, 5)",
             &[&partition],
         );
         assert_eq!(fenced, 5);
-        for function in [
-            "syncular.writer_fence_allows",
-            "delegated.writer_fence_allows",
-        ] {
+        for coordinator in [true, false] {
             let allows = |c: &mut Client, v: i64| -> bool {
-                one(c, &format!("SELECT {function}($1, $2)"), &[&partition, &v])
+                call(
+                    c,
+                    coordinator,
+                    "SELECT syncular.writer_fence_allows($1, $2)",
+                    &[&partition, &v],
+                )
+                .unwrap()
+                .get(0)
             };
-            assert!(!allows(&mut c, 1), "{function}");
-            assert!(allows(&mut c, 5), "{function}");
+            assert!(!allows(&mut c, 1), "{coordinator}");
+            assert!(allows(&mut c, 5), "{coordinator}");
         }
-        let old = c.query_one(
-            &format!("SELECT {call}($1, $2)"),
+        let old = call(
+            &mut c,
+            through,
+            "SELECT syncular.append_commit($1, $2)",
             &[&partition, &commit("old", Some(1), &["r1"])],
         );
         expect_error(
@@ -126,12 +140,15 @@ fn the_writer_fence_holds_through_the_coordinator_and_in_delegated_calls() {
                 json!({"partition": partition, "writerVersion": null, "requiredWriterVersion": 5}),
             ),
         );
-        let seq: i64 = one(
+        let seq: i64 = call(
             &mut c,
-            &format!("SELECT {call}($1, $2)"),
+            through,
+            "SELECT syncular.append_commit($1, $2)",
             &[&partition, &commit("new", Some(5), &["r1"])],
-        );
-        assert_eq!(seq, 1, "{call}");
+        )
+        .unwrap()
+        .get(0);
+        assert_eq!(seq, 1, "{through}");
         let commits: i64 = one(
             &mut c,
             "SELECT count(*) FROM syncular.sync_commits WHERE partition = $1",
@@ -149,16 +166,16 @@ fn the_writer_fence_holds_through_the_coordinator_and_in_delegated_calls() {
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
 fn a_commits_change_rows_are_read_back_on_every_path() {
     let mut c = coordinator();
-    for (partition, call) in [
-        ("rows-coord", "syncular.append_commit"),
-        ("rows-delegated", "delegated.append_commit"),
-    ] {
+    for (partition, through) in [("rows-coord", true), ("rows-delegated", false)] {
         let rows = ["a", "b", "c"];
-        let seq: i64 = one(
+        let seq: i64 = call(
             &mut c,
-            &format!("SELECT {call}($1, $2)"),
+            through,
+            "SELECT syncular.append_commit($1, $2)",
             &[&partition, &commit("k1", Some(1), &rows)],
-        );
+        )
+        .unwrap()
+        .get(0);
         assert_eq!(seq, 1);
         let changes: Vec<String> = c
             .query(
@@ -169,19 +186,19 @@ fn a_commits_change_rows_are_read_back_on_every_path() {
             .iter()
             .map(|r| r.get(0))
             .collect();
-        assert_eq!(changes, rows, "{call}");
+        assert_eq!(changes, rows, "{through}");
         let scoped: i64 = one(
             &mut c,
             "SELECT count(*) FROM syncular.sync_change_scopes WHERE partition = $1",
             &[&partition],
         );
-        assert_eq!(scoped, 1, "{call}: the scope index entry");
+        assert_eq!(scoped, 1, "{through}: the scope index entry");
         let window: i64 = one(
             &mut c,
             "SELECT count(*) FROM syncular.read_commit_window($1, 'tasks', '{\"p\":[\"1\"]}', 0, 1, 10)",
             &[&partition],
         );
-        assert_eq!(window, 3, "{call}: the window reads every change");
+        assert_eq!(window, 3, "{through}: the window reads every change");
     }
 }
 
@@ -265,15 +282,23 @@ fn a_push_and_a_pull_through_the_coordinator_answer_as_on_one_node() {
     assert_eq!(replay["replayed"], true, "{replay}");
 }
 
-/// Not yet: a push by the serving role through the coordinator writes the sync tables as the
-/// extension owner and the app rows as the caller in one transaction, which Citus refuses on
-/// placements of one node (docs/SCALING.md). Refused whole — nothing of it is kept — never
-/// half-applied; the serving role's pull works.
+/// A push by the serving role: delegated to the partition's worker (`syncular.distribute()`
+/// delegates `push_commit`), where the extension's writes as its owner and the app rows as the
+/// caller are local, it applies. Through the coordinator (inside a transaction block, which Citus
+/// does not delegate) Citus refuses a second user on placements already modified in the
+/// transaction: refused whole, nothing of it kept (docs/SCALING.md). The serving role's pull
+/// works either way.
 #[test]
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
-fn a_serving_roles_push_through_the_coordinator_is_refused_whole() {
+fn a_serving_roles_push_applies_delegated_and_is_refused_whole_through_the_coordinator() {
     let mut c = coordinator();
     tasks(&mut c);
+    let report: serde_json::Value = one(&mut c, "SELECT syncular.distribute()", &[]);
+    assert_eq!(
+        report["appTables"],
+        json!([{"table": "tasks", "relation": "public.tasks", "colocated": true}]),
+        "{report}"
+    );
     exec(
         &mut c,
         "DO $$ BEGIN
@@ -285,8 +310,7 @@ fn a_serving_roles_push_through_the_coordinator_is_refused_whole() {
          GRANT SELECT, INSERT, UPDATE, DELETE ON public.tasks TO citus_srv;",
     );
     exec(&mut c, "SET ROLE citus_srv");
-    let refused = c
-        .query_one(PUSH, &[&"srv-push", &"k1", &"r1"])
+    let refused = call(&mut c, true, PUSH, &[&"srv-push", &"k1", &"r1"])
         .map_err(|e| sql_error(&e))
         .unwrap_err();
     assert!(
@@ -297,20 +321,42 @@ fn a_serving_roles_push_through_the_coordinator_is_refused_whole() {
     );
     let pulled = c.query(PULL, &[&"srv-push", &0i64]).unwrap();
     assert_eq!(pulled.len(), 1, "the document only: nothing was pushed");
+    let delegated: serde_json::Value = call(&mut c, false, PUSH, &[&"srv-push", &"k1", &"r1"])
+        .map_err(|e| sql_error(&e))
+        .unwrap()
+        .get(0);
+    assert_eq!(delegated["outcome"], "applied", "{delegated}");
+    assert_eq!(delegated["commitSeq"], 1, "the refused push left nothing");
+    let pulled = c.query(PULL, &[&"srv-push", &0i64]).unwrap();
+    assert_eq!(pulled.len(), 2, "the document and the change");
     exec(&mut c, "RESET ROLE");
-    for table in ["syncular.sync_commits", "public.tasks"] {
-        let n: i64 = one(
-            &mut c,
-            &format!(
-                "SELECT count(*) FROM {table} WHERE {} = 'srv-push'",
-                if table == "public.tasks" {
-                    "_sync_partition"
-                } else {
-                    "partition"
-                }
-            ),
-            &[],
-        );
-        assert_eq!(n, 0, "{table}");
-    }
+}
+
+/// Where Citus is not installed (every database of the plain suite), `distribute()` says what to
+/// do first and changes nothing; it is the operator's: the serving role may not call it.
+#[test]
+fn distribute_without_citus_says_what_to_do_first() {
+    let db = TestDb::new("citus_absent");
+    let mut c = db.connect();
+    let err = expect_error(
+        c.query_one("SELECT syncular.distribute()", &[]).map(|_| ()),
+        "SY000",
+        "sync.storage.invalid_argument",
+        Some(json!({"argument": "database", "reason": "missing"})),
+    );
+    assert!(err
+        .hint
+        .unwrap_or_default()
+        .contains("CREATE EXTENSION citus"));
+    let server = format!("{}_srv", db.name);
+    exec(
+        &mut c,
+        &format!("CREATE ROLE {server} LOGIN; GRANT syncular_host TO {server};"),
+    );
+    let mut s = db.connect_as(&server);
+    let err = sql_error(
+        &s.query_one("SELECT syncular.distribute()", &[])
+            .unwrap_err(),
+    );
+    assert_eq!(err.state, "42501", "{err:?}");
 }

@@ -13,6 +13,7 @@ const INVOKER: &[&str] = &[
     "_grant_api_roles",
     "_native_fence_triggers",
     "adopt_legacy_tables",
+    "distribute",
     "get_row_scopes",
     "migrate_schema",
     "push_commit",
