@@ -23,36 +23,34 @@ fn coordinator() -> Client {
     static ONCE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
     let mut done = ONCE.lock().unwrap_or_else(|e| e.into_inner());
     if !*done {
-        let installed: bool = one(
+        exec(&mut c, "CREATE EXTENSION IF NOT EXISTS syncular");
+        let first: serde_json::Value = one(&mut c, "SELECT syncular.distribute()", &[]);
+        let managed: i64 = one(
             &mut c,
-            "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'syncular')",
+            "SELECT count(*) FROM pg_dist_partition
+              WHERE logicalrelid::regclass::text LIKE 'syncular.%'",
             &[],
         );
-        if !installed {
-            exec(&mut c, "CREATE EXTENSION syncular");
-            let report: serde_json::Value = one(&mut c, "SELECT syncular.distribute()", &[]);
-            assert_eq!(
-                report["distributed"].as_array().unwrap().len(),
-                13,
-                "{report}"
-            );
-            assert_eq!(report["reference"].as_array().unwrap().len(), 6, "{report}");
-            assert_eq!(
-                report["delegated"],
-                json!([
-                    "push_commit",
-                    "pull",
-                    "append_commit",
-                    "writer_fence_allows"
-                ])
-            );
-            // Again: nothing left to do.
-            let again: serde_json::Value = one(&mut c, "SELECT syncular.distribute()", &[]);
-            assert_eq!(
-                again,
-                json!({"distributed": [], "reference": [], "delegated": [], "appTables": []})
-            );
-        }
+        assert_eq!(managed, 19, "{first}");
+        let delegated: i64 = one(
+            &mut c,
+            "SELECT count(*) FROM pg_dist_object o JOIN pg_proc p ON p.oid = o.objid
+              WHERE p.pronamespace = 'syncular'::regnamespace
+                AND o.distribution_argument_index IS NOT NULL",
+            &[],
+        );
+        assert_eq!(delegated, 4, "{first}");
+        // Again: nothing left to do.
+        let again: serde_json::Value = one(&mut c, "SELECT syncular.distribute()", &[]);
+        assert_eq!(
+            (
+                &again["distributed"],
+                &again["reference"],
+                &again["delegated"]
+            ),
+            (&json!([]), &json!([]), &json!([])),
+            "{again}"
+        );
         *done = true;
     }
     c
