@@ -27,9 +27,10 @@ pub enum SyncTable {
     Changes = 2,
     ChangeScopes = 3,
     Reactions = 4,
+    Partitions = 5,
 }
 
-const TABLES: usize = 5;
+const TABLES: usize = 6;
 
 impl SyncTable {
     pub fn name(self) -> &'static CStr {
@@ -39,6 +40,7 @@ impl SyncTable {
             SyncTable::Changes => c"sync_changes",
             SyncTable::ChangeScopes => c"sync_change_scopes",
             SyncTable::Reactions => c"sync_reactions",
+            SyncTable::Partitions => c"sync_partitions",
         }
     }
 }

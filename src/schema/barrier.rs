@@ -13,6 +13,7 @@ use crate::codec::ColumnType;
 use crate::db;
 use crate::error::{self, Code, Error, Result};
 use crate::gate::{self, SchemaState};
+use crate::heap;
 use crate::schema::{evolution, push_schema};
 use crate::txn_local;
 use pgrx::datum::DatumWithOid;
@@ -167,6 +168,43 @@ fn schema_args(
 /// Preconditions of `migrate_schema` and `push_begin` (docs/DESIGN.md §Schema barrier): an
 /// explicit (or implicit multi-statement) transaction block, READ COMMITTED, and, where asked,
 /// no prior writes.
+/// The stored schema version as it settles: after a migration in flight has ended (it holds L0,
+/// `EXCLUSIVE` on `sync_partitions`, which the `ROW SHARE` taken here waits for and then keeps
+/// to the end of the transaction, as a push keeps its partition lock), read with the latest
+/// snapshot, whatever the caller's snapshot is. What `encode_row` and `decode_row` default to:
+/// a payload encoded in a transaction that began before a migration, or while it ran, is
+/// encoded at the version the migration committed (red team 7, R7-1); `None` before the first
+/// migration.
+pub fn settled_version() -> Result<Option<i64>> {
+    // SAFETY: the relation is opened with its lock (kept: closed with NoLock) and closed here;
+    // the snapshot is registered around the lookup, whose key is the marker's int4 primary key.
+    unsafe {
+        let lock = pg_sys::RowShareLock as pg_sys::LOCKMODE;
+        let partitions = heap::open(heap::SyncTable::Partitions, lock)?;
+        pg_sys::table_close(partitions, pg_sys::NoLock as pg_sys::LOCKMODE);
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let marker = heap::bigint_by_key(
+            heap::SyncTable::SchemaMeta,
+            pg_sys::Datum::from(1i32),
+            None,
+            (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
+            c"schema_version",
+            snapshot,
+        );
+        pg_sys::UnregisterSnapshot(snapshot);
+        match marker? {
+            heap::Lookup::Here(version) => Ok(version),
+            heap::Lookup::Elsewhere => db::with_spi(|client| {
+                db::first::<i64>(db::write(
+                    client,
+                    "SELECT m.schema_version FROM syncular.sync_schema_meta m WHERE m.id = 1",
+                    &[],
+                )?)
+            }),
+        }
+    }
+}
+
 pub fn require_transaction(no_prior_writes: bool) -> Result<()> {
     // SAFETY: reads of this backend's transaction state; no allocation, never errors.
     unsafe {
@@ -254,7 +292,34 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
     if !current {
         // Upstream's append-only rule against the layouts stored under the lock (docs/API.md
         // §5, "Schema evolution"): refused before anything is written.
-        let old_layouts = stored_layouts(state.stored_layouts.as_deref());
+        let mut old_layouts = stored_layouts(state.stored_layouts.as_deref());
+        let retired: Vec<String> = old_layouts
+            .keys()
+            .filter(|t| !a.layouts.contains_key(t.as_str()))
+            .cloned()
+            .collect();
+        // A table retired earlier and added again keeps the rows of its last layout, which
+        // the history holds: it grows from there, or is refused (red team 7, R7-3).
+        if stored > 0 && updated {
+            for table in a.layouts.keys() {
+                crate::interrupts::check();
+                if old_layouts.contains_key(table) {
+                    continue;
+                }
+                if let Some(last) = db::first::<String>(db::write(
+                    client,
+                    "SELECT (l.layouts::pg_catalog.jsonb -> $1)::pg_catalog.text
+                       FROM syncular.sync_schema_layouts l
+                      WHERE l.layouts::pg_catalog.jsonb ? $1
+                      ORDER BY l.schema_version DESC LIMIT 1",
+                    &[DatumWithOid::from(table.as_str())],
+                )?)? {
+                    if let Ok(columns) = serde_json::from_str::<Value>(&last) {
+                        old_layouts.insert(table.clone(), columns);
+                    }
+                }
+            }
+        }
         let grown = if stored > 0 {
             evolution::append_only(&old_layouts, &a.layouts, stored)?
         } else {
@@ -304,7 +369,7 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
             ],
         )?;
         if updated {
-            push_schema::check_stored_at(client, a.version, &a.layouts)?;
+            push_schema::check_stored_at(client, a.version, &a.layouts, &retired)?;
         }
         if updated {
             let stored_text = state.stored_layouts.as_deref().filter(|_| stored > 0);

@@ -354,13 +354,15 @@ fn check_layouts(
 /// `set_push_schema` compares with the layouts only when the marker is at its version, so every
 /// table of one stored ahead that the new `layouts` have must match them here, or the row
 /// codec's functions and the one-call push would read the rows the migration re-encodes with
-/// another column list (red team 5, R5-3). A table the layouts do not have has no stored rows to
-/// misread (the one-call push falls back for it). Runs after the marker is written, in the
-/// migration's transaction.
+/// another column list (red team 5, R5-3); and it may not name a table the layouts `retired`
+/// (its rows stay at their last layout, which the push schema would misread: red team 7, R7-2).
+/// A table no layouts ever had has no stored rows of a layout to misread (the one-call push
+/// falls back for it). Runs after the marker is written, in the migration's transaction.
 pub fn check_stored_at(
     client: &SpiClient<'_>,
     version: i64,
     layouts: &Map<String, Value>,
+    retired: &[String],
 ) -> Result<()> {
     // A fresh snapshot: after the lock the migration waited on, a push schema committed in the
     // meantime is seen (red team 6, R6-1).
@@ -380,6 +382,16 @@ pub fn check_stored_at(
     let Ok(Value::Object(tables)) = serde_json::from_str::<Value>(&text) else {
         return Err(unreadable());
     };
+    if let Some(table) = retired.iter().find(|t| tables.contains_key(t.as_str())) {
+        return Err(
+            Error::invalid_argument("layouts", "mismatch").with_hint(format!(
+                "the push schema stored at schema version {version} (by set_push_schema before \
+                 this migration) names table {table}, which these layouts retire — its stored \
+                 rows keep their last layout; store a push schema without it with \
+                 syncular.set_push_schema({version}, …) first, or keep {table} in the layouts"
+            )),
+        );
+    }
     let schemas = tables
         .iter()
         .filter(|(tbl, _)| layouts.contains_key(tbl.as_str()))
@@ -491,11 +503,24 @@ pub fn table_at(
     version: i64,
     tbl: &str,
 ) -> Result<Option<Option<TableSchema>>> {
-    let found = db::read(
-        client,
-        "SELECT (p.tables -> $2)::text FROM syncular.sync_push_schemas p WHERE p.schema_version = $1",
-        &[DatumWithOid::from(version), DatumWithOid::from(tbl)],
-    )?;
+    table_as_of(client, version, tbl, false)
+}
+
+/// [`table_at`], read with a fresh snapshot (`fresh`, under READ COMMITTED) or the caller's.
+fn table_as_of(
+    client: &SpiClient<'_>,
+    version: i64,
+    tbl: &str,
+    fresh: bool,
+) -> Result<Option<Option<TableSchema>>> {
+    const SQL: &str = "SELECT (p.tables -> $2)::text FROM syncular.sync_push_schemas p
+                        WHERE p.schema_version = $1";
+    let args = [DatumWithOid::from(version), DatumWithOid::from(tbl)];
+    let found = if fresh {
+        db::write(client, SQL, &args)?
+    } else {
+        db::read(client, SQL, &args)?
+    };
     if found.is_empty() {
         return Ok(None);
     }
@@ -549,11 +574,7 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
     let given = version.is_some();
     let version = match version {
         Some(v) => v,
-        None => match db::first::<i64>(db::read(
-            client,
-            "SELECT m.schema_version FROM syncular.sync_schema_meta m WHERE m.id = 1",
-            &[],
-        )?)? {
+        None => match crate::schema::barrier::settled_version()? {
             Some(marker) => marker,
             None => {
                 let (version, schema) = stored_table(client, tbl)?;
@@ -574,7 +595,9 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
              decode_row use when schema_version is not given)"
         )
     };
-    match table_at(client, version, tbl)? {
+    // The settled version's rows are read with a fresh snapshot: one taken before a migration
+    // this call waited for cannot see them (under REPEATABLE READ it stays the transaction's).
+    match table_as_of(client, version, tbl, !given)? {
         Some(Some(schema)) => {
             return Ok(CodecTable {
                 layout: schema.layout,
@@ -588,14 +611,17 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
         }
         None => {}
     }
-    let stored = db::read(
-        client,
-        "SELECT l.layouts FROM syncular.sync_schema_layouts l WHERE l.schema_version = $1
-         UNION ALL
-         SELECT m.layouts FROM syncular.sync_schema_meta m WHERE m.id = 1 AND m.schema_version = $1
-         LIMIT 1",
-        &[DatumWithOid::from(version)],
-    )?;
+    const LAYOUTS: &str = "SELECT l.layouts FROM syncular.sync_schema_layouts l
+                            WHERE l.schema_version = $1
+                           UNION ALL
+                           SELECT m.layouts FROM syncular.sync_schema_meta m
+                            WHERE m.id = 1 AND m.schema_version = $1
+                           LIMIT 1";
+    let stored = if given {
+        db::read(client, LAYOUTS, &[DatumWithOid::from(version)])?
+    } else {
+        db::write(client, LAYOUTS, &[DatumWithOid::from(version)])?
+    };
     let Some(text) = db::first::<String>(stored)? else {
         return Err(tables::unknown_table(tbl).with_hint(format!(
             "neither a push schema nor layouts are stored at {at}"

@@ -1416,3 +1416,130 @@ fn a_written_back_row_that_happens_to_decode_still_fails_the_migration() {
     let after: Vec<u8> = one(&mut c, "SELECT _sync_payload FROM public.ev_w", &[]);
     assert_eq!(after, before);
 }
+
+/// Red team 7, R7-1: a payload encoded by `encode_row` without `schema_version` in a transaction
+/// that began before a migration (REPEATABLE READ), or while one ran (READ COMMITTED, the value
+/// computed before the host's insert waited), was encoded at the old version and stored after
+/// the migration committed — unreadable at the new one. The default version is now the settled
+/// one: `encode_row` waits for a migration in flight and reads the marker it committed; a
+/// snapshot too old to see that version's layouts gets an error, never an old-layout payload.
+#[test]
+fn encode_row_never_encodes_at_a_version_a_migration_has_left() {
+    let (db, mut c) = setup("ev_r71");
+    let full = with_body(note("n9", "late"), json!(null));
+    // While a migration runs: encode_row waits for it, then encodes at its version.
+    let mut migrator = db.connect();
+    exec(&mut migrator, "BEGIN");
+    one::<i64>(
+        &mut migrator,
+        "SELECT syncular.migrate_schema(2, $1)",
+        &[&l2()],
+    );
+    let mut host = db.connect();
+    let pid = backend_pid(&mut host);
+    let values = full.clone();
+    let encoding = std::thread::spawn(move || {
+        host.query_one("SELECT syncular.encode_row('notes', $1)", &[&values])
+            .map(|r| r.get::<_, Vec<u8>>(0))
+            .map_err(|e| sql_error(&e))
+    });
+    wait_until_blocked(&mut c, pid);
+    exec(
+        &mut migrator,
+        "ALTER TABLE public.ev_notes ADD COLUMN body text; COMMIT",
+    );
+    let encoded = encoding.join().unwrap().expect("encoded at version 2");
+    let at2: Vec<u8> = one(
+        &mut c,
+        "SELECT syncular.encode_row('notes', $1, schema_version => 2)",
+        &[&full],
+    );
+    assert_eq!(encoded, at2);
+    // A REPEATABLE READ snapshot from before the next migration: refused, not encoded at 2.
+    let mut l3 = l2();
+    l3["notes"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "extra", "type": "string", "nullable": true}));
+    let mut stale = db.connect();
+    exec(
+        &mut stale,
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT syncular.schema_state();",
+    );
+    let mut tx = c.transaction().unwrap();
+    tx.query_one("SELECT syncular.migrate_schema(3, $1)", &[&l3])
+        .unwrap();
+    tx.batch_execute("ALTER TABLE public.ev_notes ADD COLUMN extra text")
+        .unwrap();
+    tx.commit().unwrap();
+    let refused = stale
+        .query_one("SELECT syncular.encode_row('notes', $1)", &[&full])
+        .map_err(|e| sql_error(&e))
+        .unwrap_err();
+    assert_eq!(refused.state, "SY041", "{refused:?}");
+    assert!(
+        refused
+            .hint
+            .unwrap_or_default()
+            .contains("schema version 3"),
+        "the settled version, which this snapshot cannot read"
+    );
+}
+
+/// Red team 7, R7-2: a push schema stored for version 2 ahead of a migration that retires one of
+/// its tables: the retired table's rows keep their last layout, which that push schema would
+/// misread at version 2. Refused (`SY000` `layouts` `mismatch`, a HINT naming the table).
+#[test]
+fn a_push_schema_stored_ahead_may_not_name_a_table_the_migration_retires() {
+    let (_db, mut c) = setup("ev_r72");
+    exec(&mut c, "ALTER TABLE public.ev_notes ADD COLUMN body text");
+    let _: i32 = one(
+        &mut c,
+        "SELECT syncular.set_push_schema(2, $1)",
+        &[&push_schema(&swapped())],
+    );
+    let err = refused_migration(&mut c, 2, &json!({}));
+    assert_eq!(
+        err.detail,
+        Some(json!({"argument": "layouts", "reason": "mismatch"})),
+        "{err:?}"
+    );
+    assert!(
+        err.hint
+            .unwrap_or_default()
+            .contains("names table notes, which these layouts retire"),
+        "the HINT names the table"
+    );
+}
+
+/// Red team 7, R7-3: a table retired and added again later keeps the rows of its last layout.
+/// It grows from that layout (the history holds it) — re-encoded, readable at the new version —
+/// or, with another column list, is refused as any change but appending nullable columns.
+#[test]
+fn a_table_added_again_grows_from_its_last_layout() {
+    let (_db, mut c) = setup("ev_r73");
+    migrate(&mut c, 2, &json!({}), &json!([]));
+    let mut other = l1();
+    other["notes"][2]["name"] = json!("body");
+    let err = refused_migration(&mut c, 3, &other);
+    assert_eq!(
+        err.detail,
+        Some(json!({"argument": "layouts.notes[2]", "reason": "changed"})),
+        "{err:?}"
+    );
+    let mut tx = c.transaction().unwrap();
+    tx.query_one("SELECT syncular.migrate_schema(3, $1)", &[&l2()])
+        .unwrap();
+    let state: Value = tx
+        .query_one("SELECT syncular.previous_schema()", &[])
+        .unwrap()
+        .get(0);
+    tx.batch_execute("ALTER TABLE public.ev_notes ADD COLUMN body text")
+        .unwrap();
+    tx.commit().unwrap();
+    assert_eq!(state["rewritten"], json!({"notes": 2}), "{state}");
+    assert_eq!(
+        decoded_at(&mut c, "n1", 3),
+        with_body(note("n1", "first"), json!(null))
+    );
+}
