@@ -523,21 +523,33 @@ fn layout_types_are_row_codec_names() {
     );
 }
 
+/// Rows `r00001` … of partition `part-1` in `notes`, `n` of them, encoded at version 1 with
+/// `title` and `c5` SQL expressions of the row number `i`.
+fn insert_notes(c: &mut Client, n: i64, title: &str, c5: &str) {
+    exec(
+        c,
+        &format!(
+            "INSERT INTO public.ev_notes (_sync_partition, _sync_row_id, _sync_server_version,
+                                          _sync_scopes, _sync_payload)
+             SELECT 'part-1', 'r' || lpad(i::text, 5, '0'), 1, '{{\"project_id\":\"p1\"}}',
+                    syncular.encode_row('notes', jsonb_build_object(
+                      'id', 'r' || lpad(i::text, 5, '0'), 'project_id', 'p1', 'title', {title},
+                      'c1', i, 'c2', NULL, 'c3', NULL, 'c4', NULL, 'c5', {c5}), false, 1)
+               FROM generate_series(1, {n}) i"
+        ),
+    );
+}
+
 /// Many pages of rows and chunks cut by payload size (docs/DESIGN.md §Schema barrier, step 6):
 /// every row is re-encoded once, large ones included.
 #[test]
 fn every_page_and_chunk_of_a_large_table_is_rewritten() {
     let (_db, mut c) = setup("ev_pages");
-    exec(
+    insert_notes(
         &mut c,
-        "INSERT INTO public.ev_notes (_sync_partition, _sync_row_id, _sync_server_version,
-                                      _sync_scopes, _sync_payload)
-         SELECT 'part-1', 'r' || lpad(i::text, 5, '0'), 1, '{\"project_id\":\"p1\"}',
-                syncular.encode_row('notes', jsonb_build_object(
-                  'id', 'r' || lpad(i::text, 5, '0'), 'project_id', 'p1',
-                  'title', repeat('x', CASE WHEN i % 100 = 0 THEN 3000000 ELSE 20 END),
-                  'c1', i, 'c2', NULL, 'c3', NULL, 'c4', NULL, 'c5', -i), false, 1)
-           FROM generate_series(1, 1234) i",
+        1234,
+        "repeat('x', CASE WHEN i % 100 = 0 THEN 3000000 ELSE 20 END)",
+        "-i",
     );
     let previous = migrate_to_2(&mut c, &l2());
     assert_eq!(previous["rewritten"], json!({"notes": 1236}));
@@ -761,16 +773,10 @@ fn a_partition_and_its_registered_parent_are_never_both_registered() {
 #[test]
 fn a_later_pages_trigger_that_writes_back_an_earlier_row_fails_the_migration() {
     let (_db, mut c) = setup("ev_c2");
+    insert_notes(&mut c, 600, "'t'", "NULL");
     exec(
         &mut c,
-        "INSERT INTO public.ev_notes (_sync_partition, _sync_row_id, _sync_server_version,
-                                      _sync_scopes, _sync_payload)
-         SELECT 'part-1', 'r' || lpad(i::text, 5, '0'), 1, '{\"project_id\":\"p1\"}',
-                syncular.encode_row('notes', jsonb_build_object(
-                  'id', 'r' || lpad(i::text, 5, '0'), 'project_id', 'p1', 'title', 't',
-                  'c1', i, 'c2', NULL, 'c3', NULL, 'c4', NULL, 'c5', NULL), false, 1)
-           FROM generate_series(1, 600) i;
-         CREATE TABLE public.ev_saved AS
+        "CREATE TABLE public.ev_saved AS
            SELECT _sync_row_id, _sync_payload FROM public.ev_notes WHERE _sync_row_id = 'n1';
          CREATE FUNCTION public.ev_restore() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
