@@ -15,6 +15,7 @@ use crate::error::{self, Code, Error, Result};
 use crate::gate::{self, SchemaState};
 use crate::heap;
 use crate::schema::{evolution, push_schema};
+use crate::tables;
 use crate::txn_local;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
@@ -316,6 +317,25 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
                 )?)? {
                     if let Ok(columns) = serde_json::from_str::<Value>(&last) {
                         old_layouts.insert(table.clone(), columns);
+                    }
+                    continue;
+                }
+                // No layouts ever named it: its registered relation must be empty, or its rows
+                // are of a layout nothing records — written through a push schema alone, or
+                // registered before under another name (red team 8, R8-2 and R8-4).
+                if let Some(relation) = tables::open_for_migration(client, table)? {
+                    if relation.has_rows(client)? {
+                        return Err(Error::invalid_argument(
+                            &format!("layouts.{table}"),
+                            "not_empty",
+                        )
+                        .with_hint(format!(
+                            "table {table} is new in these layouts (no earlier layouts name it) \
+                             but its registered relation holds rows, whose layout nothing \
+                             records (written through a push schema alone, or registered before \
+                             under another name): add the table under the name of its last \
+                             layouts, or retire_table it and empty its relation first"
+                        )));
                     }
                 }
             }

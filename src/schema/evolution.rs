@@ -255,7 +255,7 @@ pub fn rewrite(
         relation.scan_payloads(client, &mut |partition, row_id, payload| {
             stored.add(partition, row_id, payload);
             match row::decode_full(&new, payload) {
-                Ok(_) => Ok(()),
+                Ok(_) => Ok(true),
                 Err(e) => Err(Error::TriggeredChange(format!(
                     "syncular: migrate_schema re-encoded the stored rows of table {table}, but \
                      row {row_id} of partition {partition} no longer decodes with the layout of \

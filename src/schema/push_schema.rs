@@ -382,13 +382,32 @@ pub fn check_stored_at(
     let Ok(Value::Object(tables)) = serde_json::from_str::<Value>(&text) else {
         return Err(unreadable());
     };
+    // A table the new layouts lack whose rows have a layout — retired now, or by an earlier
+    // migration (the history names it: red team 8, R8-1).
+    let mut retired = retired.to_vec();
+    for table in tables.keys() {
+        crate::interrupts::check();
+        if layouts.contains_key(table) || retired.contains(table) {
+            continue;
+        }
+        let in_history = db::first::<bool>(db::write(
+            client,
+            "SELECT EXISTS (SELECT 1 FROM syncular.sync_schema_layouts l
+                             WHERE l.layouts::pg_catalog.jsonb ? $1)",
+            &[DatumWithOid::from(table.as_str())],
+        )?)?;
+        if in_history == Some(true) {
+            retired.push(table.clone());
+        }
+    }
     if let Some(table) = retired.iter().find(|t| tables.contains_key(t.as_str())) {
         return Err(
             Error::invalid_argument("layouts", "mismatch").with_hint(format!(
                 "the push schema stored at schema version {version} (by set_push_schema before \
-                 this migration) names table {table}, which these layouts retire — its stored \
-                 rows keep their last layout; store a push schema without it with \
-                 syncular.set_push_schema({version}, …) first, or keep {table} in the layouts"
+                 this migration) names table {table}, which these layouts retire or an earlier \
+                 migration retired — its stored rows keep their last layout; store a push \
+                 schema without it with syncular.set_push_schema({version}, …) first, or keep \
+                 {table} in the layouts"
             )),
         );
     }
@@ -586,6 +605,23 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
             }
         },
     };
+    // The settled version must be the one this transaction's snapshot sees (a fresh one under
+    // READ COMMITTED): an older REPEATABLE READ or SERIALIZABLE snapshot would read that
+    // version's push schema as it was before it was replaced (red team 8, R8-3).
+    if !given {
+        let seen = db::first::<i64>(db::write(
+            client,
+            "SELECT m.schema_version FROM syncular.sync_schema_meta m WHERE m.id = 1",
+            &[],
+        )?)?;
+        if seen != Some(version) {
+            return Err(tables::unknown_table(tbl).with_hint(format!(
+                "the stored schema version is {version}, which this transaction's snapshot \
+                 does not see yet (it began before the migration): encode in a new \
+                 transaction, or pass schema_version"
+            )));
+        }
+    }
     // How a hint names the version: given, or the default a caller may not know it chose.
     let at = if given {
         format!("schema version {version}")

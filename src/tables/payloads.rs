@@ -15,8 +15,9 @@ use pgrx::spi::SpiClient;
 use pgrx::{FromDatum, PgMemoryContexts};
 use std::ffi::CStr;
 
-/// What [`AppRelation::scan_payloads`] hands each stored row: `(partition, row_id, payload)`.
-pub type EachPayload<'a> = dyn FnMut(&str, &str, &[u8]) -> error::Result<()> + 'a;
+/// What [`AppRelation::scan_payloads`] hands each stored row: `(partition, row_id, payload)`;
+/// `Ok(false)` ends the scan.
+pub type EachPayload<'a> = dyn FnMut(&str, &str, &[u8]) -> error::Result<bool> + 'a;
 
 impl AppRelation {
     /// Hands every stored row of the relation to `each`, as of a snapshot taken now (this
@@ -62,9 +63,22 @@ impl AppRelation {
         };
         for leaf in leaves {
             crate::interrupts::check();
-            scan_leaf(leaf, each)?;
+            if !scan_leaf(leaf, each)? {
+                break;
+            }
         }
         Ok(())
+    }
+
+    /// Whether the relation holds any row, read as [`AppRelation::scan_payloads`] reads (below
+    /// SQL: no host code runs).
+    pub fn has_rows(&self, client: &SpiClient<'_>) -> error::Result<bool> {
+        let mut found = false;
+        self.scan_payloads(client, &mut |_, _, _| {
+            found = true;
+            Ok(false)
+        })?;
+        Ok(found)
     }
 }
 
@@ -84,8 +98,8 @@ unsafe fn attribute(descriptor: pg_sys::TupleDesc, name: &CStr) -> Option<i32> {
 }
 
 /// One leaf relation's rows, by a sequential heap scan (`systable_beginscan` without an index,
-/// as genam.c offers any relation).
-fn scan_leaf(oid: pg_sys::Oid, each: &mut EachPayload<'_>) -> error::Result<()> {
+/// as genam.c offers any relation); `false` when `each` ended the scan.
+fn scan_leaf(oid: pg_sys::Oid, each: &mut EachPayload<'_>) -> error::Result<bool> {
     let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
     let mut scratch = PgMemoryContexts::new("syncular payload scan");
     // SAFETY: the relation is opened (and locked to the end of the transaction, as every read
@@ -118,7 +132,7 @@ fn scan_leaf(oid: pg_sys::Oid, each: &mut EachPayload<'_>) -> error::Result<()> 
             0,
             std::ptr::null_mut(),
         );
-        let mut outcome = Ok(());
+        let mut outcome = Ok(true);
         loop {
             crate::interrupts::check();
             let tuple = pg_sys::systable_getnext(scan);
@@ -143,7 +157,7 @@ fn scan_leaf(oid: pg_sys::Oid, each: &mut EachPayload<'_>) -> error::Result<()> 
             outcome = each(&row.0, &row.1, row.2);
             drop(row);
             scratch.reset();
-            if outcome.is_err() {
+            if !matches!(outcome, Ok(true)) {
                 break;
             }
         }

@@ -1487,7 +1487,7 @@ fn encode_row_never_encodes_at_a_version_a_migration_has_left() {
         refused
             .hint
             .unwrap_or_default()
-            .contains("schema version 3"),
+            .contains("stored schema version is 3, which this transaction's snapshot"),
         "the settled version, which this snapshot cannot read"
     );
 }
@@ -1548,4 +1548,97 @@ fn a_table_added_again_grows_from_its_last_layout() {
         decoded_at(&mut c, "n1", 3),
         with_body(note("n1", "first"), json!(null))
     );
+}
+
+/// Red team 8, R8-1: a push schema stored ahead naming a table an *earlier* migration retired
+/// (its relation still holds the rows of its last layout) is refused like one naming a table
+/// this migration retires.
+#[test]
+fn a_push_schema_stored_ahead_may_not_name_a_table_retired_earlier() {
+    let (_db, mut c) = setup("ev_r81");
+    migrate(&mut c, 2, &json!({}), &json!([]));
+    exec(&mut c, "ALTER TABLE public.ev_notes ADD COLUMN body text");
+    let _: i32 = one(
+        &mut c,
+        "SELECT syncular.set_push_schema(3, $1)",
+        &[&push_schema(&swapped())],
+    );
+    let err = refused_migration(&mut c, 3, &json!({}));
+    assert_eq!(
+        err.detail,
+        Some(json!({"argument": "layouts", "reason": "mismatch"})),
+        "{err:?}"
+    );
+    assert!(
+        err.hint
+            .unwrap_or_default()
+            .contains("an earlier migration retired"),
+        "the HINT says why"
+    );
+}
+
+/// Red team 8, R8-2 and R8-4: a table no layouts ever named whose registered relation holds
+/// rows — written through a push schema alone, or the relation registered before under another
+/// name — has rows of a layout nothing records; a migration adding it is refused (`SY000`
+/// `layouts.<t>` `not_empty`) instead of treating them as rows of its new layout.
+#[test]
+fn a_table_new_to_the_layouts_must_start_empty() {
+    let (_db, mut c) = setup("ev_r84");
+    exec(
+        &mut c,
+        "SELECT syncular.retire_table('notes');
+         SELECT syncular.register_table('notes2', 'public.ev_notes');",
+    );
+    let mut renamed = l2();
+    let columns = renamed["notes"].take();
+    renamed["notes2"] = columns;
+    renamed.as_object_mut().unwrap().remove("notes");
+    let err = refused_migration(&mut c, 2, &renamed);
+    assert_eq!(
+        err.detail,
+        Some(json!({"argument": "layouts.notes2", "reason": "not_empty"})),
+        "{err:?}"
+    );
+    assert!(
+        err.hint
+            .unwrap_or_default()
+            .contains("under the name of its last layouts"),
+        "the HINT says what to do"
+    );
+    // Emptied, it is a new table like any other.
+    exec(&mut c, "DELETE FROM public.ev_notes");
+    migrate(&mut c, 2, &renamed, &json!([]));
+}
+
+/// Red team 8, R8-3: a REPEATABLE READ transaction begun before a push schema was replaced and
+/// its migration committed read the replaced push schema at the settled version. `encode_row`
+/// without `schema_version` now refuses a snapshot that does not see the settled version.
+#[test]
+fn a_snapshot_that_predates_the_settled_version_is_refused() {
+    let (db, mut c) = setup("ev_r83");
+    exec(&mut c, "ALTER TABLE public.ev_notes ADD COLUMN body text");
+    let _: i32 = one(
+        &mut c,
+        "SELECT syncular.set_push_schema(2, $1)",
+        &[&push_schema(&swapped())],
+    );
+    let mut stale = db.connect();
+    exec(
+        &mut stale,
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT syncular.schema_state();",
+    );
+    let _: i32 = one(
+        &mut c,
+        "SELECT syncular.set_push_schema(2, $1)",
+        &[&push_schema(&l2())],
+    );
+    migrate(&mut c, 2, &l2(), &json!([]));
+    let refused = stale
+        .query_one(
+            "SELECT syncular.encode_row('notes', $1)",
+            &[&with_body(note("n9", "T9"), json!("B9"))],
+        )
+        .map_err(|e| sql_error(&e))
+        .unwrap_err();
+    assert_eq!(refused.state, "SY041", "{refused:?}");
 }
