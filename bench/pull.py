@@ -41,7 +41,7 @@ def history_sql(schema, partition, n, full_from):
         f"SELECT '{partition}', 'c-' || c, 'actor', 2, 0, '[]', {NOW} FROM generate_series(0, 3) c;"])
 
 
-APP_TABLE = """CREATE TABLE public.tasks (
+APP_TABLE = """CREATE TABLE public.tasks_app (
   _sync_partition text NOT NULL, _sync_row_id text NOT NULL, id text, project_id text,
   _sync_server_version bigint NOT NULL, _sync_scopes jsonb NOT NULL, _sync_payload bytea NOT NULL,
   _sync_column_versions bytea, PRIMARY KEY (_sync_partition, _sync_row_id));
@@ -53,8 +53,8 @@ def setup(psql, psql_file, ddl):
     psql_file("pull_db", ddl)
     psql("pull_db", "CREATE EXTENSION syncular")
     # A subscription's table must be registered (an unregistered one fails the request, SY041);
-    # the pulls read the log only, so the relation stays empty.
-    psql("pull_db", APP_TABLE + "SELECT syncular.register_table('tasks', 'public.tasks');")
+    # the pulls read the log only, so the relation stays empty (public.tasks is upstream's).
+    psql("pull_db", APP_TABLE + "SELECT syncular.register_table('tasks', 'public.tasks_app');")
     parts = [(f"part-{k}", SMALL, 0) for k in range(PARTITIONS)] + [("big", BIG, BIG - SMALL)]
     for schema in ("", "syncular."):
         for name, n, full_from in parts:

@@ -66,7 +66,7 @@ def setup():
         c.execute("CREATE EXTENSION syncular")
         c.execute("CREATE EXTENSION pg_stat_statements")
         c.execute(pull.APP_TABLE)
-        c.execute("SELECT syncular.register_table('tasks', 'public.tasks')")
+        c.execute("SELECT syncular.register_table('tasks', 'public.tasks_app')")
         with c.transaction():
             c.execute("SELECT syncular.migrate_schema(1, %s)", [json.dumps(LAYOUTS)])
         c.execute("SELECT syncular.set_push_schema(1, %s)", [json.dumps(PUSH_SCHEMA)])

@@ -737,8 +737,9 @@ PULL_SECTION = []
 REACTIONS_SECTION = []
 
 # Sections of docs/BENCHMARKS.md written by their own runs (bench/pull.py with BENCH_PULL_ONLY=1,
-# bench/adapter-ts.sh, the reactions run): a full run keeps them, unless it regenerated them.
-KEPT = ("## Pull", "## TypeScript adapter", "## Reactions")
+# bench/adapter-ts.sh, the reactions run, bench/replica.sh): a full run keeps them, unless it
+# regenerated them.
+KEPT = ("## Pull", "## TypeScript adapter", "## Reactions", "## Read replicas")
 
 
 def kept_sections(path, regenerated):
