@@ -12,7 +12,6 @@ use pgrx::prelude::*;
 use pgrx::spi::{Spi, SpiClient};
 use pgrx::JsonB;
 use serde_json::json;
-use std::ffi::CStr;
 
 /// Citus's catalog of the tables it manages, `pg_catalog.pg_dist_partition`, if Citus is
 /// installed in this database (one catalog-cache lookup).
@@ -49,13 +48,9 @@ pub unsafe fn manages(relation: pg_sys::Oid) -> bool {
         }
         let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
         let table = pg_sys::table_open(catalog, lock);
-        let attributes = pgrx::PgTupleDesc::from_pg_unchecked((*table).rd_att);
-        let column = attributes.iter().position(|a| {
-            !a.attisdropped
-                && (a.atttypid == pg_sys::REGCLASSOID || a.atttypid == pg_sys::OIDOID)
-                && CStr::from_ptr(a.attname.data.as_ptr()) == c"logicalrelid"
+        let column = crate::heap::live_attribute((*table).rd_att, c"logicalrelid", |t| {
+            t == pg_sys::REGCLASSOID || t == pg_sys::OIDOID
         });
-        drop(attributes);
         let Some(column) = column else {
             pg_sys::table_close(table, lock);
             // A catalog of another shape is not Citus's: nothing to avoid.
@@ -65,7 +60,7 @@ pub unsafe fn manages(relation: pg_sys::Oid) -> bool {
         pg_sys::ScanKeyEntryInitialize(
             &mut key,
             0,
-            column as i16 + 1,
+            column,
             pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
             pg_sys::InvalidOid,
             pg_sys::InvalidOid,

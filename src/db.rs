@@ -104,6 +104,17 @@ pub fn read<'conn>(
     Ok(client.select(stmt, None, args)?)
 }
 
+/// [`read`] in the caller's snapshot, or with a fresh one as [`write`] takes (`fresh`).
+pub fn read_fresh_if<'conn>(
+    client: &SpiClient<'conn>,
+    sql: &'static str,
+    args: &[DatumWithOid<'_>],
+    fresh: bool,
+) -> Result<SpiTupleTable<'conn>> {
+    let stmt = plan(client, sql, args, fresh)?;
+    Ok(client.select(stmt, None, args)?)
+}
+
 /// Runs a statement that writes or locks, with a fresh snapshot under READ COMMITTED.
 pub fn write<'conn>(
     client: &SpiClient<'conn>,

@@ -166,9 +166,6 @@ fn schema_args(
     })
 }
 
-/// Preconditions of `migrate_schema` and `push_begin` (docs/DESIGN.md §Schema barrier): an
-/// explicit (or implicit multi-statement) transaction block, READ COMMITTED, and, where asked,
-/// no prior writes.
 /// The stored schema version as it settles: after a migration in flight has ended (it holds L0,
 /// `EXCLUSIVE` on `sync_partitions`, which the `ROW SHARE` taken here waits for and then keeps
 /// to the end of the transaction, as a push keeps its partition lock), read with the latest
@@ -195,17 +192,24 @@ pub fn settled_version() -> Result<Option<i64>> {
         pg_sys::UnregisterSnapshot(snapshot);
         match marker? {
             heap::Lookup::Here(version) => Ok(version),
-            heap::Lookup::Elsewhere => db::with_spi(|client| {
-                db::first::<i64>(db::write(
-                    client,
-                    "SELECT m.schema_version FROM syncular.sync_schema_meta m WHERE m.id = 1",
-                    &[],
-                )?)
-            }),
+            heap::Lookup::Elsewhere => db::with_spi(marker_seen),
         }
     }
 }
 
+/// The stored schema version this transaction's snapshot sees (a fresh one under READ
+/// COMMITTED).
+pub fn marker_seen(client: &SpiClient<'_>) -> Result<Option<i64>> {
+    db::first::<i64>(db::write(
+        client,
+        "SELECT m.schema_version FROM syncular.sync_schema_meta m WHERE m.id = 1",
+        &[],
+    )?)
+}
+
+/// Preconditions of `migrate_schema` and `push_begin` (docs/DESIGN.md §Schema barrier): an
+/// explicit (or implicit multi-statement) transaction block, READ COMMITTED, and, where asked,
+/// no prior writes.
 pub fn require_transaction(no_prior_writes: bool) -> Result<()> {
     // SAFETY: reads of this backend's transaction state; no allocation, never errors.
     unsafe {
@@ -307,17 +311,8 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
                 if old_layouts.contains_key(table) {
                     continue;
                 }
-                if let Some(last) = db::first::<String>(db::write(
-                    client,
-                    "SELECT (l.layouts::pg_catalog.jsonb -> $1)::pg_catalog.text
-                       FROM syncular.sync_schema_layouts l
-                      WHERE l.layouts::pg_catalog.jsonb ? $1
-                      ORDER BY l.schema_version DESC LIMIT 1",
-                    &[DatumWithOid::from(table.as_str())],
-                )?)? {
-                    if let Ok(columns) = serde_json::from_str::<Value>(&last) {
-                        old_layouts.insert(table.clone(), columns);
-                    }
+                if let Some(columns) = evolution::last_layout(client, table)? {
+                    old_layouts.insert(table.clone(), columns);
                     continue;
                 }
                 // No layouts ever named it: its registered relation must be empty, or its rows
@@ -390,8 +385,6 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
         )?;
         if updated {
             push_schema::check_stored_at(client, a.version, &a.layouts, &retired)?;
-        }
-        if updated {
             let stored_text = state.stored_layouts.as_deref().filter(|_| stored > 0);
             record_layouts(
                 client,

@@ -12,8 +12,10 @@
 //! (`decode_row(…, schema_version => v)`, the layout history in `sync_schema_layouts`).
 
 use crate::codec::{row, CodecError, Column, ColumnType, Layout, Value as Cell};
+use crate::db;
 use crate::error::{Error, Result};
 use crate::tables;
+use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
 use serde_json::{json, Map, Value};
@@ -34,6 +36,20 @@ pub fn installed() -> bool {
             && pg_sys::get_relname_relid(c"sync_schema_layouts".as_ptr(), namespace)
                 != pg_sys::InvalidOid
     }
+}
+
+/// The columns of `table` in the newest layouts of the history (`sync_schema_layouts`) that name
+/// it, if any do: the layout of the rows a table retired earlier still holds.
+pub fn last_layout(client: &SpiClient<'_>, table: &str) -> Result<Option<Value>> {
+    let last = db::first::<String>(db::write(
+        client,
+        "SELECT (l.layouts::pg_catalog.jsonb -> $1)::pg_catalog.text
+           FROM syncular.sync_schema_layouts l
+          WHERE l.layouts::pg_catalog.jsonb ? $1
+          ORDER BY l.schema_version DESC LIMIT 1",
+        &[DatumWithOid::from(table)],
+    )?)?;
+    Ok(last.and_then(|text| serde_json::from_str(&text).ok()))
 }
 
 /// The row codec's type names, in docs/CODEC.md §Column types order, as a hint spells them.

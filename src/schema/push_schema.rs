@@ -390,13 +390,7 @@ pub fn check_stored_at(
         if layouts.contains_key(table) || retired.contains(table) {
             continue;
         }
-        let in_history = db::first::<bool>(db::write(
-            client,
-            "SELECT EXISTS (SELECT 1 FROM syncular.sync_schema_layouts l
-                             WHERE l.layouts::pg_catalog.jsonb ? $1)",
-            &[DatumWithOid::from(table.as_str())],
-        )?)?;
-        if in_history == Some(true) {
+        if crate::schema::evolution::last_layout(client, table)?.is_some() {
             retired.push(table.clone());
         }
     }
@@ -535,11 +529,7 @@ fn table_as_of(
     const SQL: &str = "SELECT (p.tables -> $2)::text FROM syncular.sync_push_schemas p
                         WHERE p.schema_version = $1";
     let args = [DatumWithOid::from(version), DatumWithOid::from(tbl)];
-    let found = if fresh {
-        db::write(client, SQL, &args)?
-    } else {
-        db::read(client, SQL, &args)?
-    };
+    let found = db::read_fresh_if(client, SQL, &args, fresh)?;
     if found.is_empty() {
         return Ok(None);
     }
@@ -609,11 +599,7 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
     // READ COMMITTED): an older REPEATABLE READ or SERIALIZABLE snapshot would read that
     // version's push schema as it was before it was replaced (red team 8, R8-3).
     if !given {
-        let seen = db::first::<i64>(db::write(
-            client,
-            "SELECT m.schema_version FROM syncular.sync_schema_meta m WHERE m.id = 1",
-            &[],
-        )?)?;
+        let seen = crate::schema::barrier::marker_seen(client)?;
         if seen != Some(version) {
             return Err(tables::unknown_table(tbl).with_hint(format!(
                 "the stored schema version is {version}, which this transaction's snapshot \
@@ -653,11 +639,7 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
                            SELECT m.layouts FROM syncular.sync_schema_meta m
                             WHERE m.id = 1 AND m.schema_version = $1
                            LIMIT 1";
-    let stored = if given {
-        db::read(client, LAYOUTS, &[DatumWithOid::from(version)])?
-    } else {
-        db::write(client, LAYOUTS, &[DatumWithOid::from(version)])?
-    };
+    let stored = db::read_fresh_if(client, LAYOUTS, &[DatumWithOid::from(version)], !given)?;
     let Some(text) = db::first::<String>(stored)? else {
         return Err(tables::unknown_table(tbl).with_hint(format!(
             "neither a push schema nor layouts are stored at {at}"

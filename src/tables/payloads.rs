@@ -9,11 +9,11 @@
 use super::AppRelation;
 use crate::db;
 use crate::error::{self, Error};
+use crate::heap;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
 use pgrx::{FromDatum, PgMemoryContexts};
-use std::ffi::CStr;
 
 /// What [`AppRelation::scan_payloads`] hands each stored row: `(partition, row_id, payload)`;
 /// `Ok(false)` ends the scan.
@@ -82,21 +82,6 @@ impl AppRelation {
     }
 }
 
-/// The attribute number of the live column `name` of `descriptor`, if any.
-///
-/// # Safety
-/// `descriptor` is the tuple descriptor of an open relation.
-unsafe fn attribute(descriptor: pg_sys::TupleDesc, name: &CStr) -> Option<i32> {
-    // SAFETY: the caller guarantees an open relation's descriptor; `attname` is NUL-terminated.
-    unsafe {
-        let attributes = pgrx::PgTupleDesc::from_pg_unchecked(descriptor);
-        let found = attributes
-            .iter()
-            .position(|a| !a.attisdropped && CStr::from_ptr(a.attname.data.as_ptr()) == name);
-        found.map(|i| i as i32 + 1)
-    }
-}
-
 /// One leaf relation's rows, by a sequential heap scan (`systable_beginscan` without an index,
 /// as genam.c offers any relation); `false` when `each` ended the scan.
 fn scan_leaf(oid: pg_sys::Oid, each: &mut EachPayload<'_>) -> error::Result<bool> {
@@ -112,10 +97,11 @@ fn scan_leaf(oid: pg_sys::Oid, each: &mut EachPayload<'_>) -> error::Result<bool
         pg_sys::CommandCounterIncrement();
         let relation = pg_sys::table_open(oid, lock);
         let descriptor = (*relation).rd_att;
+        let attribute = |name| heap::live_attribute(descriptor, name, |_| true);
         let columns = (
-            attribute(descriptor, c"_sync_partition"),
-            attribute(descriptor, c"_sync_row_id"),
-            attribute(descriptor, c"_sync_payload"),
+            attribute(c"_sync_partition"),
+            attribute(c"_sync_row_id"),
+            attribute(c"_sync_payload"),
         );
         let (Some(at_partition), Some(at_row), Some(at_payload)) = columns else {
             pg_sys::table_close(relation, pg_sys::NoLock as pg_sys::LOCKMODE);
@@ -140,9 +126,9 @@ fn scan_leaf(oid: pg_sys::Oid, each: &mut EachPayload<'_>) -> error::Result<bool
                 break;
             }
             let row = scratch.switch_to(|_| {
-                let get = |at: i32| {
+                let get = |at: i16| {
                     let mut is_null = false;
-                    let datum = pg_sys::heap_getattr(tuple, at, descriptor, &mut is_null);
+                    let datum = pg_sys::heap_getattr(tuple, at.into(), descriptor, &mut is_null);
                     (datum, is_null)
                 };
                 let (p, p_null) = get(at_partition);
