@@ -12,7 +12,6 @@ use crate::error::Result;
 use crate::gate;
 use crate::schema::push_schema;
 use crate::tables;
-use pgrx::datum::DatumWithOid;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
 
@@ -32,12 +31,15 @@ pub(super) fn open_tables(
     {
         return Ok(Err(fallback("client_schema_version", None)));
     }
-    let marker_at_running = db::first::<bool>(db::read(
+    let marker = db::first::<i64>(db::read(
         client,
-        "SELECT EXISTS (SELECT 1 FROM syncular.sync_schema_meta m
-                         WHERE m.id = 1 AND m.schema_version = $1)",
-        &[DatumWithOid::from(running)],
-    )?)? == Some(true);
+        "SELECT m.schema_version FROM syncular.sync_schema_meta m WHERE m.id = 1",
+        &[],
+    )?)?;
+    // A running version ahead of the stored one has no recorded layouts and its push schema may
+    // still be replaced: the native path writes no row with it (docs/API.md §8, red team 9).
+    let ahead = push_schema::ahead_of_marker(running, marker).is_some();
+    let marker_at_running = marker == Some(running);
     let mut tables = HashMap::new();
     let mut unknown = HashSet::new();
     for (k, op) in request.ops.iter().enumerate() {
@@ -53,6 +55,7 @@ pub(super) fn open_tables(
                 unknown.insert(tbl);
                 continue;
             }
+            Some(Some(_)) if ahead => return Ok(Err(fallback("descriptor_mismatch", at))),
             Some(Some(schema)) => schema,
         };
         let pk = &schema.layout.columns[schema.layout.primary_key];

@@ -269,6 +269,104 @@ fn record_layouts(
     Ok(())
 }
 
+/// A table of the new layouts that the stored ones lack: retired earlier and added again, it
+/// keeps the rows of its last layout, which the history holds, and grows from there or is
+/// refused (red team 7, R7-3); no layouts ever named it, its registered relation must be empty,
+/// or its rows are of a layout nothing records — written through a push schema alone, or
+/// registered before under another name (red team 8, R8-2 and R8-4). The relation is locked
+/// `SHARE` first, so a host insert in flight is waited for and seen (red team 9, R9-4).
+fn add_retired_or_empty(
+    client: &SpiClient<'_>,
+    a: &SchemaArgs,
+    old_layouts: &mut Map<String, Value>,
+    caller: pg_sys::Oid,
+) -> Result<()> {
+    for table in a.layouts.keys() {
+        crate::interrupts::check();
+        if old_layouts.contains_key(table) {
+            continue;
+        }
+        if let Some(columns) = evolution::last_layout(client, table)? {
+            old_layouts.insert(table.clone(), columns);
+            continue;
+        }
+        if holds_rows(client, table, caller)? {
+            return Err(not_empty(
+                table,
+                "is new in these layouts (no earlier layouts name it) but its registered \
+                 relation holds rows, whose layout nothing records (written through a push \
+                 schema alone, or registered before under another name): add the table under \
+                 the name of its last layouts, or retire_table it and empty its relation first",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The first migration: rows written before it through a push schema (the one-call push,
+/// `encode_row`) have its columns, which never change once stored
+/// (`push_schema::keep_stored_columns`). A registered table of the new layouts holding rows that
+/// push schemas name has the layout every one of them gives it, when they agree; it must grow
+/// from there by appended nullable columns, and is re-encoded like any migration's (red team 9,
+/// R9-6). A table no push schema names has rows of the host's own codec (the classic path), at
+/// the layouts it declares. The relation is locked `SHARE` first, as for a table new to the
+/// layouts.
+fn written_before_first(
+    client: &SpiClient<'_>,
+    a: &SchemaArgs,
+    old_layouts: &mut Map<String, Value>,
+    caller: pg_sys::Oid,
+) -> Result<Vec<evolution::Grown>> {
+    let mut grown = Vec::new();
+    for table in a.layouts.keys() {
+        crate::interrupts::check();
+        if !holds_rows(client, table, caller)? {
+            continue;
+        }
+        let written = push_schema::columns_by_version(client, table)?;
+        // No push schema names it: nothing of ours encoded its rows — a host's own codec did
+        // (the classic path, scenario SCH-13), at the layouts it declares now.
+        let Some((version, columns)) = written.last().cloned() else {
+            continue;
+        };
+        use evolution::{columns as cols, same};
+        let agree = |other: &Value| {
+            let (x, y) = (cols(Some(&columns)), cols(Some(other)));
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same(p, q))
+        };
+        if let Some((other, _)) = written.iter().find(|(_, c)| !agree(c)) {
+            return Err(not_empty(
+                table,
+                &format!(
+                    "holds rows written before the first migration, and the push schemas of \
+                     schema versions {other} and {version} give it different columns, so their \
+                     layout is unknown: empty the relation first, or migrate with the layouts \
+                     its rows were written with"
+                ),
+            ));
+        }
+        let one = Map::from_iter([(table.clone(), columns)]);
+        grown.extend(evolution::append_only(&one, &a.layouts, version)?);
+        old_layouts.extend(one);
+    }
+    Ok(grown)
+}
+
+/// Whether the registered relation of `table` holds rows, read below SQL once writers in flight
+/// ended (`SHARE`, kept to the end of the migration).
+fn holds_rows(client: &SpiClient<'_>, table: &str, caller: pg_sys::Oid) -> Result<bool> {
+    let Some(relation) = tables::open_for_migration(client, table)? else {
+        return Ok(false);
+    };
+    relation.lock_for_rewrite(caller)?;
+    relation.has_rows(client)
+}
+
+fn not_empty(table: &str, why: &str) -> Error {
+    Error::invalid_argument(&format!("layouts.{table}"), "not_empty")
+        .with_hint(format!("table {table} {why}"))
+}
+
 fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Result<i64> {
     // L0: waits for every partition lock holder and allocator; blocks them until we end.
     db::write(
@@ -298,45 +396,13 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
         // Upstream's append-only rule against the layouts stored under the lock (docs/API.md
         // §5, "Schema evolution"): refused before anything is written.
         let mut old_layouts = stored_layouts(state.stored_layouts.as_deref());
-        let retired: Vec<String> = old_layouts
-            .keys()
-            .filter(|t| !a.layouts.contains_key(t.as_str()))
-            .cloned()
-            .collect();
-        // A table retired earlier and added again keeps the rows of its last layout, which
-        // the history holds: it grows from there, or is refused (red team 7, R7-3).
-        if stored > 0 && updated {
-            for table in a.layouts.keys() {
-                crate::interrupts::check();
-                if old_layouts.contains_key(table) {
-                    continue;
-                }
-                if let Some(columns) = evolution::last_layout(client, table)? {
-                    old_layouts.insert(table.clone(), columns);
-                    continue;
-                }
-                // No layouts ever named it: its registered relation must be empty, or its rows
-                // are of a layout nothing records — written through a push schema alone, or
-                // registered before under another name (red team 8, R8-2 and R8-4).
-                if let Some(relation) = tables::open_for_migration(client, table)? {
-                    if relation.has_rows(client)? {
-                        return Err(Error::invalid_argument(
-                            &format!("layouts.{table}"),
-                            "not_empty",
-                        )
-                        .with_hint(format!(
-                            "table {table} is new in these layouts (no earlier layouts name it) \
-                             but its registered relation holds rows, whose layout nothing \
-                             records (written through a push schema alone, or registered before \
-                             under another name): add the table under the name of its last \
-                             layouts, or retire_table it and empty its relation first"
-                        )));
-                    }
-                }
-            }
-        }
         let grown = if stored > 0 {
+            if updated {
+                add_retired_or_empty(client, a, &mut old_layouts, caller)?;
+            }
             evolution::append_only(&old_layouts, &a.layouts, stored)?
+        } else if updated {
+            written_before_first(client, a, &mut old_layouts, caller)?
         } else {
             Vec::new()
         };
@@ -384,7 +450,7 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
             ],
         )?;
         if updated {
-            push_schema::check_stored_at(client, a.version, &a.layouts, &retired)?;
+            push_schema::check_stored_at(client, a.version)?;
             let stored_text = state.stored_layouts.as_deref().filter(|_| stored > 0);
             record_layouts(
                 client,
@@ -394,15 +460,8 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
             )?;
             // Every stored row of a registered table whose layout grew, re-encoded for the new
             // layout in this transaction (src/schema/evolution.rs).
-            rewritten = evolution::rewrite(
-                client,
-                &grown,
-                &old_layouts,
-                &a.layouts,
-                stored,
-                a.version,
-                caller,
-            )?;
+            rewritten =
+                evolution::rewrite(client, &grown, &old_layouts, &a.layouts, a.version, caller)?;
         }
     }
     record_previous(stored, state.stored_layouts.as_deref(), rewritten);

@@ -69,6 +69,8 @@ pub fn unknown_type(at: &str, type_name: &str) -> Error {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Grown {
     pub table: String,
+    /// The schema version of the table's old layout.
+    pub from: i64,
     pub old: usize,
     pub new: usize,
 }
@@ -161,6 +163,7 @@ pub fn append_only(
         if new.len() > old.len() {
             grown.push(Grown {
                 table: table.clone(),
+                from,
                 old: old.len(),
                 new: new.len(),
             });
@@ -219,7 +222,6 @@ pub fn rewrite(
     grown: &[Grown],
     stored: &Map<String, Value>,
     layouts: &Map<String, Value>,
-    from: i64,
     to: i64,
     caller: pg_sys::Oid,
 ) -> Result<Map<String, Value>> {
@@ -239,6 +241,7 @@ pub fn rewrite(
                 g.table
             ))
         };
+        let from = g.from;
         let old = codec_layout(columns(stored.get(&g.table))).map_err(|w| unreadable(from, w))?;
         let new = codec_layout(columns(layouts.get(&g.table))).map_err(|w| unreadable(to, w))?;
         let table = g.table.as_str();
@@ -375,6 +378,7 @@ mod tests {
             append_only(&l1(), &l2, 1).unwrap(),
             vec![Grown {
                 table: "tasks".into(),
+                from: 1,
                 old: 2,
                 new: 3
             }]

@@ -266,8 +266,18 @@ fn check_relation(client: &SpiClient<'_>, tbl: &str, schema: &TableSchema) -> Re
     Ok(())
 }
 
-/// When the stored marker is at `version`, the push schema must have exactly its layouts'
-/// tables (`whole`: and no table fewer), columns, types, nullability and order.
+/// The layouts recorded for `version`: the history's (`sync_schema_layouts`, every version a
+/// migration published), else the marker's (a 0.1.0 install updated has no history before it).
+const LAYOUTS_AT: &str = "SELECT l.layouts FROM syncular.sync_schema_layouts l
+                           WHERE l.schema_version = $1
+                          UNION ALL
+                          SELECT m.layouts FROM syncular.sync_schema_meta m
+                           WHERE m.id = 1 AND m.schema_version = $1
+                          LIMIT 1";
+
+/// When layouts are recorded for `version` (the marker's, or a migration's before it), the push
+/// schema must have exactly their tables (`whole`: and no table fewer), columns, types,
+/// nullability and order.
 fn check_layouts(
     client: &SpiClient<'_>,
     version: i64,
@@ -276,11 +286,7 @@ fn check_layouts(
 ) -> Result<()> {
     // A fresh snapshot: after the lock `set_push_schema` waited on, a migration committed in the
     // meantime is seen (red team 6, R6-1).
-    let stored = db::write(
-        client,
-        "SELECT m.layouts FROM syncular.sync_schema_meta m WHERE m.id = 1 AND m.schema_version = $1",
-        &[DatumWithOid::from(version)],
-    )?;
+    let stored = db::write(client, LAYOUTS_AT, &[DatumWithOid::from(version)])?;
     let Some(text) = db::first::<String>(stored)? else {
         return Ok(());
     };
@@ -351,19 +357,14 @@ fn check_layouts(
 }
 
 /// `migrate_schema`'s check of a push schema stored at `version` before the migration to it:
-/// `set_push_schema` compares with the layouts only when the marker is at its version, so every
-/// table of one stored ahead that the new `layouts` have must match them here, or the row
-/// codec's functions and the one-call push would read the rows the migration re-encodes with
-/// another column list (red team 5, R5-3); and it may not name a table the layouts `retired`
-/// (its rows stay at their last layout, which the push schema would misread: red team 7, R7-2).
-/// A table no layouts ever had has no stored rows of a layout to misread (the one-call push
-/// falls back for it). Runs after the marker is written, in the migration's transaction.
-pub fn check_stored_at(
-    client: &SpiClient<'_>,
-    version: i64,
-    layouts: &Map<String, Value>,
-    retired: &[String],
-) -> Result<()> {
+/// `set_push_schema` compares with the layouts only once they are recorded, so one stored ahead
+/// must match the new layouts **whole** here — every table, column, type, nullability and order,
+/// no table more or fewer. A table it had that the layouts lack would have rows of a layout
+/// nothing records, readable silently wrong once a later push schema gives it other columns
+/// (red team 9, R9-1; a table the layouts retire: R7-2, R8-1), and one whose columns differ
+/// would be read with another column list by the row codec's functions and the one-call push
+/// (R5-3). Runs after the marker and the layouts are written, in the migration's transaction.
+pub fn check_stored_at(client: &SpiClient<'_>, version: i64) -> Result<()> {
     // A fresh snapshot: after the lock the migration waited on, a push schema committed in the
     // meantime is seen (red team 6, R6-1).
     let found = db::write(
@@ -374,56 +375,141 @@ pub fn check_stored_at(
     let Some(text) = db::first::<String>(found)? else {
         return Ok(());
     };
+    let schemas = stored_schemas(version, &text)?;
+    check_layouts(client, version, &schemas, true).map_err(|e| match e {
+        Error::Sync { hint, .. } => {
+            Error::invalid_argument("layouts", "mismatch").with_hint(format!(
+                "the push schema stored at schema version {version} (by set_push_schema before \
+                 this migration) does not match these layouts: {}; a version's push schema \
+                 and its layouts describe the same tables — store one that does with \
+                 syncular.set_push_schema({version}, …) first",
+                hint.unwrap_or_default()
+            ))
+        }
+        other => other,
+    })
+}
+
+/// A stored push schema's tables, validated again (`Internal` when one no longer is).
+fn stored_schemas(version: i64, text: &str) -> Result<Vec<(String, TableSchema)>> {
     let unreadable = || {
         Error::Internal(format!(
             "syncular: the stored push schema at version {version} no longer validates"
         ))
     };
-    let Ok(Value::Object(tables)) = serde_json::from_str::<Value>(&text) else {
+    let Ok(Value::Object(tables)) = serde_json::from_str::<Value>(text) else {
         return Err(unreadable());
     };
-    // A table the new layouts lack whose rows have a layout — retired now, or by an earlier
-    // migration (the history names it: red team 8, R8-1).
-    let mut retired = retired.to_vec();
-    for table in tables.keys() {
-        crate::interrupts::check();
-        if layouts.contains_key(table) || retired.contains(table) {
-            continue;
-        }
-        if crate::schema::evolution::last_layout(client, table)?.is_some() {
-            retired.push(table.clone());
-        }
-    }
-    if let Some(table) = retired.iter().find(|t| tables.contains_key(t.as_str())) {
-        return Err(
-            Error::invalid_argument("layouts", "mismatch").with_hint(format!(
-                "the push schema stored at schema version {version} (by set_push_schema before \
-                 this migration) names table {table}, which these layouts retire or an earlier \
-                 migration retired — its stored rows keep their last layout; store a push \
-                 schema without it with syncular.set_push_schema({version}, …) first, or keep \
-                 {table} in the layouts"
-            )),
-        );
-    }
-    let schemas = tables
+    tables
         .iter()
-        .filter(|(tbl, _)| layouts.contains_key(tbl.as_str()))
         .map(|(tbl, d)| {
             crate::interrupts::check();
             Ok((tbl.clone(), table_schema(tbl, d).map_err(|_| unreadable())?))
         })
-        .collect::<Result<Vec<_>>>()?;
-    check_layouts(client, version, &schemas, false).map_err(|e| match e {
-        Error::Sync { hint, .. } => {
-            Error::invalid_argument("layouts", "mismatch").with_hint(format!(
-            "the push schema stored at schema version {version} (by set_push_schema before this \
-             migration) does not match these layouts: {}; store one that does with \
-             syncular.set_push_schema({version}, …) first",
-            hint.unwrap_or_default()
-        ))
+        .collect()
+}
+
+/// The push schema stored at a version rows may already be encoded with keeps every table and
+/// its columns (name, type, nullability, order): a stored row, a log payload or a push result
+/// may hold bytes of that column list, and a push schema replaced under them would read them
+/// silently wrong (red team 9, R9-1, R9-5, R9-6). Such a version is any version before the first
+/// migration and every version up to the stored one after it; only a version ahead of the
+/// stored one is refused for encoding and pushing ([`codec_table`], the one-call push) and can be
+/// replaced freely until its migration, which compares it with its layouts
+/// ([`check_stored_at`]). The other keys of a table (scopes, primary key, materialize,
+/// references) may change.
+fn keep_stored_columns(
+    client: &SpiClient<'_>,
+    version: i64,
+    schemas: &[(String, TableSchema)],
+) -> Result<()> {
+    let found = db::write(
+        client,
+        "SELECT p.tables::text FROM syncular.sync_push_schemas p WHERE p.schema_version = $1",
+        &[DatumWithOid::from(version)],
+    )?;
+    let Some(text) = db::first::<String>(found)? else {
+        return Ok(());
+    };
+    let why = "rows, log payloads and push results may already be encoded with them, so a \
+               version's columns never change: a different column list is a new schema version";
+    for (tbl, stored) in stored_schemas(version, &text)? {
+        crate::interrupts::check();
+        let Some((_, given)) = schemas.iter().find(|(t, _)| *t == tbl) else {
+            return Err(mismatch(
+                &format!("tables.{tbl}"),
+                format!(
+                    "the push schema stored at schema version {version} has table {tbl}, \
+                     which this one leaves out — {why}"
+                ),
+            ));
+        };
+        if given.layout.columns != stored.layout.columns {
+            let i = given
+                .layout
+                .columns
+                .iter()
+                .zip(&stored.layout.columns)
+                .take_while(|(a, b)| a == b)
+                .count();
+            return Err(mismatch(
+                &format!("tables.{tbl}.columns[{i}]"),
+                format!(
+                    "table {tbl}: the push schema stored at schema version {version} gives it \
+                     the columns {} — {why}",
+                    column_list(&stored.layout)
+                ),
+            ));
         }
-        other => other,
-    })
+    }
+    Ok(())
+}
+
+/// `id string!, title string?`: a layout's columns for a HINT.
+fn column_list(layout: &Layout) -> String {
+    layout
+        .columns
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {}{}",
+                c.name,
+                c.ty.name(),
+                if c.nullable { "?" } else { "!" }
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The stored schema version when `version` is ahead of it: nothing may be encoded with such a
+/// push schema, which its migration may still replace ([`keep_stored_columns`]).
+pub fn ahead_of_marker(version: i64, marker: Option<i64>) -> Option<i64> {
+    marker.filter(|m| version > *m)
+}
+
+/// Every stored push schema's columns of `tbl`, by version: the layout of the rows a host wrote
+/// before the first migration, when all of them agree (`migrate_schema`, red team 9, R9-6).
+pub fn columns_by_version(client: &SpiClient<'_>, tbl: &str) -> Result<Vec<(i64, Value)>> {
+    let found = db::write(
+        client,
+        "SELECT p.schema_version, (p.tables -> $1 -> 'columns')::text
+           FROM syncular.sync_push_schemas p
+          WHERE p.tables ? $1
+          ORDER BY p.schema_version",
+        &[DatumWithOid::from(tbl)],
+    )?;
+    let mut out = Vec::new();
+    for row in found {
+        crate::interrupts::check();
+        let version = row.get::<i64>(1)?.unwrap_or(0);
+        let columns = row
+            .get::<String>(2)?
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .unwrap_or(Value::Null);
+        out.push((version, columns));
+    }
+    Ok(out)
 }
 
 #[pg_extern(
@@ -458,15 +544,20 @@ fn set_push_schema(schema_version: Option<i64>, tables: Option<JsonArg>) -> i32 
         db::with_spi(|client| {
             // Before the comparison with the marker: waits for a migration in progress (it holds
             // SHARE until it commits), so the marker read next is the migration's (red team 6,
-            // R6-1).
+            // R6-1); and for another set_push_schema (the mode conflicts with itself), so the
+            // stored columns compared next are the ones kept (red team 9, R9-5).
             db::write(
                 client,
-                "LOCK TABLE syncular.sync_push_schemas IN ROW EXCLUSIVE MODE",
+                "LOCK TABLE syncular.sync_push_schemas IN SHARE ROW EXCLUSIVE MODE",
                 &[],
             )?;
             for (tbl, schema) in &schemas {
                 crate::interrupts::check();
                 check_relation(client, tbl, schema)?;
+            }
+            let marker = crate::schema::barrier::marker_seen(client)?;
+            if ahead_of_marker(version, marker).is_none() {
+                keep_stored_columns(client, version, &schemas)?;
             }
             check_layouts(client, version, &schemas, true)?;
             db::write(
@@ -582,7 +673,20 @@ pub struct CodecTable {
 pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> Result<CodecTable> {
     let given = version.is_some();
     let version = match version {
-        Some(v) => v,
+        // A version ahead of the stored one has no layouts yet, and its push schema may still
+        // be replaced: a row encoded with it would be of a layout no migration records (red
+        // team 9, R9-4). The marker read is the settled one, whatever the caller's snapshot.
+        Some(v) => match ahead_of_marker(v, crate::schema::barrier::settled_version()?) {
+            Some(marker) => {
+                return Err(tables::unknown_table(tbl).with_hint(format!(
+                    "schema version {v} is ahead of the stored schema version {marker}: its push \
+                     schema may still change until migrate_schema({v}, …) records its layouts, \
+                     so nothing is encoded or decoded with it before — migrate first, or use \
+                     schema version {marker}"
+                )))
+            }
+            None => v,
+        },
         None => match crate::schema::barrier::settled_version()? {
             Some(marker) => marker,
             None => {
@@ -633,13 +737,7 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
         }
         None => {}
     }
-    const LAYOUTS: &str = "SELECT l.layouts FROM syncular.sync_schema_layouts l
-                            WHERE l.schema_version = $1
-                           UNION ALL
-                           SELECT m.layouts FROM syncular.sync_schema_meta m
-                            WHERE m.id = 1 AND m.schema_version = $1
-                           LIMIT 1";
-    let stored = db::read_fresh_if(client, LAYOUTS, &[DatumWithOid::from(version)], !given)?;
+    let stored = db::read_fresh_if(client, LAYOUTS_AT, &[DatumWithOid::from(version)], !given)?;
     let Some(text) = db::first::<String>(stored)? else {
         return Err(tables::unknown_table(tbl).with_hint(format!(
             "neither a push schema nor layouts are stored at {at}"

@@ -59,14 +59,15 @@ fn set_push_schema_is_accepted_and_idempotent() {
     );
     assert_eq!(stored["materialize"], json!(true));
     assert_eq!(stored["references"], json!([]));
-    // With the marker at version 1 and matching layouts, still accepted.
-    migrate(&mut c, 1, &l1(), &json!([]));
+    // With the marker at version 2 and a push schema matching its layouts, still accepted.
     let mut with_layouts = schema();
     with_layouts.as_object_mut().unwrap().remove("utasks");
-    assert_eq!(set(&mut c, 1, &with_layouts).unwrap(), 2);
-    // A second version is stored next to the first.
-    assert_eq!(set(&mut c, 2, &schema()).unwrap(), 3);
-    assert_eq!(count(&mut c, "syncular.sync_push_schemas"), 2);
+    assert_eq!(set(&mut c, 2, &with_layouts).unwrap(), 2);
+    migrate(&mut c, 2, &l1(), &json!([]));
+    assert_eq!(set(&mut c, 2, &with_layouts).unwrap(), 2);
+    // A version ahead is stored next to them.
+    assert_eq!(set(&mut c, 3, &schema()).unwrap(), 3);
+    assert_eq!(count(&mut c, "syncular.sync_push_schemas"), 3);
 }
 
 /// Every synced table declares a scope pattern (upstream's §3.1 rule): a table without one was
@@ -182,10 +183,11 @@ fn set_push_schema_refuses_what_disagrees() {
         "mismatch",
     );
     assert!(err.hint.unwrap().contains("NOT NULL in the relation"));
-    // Not materialized: the app columns are not compared.
+    // Not materialized: the app columns are not compared. (At a version of its own: a version's
+    // column lists never change once stored.)
     let mut bare = with("/tasks/columns/2/type", json!("string"));
     bare["tasks"]["materialize"] = json!(false);
-    assert_eq!(set(&mut c, 1, &bare).unwrap(), 3);
+    assert_eq!(set(&mut c, 9, &bare).unwrap(), 3);
     // A registration that no longer fits is refused with its reason.
     exec(
         &mut c,
@@ -198,12 +200,10 @@ fn set_push_schema_refuses_what_disagrees() {
     );
     exec(&mut c, "ALTER TABLE public.docs ALTER COLUMN \"_sync_payload\" TYPE bytea USING \"_sync_payload\"::bytea");
 
-    // Disagreement with the layouts stored by migrate_schema at that version. (The push schema
-    // stored ahead of the migration must agree with its layouts, table by table: `bare` does
-    // not, so the agreeing one is stored first.)
-    assert_eq!(set(&mut c, 1, &schema()).unwrap(), 3);
-    migrate(&mut c, 1, &l1(), &json!([]));
-    let err = refused(&mut c, 1, &schema(), "tables.utasks", "mismatch");
+    // Disagreement with the layouts stored by migrate_schema at that version (none stored for
+    // it before: a push schema stored ahead must match them whole, or the migration refuses).
+    migrate(&mut c, 2, &l1(), &json!([]));
+    let err = refused(&mut c, 2, &schema(), "tables.utasks", "mismatch");
     assert!(err
         .hint
         .unwrap()
@@ -212,13 +212,17 @@ fn set_push_schema_refuses_what_disagrees() {
     two.as_object_mut().unwrap().remove("utasks");
     let mut swapped = two.clone();
     swapped["docs"]["columns"] = json!([l1()["docs"][1], l1()["docs"][0], l1()["docs"][2]]);
-    refused(&mut c, 1, &swapped, "tables.docs.columns[0]", "mismatch");
+    refused(&mut c, 2, &swapped, "tables.docs.columns[0]", "mismatch");
     let mut fewer = two.clone();
     fewer.as_object_mut().unwrap().remove("docs");
-    let err = refused(&mut c, 1, &fewer, "tables", "mismatch");
+    let err = refused(&mut c, 2, &fewer, "tables", "mismatch");
     assert!(err.hint.unwrap().contains("stored table docs is missing"));
-    // Another version is not compared with the marker's layouts.
-    assert_eq!(set(&mut c, 2, &schema()).unwrap(), 3);
+    assert_eq!(set(&mut c, 2, &two).unwrap(), 2);
+    // Stored, its columns stay: leaving a table out is refused by the stored push schema too.
+    let err = refused(&mut c, 2, &fewer, "tables.docs", "mismatch");
+    assert!(err.hint.unwrap().contains("which this one leaves out"));
+    // A version ahead of the stored one is not compared with the marker's layouts.
+    assert_eq!(set(&mut c, 3, &schema()).unwrap(), 3);
 }
 
 fn encode(

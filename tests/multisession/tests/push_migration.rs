@@ -11,11 +11,16 @@ use std::thread;
 use syncular_multisession::native_push::*;
 use syncular_multisession::*;
 
-/// The stored layouts of the fixture's `tasks` (the push schema's columns, as `migrate_schema`
-/// takes them), so the push schema agrees with the marker at either version.
+/// The stored layouts of the fixture's tables (the push schema's columns, as `migrate_schema`
+/// takes them): a version's push schema and its layouts describe the same tables.
 fn layouts() -> Value {
-    let columns = schema()["tasks"]["columns"].clone();
-    json!({ "tasks": columns })
+    let tables = schema().as_object().unwrap().clone();
+    Value::Object(
+        tables
+            .into_iter()
+            .map(|(tbl, d)| (tbl, d["columns"].clone()))
+            .collect(),
+    )
 }
 
 fn prepared(name: &str) -> (TestDb, Client) {

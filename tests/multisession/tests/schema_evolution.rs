@@ -48,6 +48,12 @@ fn note(id: &str, title: &str) -> Value {
 /// A database with `notes` registered, migrated to version 1 with its push schema, and two
 /// rows pushed at version 1 (payloads from `encode_row`).
 fn setup(name: &str) -> (TestDb, Client) {
+    setup_with(name, true)
+}
+
+/// [`setup`], migrated to version 1 or (`migrated` false) never migrated: the push schema of
+/// version 1 stored and the two rows pushed at version 1 before any `migrate_schema`.
+fn setup_with(name: &str, migrated: bool) -> (TestDb, Client) {
     let db = TestDb::new(name);
     let mut c = db.connect();
     exec(
@@ -61,7 +67,9 @@ fn setup(name: &str) -> (TestDb, Client) {
         &mut c,
         "SELECT syncular.register_table('notes', 'public.ev_notes')",
     );
-    migrate(&mut c, 1, &l1(), &json!([]));
+    if migrated {
+        migrate(&mut c, 1, &l1(), &json!([]));
+    }
     let _: i32 = one(
         &mut c,
         "SELECT syncular.set_push_schema(1, $1)",
@@ -1501,7 +1509,7 @@ fn a_push_schema_stored_ahead_may_not_name_a_table_the_migration_retires() {
     retiring_refused_with_push_schema_ahead(
         &mut c,
         2,
-        "names table notes, which these layouts retire",
+        "table notes is not in the stored layouts",
     );
 }
 
@@ -1565,7 +1573,7 @@ fn a_table_added_again_grows_from_its_last_layout() {
 fn a_push_schema_stored_ahead_may_not_name_a_table_retired_earlier() {
     let (_db, mut c) = setup("ev_r81");
     migrate(&mut c, 2, &json!({}), &json!([]));
-    retiring_refused_with_push_schema_ahead(&mut c, 3, "an earlier migration retired");
+    retiring_refused_with_push_schema_ahead(&mut c, 3, "table notes is not in the stored layouts");
 }
 
 /// Red team 8, R8-2 and R8-4: a table no layouts ever named whose registered relation holds
@@ -1632,4 +1640,220 @@ fn a_snapshot_that_predates_the_settled_version_is_refused() {
         .map_err(|e| sql_error(&e))
         .unwrap_err();
     assert_eq!(refused.state, "SY041", "{refused:?}");
+}
+
+/// `set_push_schema(version, tables)`, refused: its error.
+fn refused_push_schema(c: &mut Client, version: i64, tables: &Value) -> SqlError {
+    sql_error(
+        &c.query_one(
+            "SELECT syncular.set_push_schema($1, $2)",
+            &[&version, tables],
+        )
+        .unwrap_err(),
+    )
+}
+
+/// Red team 9, R9-1 and R9-4: rows encoded with a push schema stored *ahead* of its migration
+/// (by `encode_row` at that version, or a push by a process running it) carried a column list
+/// nothing records — the push schema could be replaced before the migration, or name a table
+/// the layouts lack, whose rows a later version then read silently wrong. Nothing is encoded or
+/// decoded with it now (`SY041`, the one-call push falls back with nothing written), and its
+/// migration requires it to match the layouts whole.
+#[test]
+fn nothing_is_encoded_with_a_push_schema_ahead_of_its_migration() {
+    let (_db, mut c) = setup("ev_r91");
+    exec(
+        &mut c,
+        &(String::from("ALTER TABLE public.ev_notes ADD COLUMN body text;")
+            + &app_table_sql("public.ev_extra", "id text, project_id text,")
+            + "SELECT syncular.register_table('extra', 'public.ev_extra');"),
+    );
+    let mut ahead = push_schema(&l2());
+    ahead["extra"] = json!({"columns": [{"name": "id", "type": "string", "nullable": false},
+                                        {"name": "project_id", "type": "string", "nullable": false}],
+                            "primaryKey": "id",
+                            "scopes": [{"variable": "project_id", "column": "project_id"}]});
+    let _: i32 = one(&mut c, "SELECT syncular.set_push_schema(2, $1)", &[&ahead]);
+    for sql in [
+        "SELECT syncular.encode_row('extra', '{\"id\":\"x1\",\"project_id\":\"p1\"}', schema_version => 2)::text",
+        "SELECT syncular.decode_row('notes', '\\x00'::bytea, schema_version => 2)::text",
+    ] {
+        let err = sql_error(&c.query_one(sql, &[]).unwrap_err());
+        assert_eq!(err.state, "SY041", "{sql}: {err:?}");
+        assert!(
+            err.hint
+                .unwrap_or_default()
+                .contains("ahead of the stored schema version 1"),
+            "{sql}"
+        );
+    }
+    // A process already running version 2: the one-call push falls back, writing nothing.
+    let out: Value = one(
+        &mut c,
+        "SELECT syncular.push_commit($1, 'c1', 'k9', 'a1', $2, 2, $3, ARRAY['extra'], ARRAY['x1'],
+                                     ARRAY[1]::int2[], ARRAY[NULL::int8],
+                                     ARRAY['\\x0100'::bytea])",
+        &[&P, &NOW, &allowed()],
+    );
+    assert_eq!(
+        out,
+        json!({"outcome": "fallback", "reason": "descriptor_mismatch", "opIndex": 0,
+               "table": "extra"})
+    );
+    assert_eq!(count(&mut c, "public.ev_extra"), 0);
+    // `extra` lives in that push schema alone: its migration is refused until they agree.
+    let err = refused_migration(&mut c, 2, &l2());
+    assert_eq!(
+        err.detail,
+        Some(json!({"argument": "layouts", "reason": "mismatch"})),
+        "{err:?}"
+    );
+    assert!(
+        err.hint
+            .unwrap_or_default()
+            .contains("table extra is not in the stored layouts"),
+        "the HINT names the table"
+    );
+    // Ahead of the stored version, the push schema may still be replaced.
+    let _: i32 = one(
+        &mut c,
+        "SELECT syncular.set_push_schema(2, $1)",
+        &[&push_schema(&l2())],
+    );
+    migrate(&mut c, 2, &l2(), &json!([]));
+    assert_eq!(
+        decoded(&mut c, "n1"),
+        with_body(note("n1", "first"), json!(null))
+    );
+}
+
+/// Red team 9, R9-5: a push schema replaced at a version rows are encoded at (a REPEATABLE READ
+/// snapshot still read the old copy; a stored row, a log payload of that version, read with the
+/// new one, decoded silently wrong). A version's tables and column lists never change once rows
+/// may be encoded with them — every version before the first migration, every version up to the
+/// stored one after it; its other keys may.
+#[test]
+fn a_push_schemas_columns_never_change_where_rows_may_be_encoded_with_them() {
+    let (_db, mut c) = setup_with("ev_r95", false);
+    let mut moved = l1();
+    moved["notes"].as_array_mut().unwrap().swap(2, 3);
+    for (version, tables, argument) in [
+        (1, push_schema(&moved), "tables.notes.columns[2]"),
+        (1, json!({}), "tables.notes"),
+    ] {
+        let err = refused_push_schema(&mut c, version, &tables);
+        assert_eq!(
+            err.detail,
+            Some(json!({"argument": argument, "reason": "mismatch"})),
+            "{err:?}"
+        );
+        assert!(
+            err.hint
+                .unwrap_or_default()
+                .contains("a different column list is a new schema version"),
+            "the HINT says what to do"
+        );
+    }
+    // Keys other than the columns may change; the same call again changes nothing.
+    let mut rescoped = push_schema(&l1());
+    rescoped["notes"]["scopes"] = json!([{"variable": "pid", "column": "project_id"}]);
+    for tables in [rescoped, push_schema(&l1())] {
+        let _: i32 = one(&mut c, "SELECT syncular.set_push_schema(1, $1)", &[&tables]);
+    }
+    // After the first migration (to 1): version 1 is kept, version 2 (ahead) is not.
+    migrate(&mut c, 1, &l1(), &json!([]));
+    let err = refused_push_schema(&mut c, 1, &push_schema(&moved));
+    assert_eq!(err.state, "SY000", "{err:?}");
+    for tables in [push_schema(&moved), push_schema(&l1())] {
+        let _: i32 = one(&mut c, "SELECT syncular.set_push_schema(2, $1)", &[&tables]);
+    }
+    assert_eq!(decoded(&mut c, "n1"), note("n1", "first"));
+}
+
+/// Red team 9, R9-6: the first migration compared nothing — rows a host pushed before it, at a
+/// push schema's column list, were taken for rows of the new layouts. It now takes them for rows
+/// of the columns every push schema naming the table gives, and grows and re-encodes them from
+/// there like any migration.
+#[test]
+fn the_first_migration_grows_the_rows_written_before_it() {
+    let (_db, mut c) = setup_with("ev_r96", false);
+    let mut other = l2();
+    other["notes"][2]["name"] = json!("body");
+    let err = refused_migration(&mut c, 2, &other);
+    assert_eq!(
+        err.detail,
+        Some(json!({"argument": "layouts.notes[2]", "reason": "changed"})),
+        "{err:?}"
+    );
+    let mut tx = c.transaction().unwrap();
+    let previous: i64 = tx
+        .query_one("SELECT syncular.migrate_schema(2, $1)", &[&l2()])
+        .unwrap()
+        .get(0);
+    assert_eq!(previous, 0);
+    let state: Value = tx
+        .query_one("SELECT syncular.previous_schema()", &[])
+        .unwrap()
+        .get(0);
+    tx.commit().unwrap();
+    assert_eq!(state["rewritten"], json!({"notes": 2}), "{state}");
+    assert_eq!(
+        decoded(&mut c, "n2"),
+        with_body(note("n2", "second"), json!(null))
+    );
+}
+
+/// Red team 9, R9-6: rows before the first migration encoded through two push schemas that give
+/// their table different columns have a layout nothing tells: refused (`not_empty`).
+#[test]
+fn the_first_migration_refuses_rows_of_an_unknown_layout() {
+    let (_db, mut c) = setup_with("ev_r96b", false);
+    exec(&mut c, "ALTER TABLE public.ev_notes ADD COLUMN body text");
+    let _: i32 = one(
+        &mut c,
+        "SELECT syncular.set_push_schema(2, $1)",
+        &[&push_schema(&swapped())],
+    );
+    let err = refused_migration(&mut c, 3, &l2());
+    assert_eq!(
+        err.detail,
+        Some(json!({"argument": "layouts.notes", "reason": "not_empty"})),
+        "{err:?}"
+    );
+    assert!(err
+        .hint
+        .unwrap_or_default()
+        .contains("schema versions 1 and 2 give it different columns"));
+}
+
+/// Red team 9, R9-4: a host's insert not yet committed into the relation of a table new to the
+/// layouts was not seen by the migration's "must start empty" check, which then published a
+/// layout for rows it never read. The migration now waits for writers in flight on such a table
+/// (`SHARE`) and sees the row.
+#[test]
+fn a_host_insert_in_flight_into_a_table_new_to_the_layouts_is_waited_for() {
+    let (db, mut c) = setup("ev_r94");
+    exec(
+        &mut c,
+        &(app_table_sql("public.ev_more", "")
+            + "SELECT syncular.register_table('more', 'public.ev_more');"),
+    );
+    let mut writer = db.connect();
+    exec(
+        &mut writer,
+        "BEGIN; INSERT INTO public.ev_more VALUES ('part-1', 'm1', 1, '{}', '\\x00', NULL);",
+    );
+    let mut layouts = l1();
+    layouts["more"] = json!([{"name": "id", "type": "string", "nullable": false}]);
+    let mut migrator = db.connect();
+    let pid = backend_pid(&mut migrator);
+    let migration = std::thread::spawn(move || refused_migration(&mut migrator, 2, &layouts));
+    wait_until_blocked(&mut c, pid);
+    exec(&mut writer, "COMMIT");
+    let err = migration.join().unwrap();
+    assert_eq!(
+        err.detail,
+        Some(json!({"argument": "layouts.more", "reason": "not_empty"})),
+        "{err:?}"
+    );
 }
