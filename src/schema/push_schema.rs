@@ -365,17 +365,9 @@ fn check_layouts(
 /// would be read with another column list by the row codec's functions and the one-call push
 /// (R5-3). Runs after the marker and the layouts are written, in the migration's transaction.
 pub fn check_stored_at(client: &SpiClient<'_>, version: i64) -> Result<()> {
-    // A fresh snapshot: after the lock the migration waited on, a push schema committed in the
-    // meantime is seen (red team 6, R6-1).
-    let found = db::write(
-        client,
-        "SELECT p.tables::text FROM syncular.sync_push_schemas p WHERE p.schema_version = $1",
-        &[DatumWithOid::from(version)],
-    )?;
-    let Some(text) = db::first::<String>(found)? else {
+    let Some(schemas) = stored_at(client, version)? else {
         return Ok(());
     };
-    let schemas = stored_schemas(version, &text)?;
     check_layouts(client, version, &schemas, true).map_err(|e| match e {
         Error::Sync { hint, .. } => {
             Error::invalid_argument("layouts", "mismatch").with_hint(format!(
@@ -390,14 +382,24 @@ pub fn check_stored_at(client: &SpiClient<'_>, version: i64) -> Result<()> {
     })
 }
 
-/// A stored push schema's tables, validated again (`Internal` when one no longer is).
-fn stored_schemas(version: i64, text: &str) -> Result<Vec<(String, TableSchema)>> {
+/// The push schema stored at `version`, read with a fresh snapshot (one committed after a lock
+/// the caller waited on is seen: red team 6, R6-1), its tables validated again (`Internal` when
+/// one no longer is); `None` when none is stored.
+fn stored_at(client: &SpiClient<'_>, version: i64) -> Result<Option<Vec<(String, TableSchema)>>> {
+    let found = db::write(
+        client,
+        "SELECT p.tables::text FROM syncular.sync_push_schemas p WHERE p.schema_version = $1",
+        &[DatumWithOid::from(version)],
+    )?;
+    let Some(text) = db::first::<String>(found)? else {
+        return Ok(None);
+    };
     let unreadable = || {
         Error::Internal(format!(
             "syncular: the stored push schema at version {version} no longer validates"
         ))
     };
-    let Ok(Value::Object(tables)) = serde_json::from_str::<Value>(text) else {
+    let Ok(Value::Object(tables)) = serde_json::from_str::<Value>(&text) else {
         return Err(unreadable());
     };
     tables
@@ -406,7 +408,8 @@ fn stored_schemas(version: i64, text: &str) -> Result<Vec<(String, TableSchema)>
             crate::interrupts::check();
             Ok((tbl.clone(), table_schema(tbl, d).map_err(|_| unreadable())?))
         })
-        .collect()
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
 }
 
 /// The push schema stored at a version rows may already be encoded with keeps every table and
@@ -423,17 +426,12 @@ fn keep_stored_columns(
     version: i64,
     schemas: &[(String, TableSchema)],
 ) -> Result<()> {
-    let found = db::write(
-        client,
-        "SELECT p.tables::text FROM syncular.sync_push_schemas p WHERE p.schema_version = $1",
-        &[DatumWithOid::from(version)],
-    )?;
-    let Some(text) = db::first::<String>(found)? else {
+    let Some(stored) = stored_at(client, version)? else {
         return Ok(());
     };
     let why = "rows, log payloads and push results may already be encoded with them, so a \
                version's columns never change: a different column list is a new schema version";
-    for (tbl, stored) in stored_schemas(version, &text)? {
+    for (tbl, stored) in stored {
         crate::interrupts::check();
         let Some((_, given)) = schemas.iter().find(|(t, _)| *t == tbl) else {
             return Err(mismatch(

@@ -1506,11 +1506,7 @@ fn encode_row_never_encodes_at_a_version_a_migration_has_left() {
 #[test]
 fn a_push_schema_stored_ahead_may_not_name_a_table_the_migration_retires() {
     let (_db, mut c) = setup("ev_r72");
-    retiring_refused_with_push_schema_ahead(
-        &mut c,
-        2,
-        "table notes is not in the stored layouts",
-    );
+    retiring_refused_with_push_schema_ahead(&mut c, 2, "table notes is not in the stored layouts");
 }
 
 /// `set_push_schema(version, …)` naming `notes` stored ahead, then `migrate_schema(version, {})`
