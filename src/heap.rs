@@ -94,29 +94,6 @@ pub unsafe fn open(table: SyncTable, lock: pg_sys::LOCKMODE) -> Result<pg_sys::R
     }
 }
 
-/// The attribute number (1-based) of the live column `name` of `descriptor` whose type
-/// `accepts`, if there is one: found by name, so a column added or dropped never shifts what is
-/// read.
-///
-/// # Safety
-/// `descriptor` is the tuple descriptor of an open relation.
-pub unsafe fn live_attribute(
-    descriptor: pg_sys::TupleDesc,
-    name: &CStr,
-    accepts: impl Fn(pg_sys::Oid) -> bool,
-) -> Option<i16> {
-    // SAFETY: the caller guarantees an open relation's descriptor; `attname` is NUL-terminated.
-    unsafe {
-        let attributes = pgrx::PgTupleDesc::from_pg_unchecked(descriptor);
-        let found = attributes.iter().position(|a| {
-            !a.attisdropped
-                && accepts(a.atttypid)
-                && CStr::from_ptr(a.attname.data.as_ptr()) == name
-        });
-        found.map(|i| i as i16 + 1)
-    }
-}
-
 /// Where [`bigint_by_key`] found the row's relation.
 pub enum Lookup {
     /// Read on this node: the column's value, `None` when there is no such row.
@@ -162,7 +139,8 @@ pub unsafe fn bigint_by_key(
                 None => return Ok(Lookup::Elsewhere),
             }
         }
-        let attnum = live_attribute((*relation).rd_att, column, |t| t == pg_sys::INT8OID);
+        let attnum =
+            crate::catalog::live_attribute((*relation).rd_att, column, |t| t == pg_sys::INT8OID);
         let index_id = port::relation_primary_key_index(relation);
         let (Some(attnum), true) = (attnum, index_id != pg_sys::InvalidOid) else {
             pg_sys::table_close(relation, lock);

@@ -553,7 +553,7 @@ fn set_push_schema(schema_version: Option<i64>, tables: Option<JsonArg>) -> i32 
                 crate::interrupts::check();
                 check_relation(client, tbl, schema)?;
             }
-            let marker = crate::schema::barrier::marker_seen(client)?;
+            let marker = crate::schema::marker::marker_seen(client)?;
             if ahead_of_marker(version, marker).is_none() {
                 keep_stored_columns(client, version, &schemas)?;
             }
@@ -674,7 +674,7 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
         // A version ahead of the stored one has no layouts yet, and its push schema may still
         // be replaced: a row encoded with it would be of a layout no migration records (red
         // team 9, R9-4). The marker read is the settled one, whatever the caller's snapshot.
-        Some(v) => match ahead_of_marker(v, crate::schema::barrier::settled_version()?) {
+        Some(v) => match ahead_of_marker(v, crate::schema::marker::settled_version()?) {
             Some(marker) => {
                 return Err(tables::unknown_table(tbl).with_hint(format!(
                     "schema version {v} is ahead of the stored schema version {marker}: its push \
@@ -685,7 +685,7 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
             }
             None => v,
         },
-        None => match crate::schema::barrier::settled_version()? {
+        None => match crate::schema::marker::settled_version()? {
             Some(marker) => marker,
             None => {
                 let (version, schema) = stored_table(client, tbl)?;
@@ -701,7 +701,7 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
     // READ COMMITTED): an older REPEATABLE READ or SERIALIZABLE snapshot would read that
     // version's push schema as it was before it was replaced (red team 8, R8-3).
     if !given {
-        let seen = crate::schema::barrier::marker_seen(client)?;
+        let seen = crate::schema::marker::marker_seen(client)?;
         if seen != Some(version) {
             return Err(tables::unknown_table(tbl).with_hint(format!(
                 "the stored schema version is {version}, which this transaction's snapshot \

@@ -9,7 +9,6 @@
 use super::AppRelation;
 use crate::db;
 use crate::error::{self, Error};
-use crate::heap;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
@@ -97,7 +96,7 @@ fn scan_leaf(oid: pg_sys::Oid, each: &mut EachPayload<'_>) -> error::Result<bool
         pg_sys::CommandCounterIncrement();
         let relation = pg_sys::table_open(oid, lock);
         let descriptor = (*relation).rd_att;
-        let attribute = |name| heap::live_attribute(descriptor, name, |_| true);
+        let attribute = |name| crate::catalog::live_attribute(descriptor, name, |_| true);
         let columns = (
             attribute(c"_sync_partition"),
             attribute(c"_sync_row_id"),

@@ -1,0 +1,201 @@
+//! `syncular.distribute()` (docs/SCALING.md, issue 30): the operator's one call that lays the
+//! extension out on a Citus cluster — its tables distributed by `partition` and colocated, or
+//! made reference tables, its one-call functions delegated to their partition's node. What
+//! Citus is and which tables it manages is src/citus.rs.
+
+use crate::access;
+use crate::db;
+use crate::error::{self, Error, Result};
+use pgrx::datum::DatumWithOid;
+use pgrx::prelude::*;
+use pgrx::spi::SpiClient;
+use pgrx::JsonB;
+use serde_json::json;
+
+/// The tables keyed by `partition`, distributed by it and colocated with `sync_partitions`
+/// (first in the list), so one partition's rows of every table live on one node.
+const DISTRIBUTED: [&str; 13] = [
+    "sync_partitions",
+    "sync_commits",
+    "sync_partition_registry",
+    "sync_row_scopes",
+    "sync_changes",
+    "sync_change_scopes",
+    "sync_push_results",
+    "sync_reactions",
+    "sync_clients",
+    "sync_blob_refs",
+    "sync_tombstones",
+    "sync_backfill_checkpoints",
+    "sync_writer_fence",
+];
+
+/// The global tables, replicated to every node as reference tables.
+const REFERENCE: [&str; 6] = [
+    "sync_schema_meta",
+    "sync_app_tables",
+    "sync_repairs",
+    "sync_push_schemas",
+    "sync_schema_layouts",
+    "sync_notify_channel",
+];
+
+/// The one-call entry points Citus delegates to the node of their partition (their first
+/// argument), where every write of the call is local — the serving role's push included, which
+/// Citus refuses through the coordinator (docs/SCALING.md).
+const DELEGATED: [&str; 4] = [
+    "push_commit",
+    "pull",
+    "append_commit",
+    "writer_fence_allows",
+];
+
+/// `syncular.distribute()`: the extension's tables distributed by `partition` (colocated) or
+/// made reference tables, its one-call functions delegated by their partition, in one
+/// transaction; what was already done is left as it is. Registered app tables are not touched
+/// (distributing one copies its rows, which runs its host code: the table's owner does that,
+/// docs/SCALING.md); the result says for each whether it is colocated and, if not, the statement
+/// that makes it so. Operator only (the extension owner's privileges), SECURITY INVOKER.
+#[pg_extern(
+    volatile,
+    parallel_unsafe,
+    sql = r#"
+CREATE FUNCTION syncular.distribute() RETURNS jsonb
+VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'distribute_wrapper';
+"#
+)]
+fn distribute() -> JsonB {
+    error::run(|| {
+        if !crate::citus::installed() {
+            return Err(Error::invalid_argument("database", "missing").with_hint(
+                "Citus is not installed in this database: CREATE EXTENSION citus on the \
+                 coordinator (and add the workers) first, docs/SCALING.md",
+            ));
+        }
+        db::with_spi(|client| {
+            access::require_operator(client, "database")?;
+            let done = access::as_extension_owner(client, || {
+                db::with_settings(
+                    &[
+                        // Citus refuses DDL after a parallel operation in one transaction.
+                        (c"citus.multi_shard_modify_mode", c"sequential"),
+                        // The fence trigger on sync_commits.
+                        (c"citus.enable_unsafe_triggers", c"on"),
+                    ],
+                    || distribute_ours(client),
+                )
+            })?;
+            Ok(JsonB(json!({
+                "distributed": done.0,
+                "reference": done.1,
+                "delegated": done.2,
+                "appTables": app_tables(client)?,
+            })))
+        })
+    })
+}
+
+/// The tables and functions [`distribute`] made Citus's now (each list in its constant's order).
+type Done = (Vec<&'static str>, Vec<&'static str>, Vec<&'static str>);
+
+fn distribute_ours(client: &SpiClient<'_>) -> Result<Done> {
+    let managed = |table: &str| -> Result<bool> {
+        Ok(db::first::<bool>(db::write(
+            client,
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition p
+                             WHERE p.logicalrelid = pg_catalog.to_regclass('syncular.' || $1))",
+            &[DatumWithOid::from(table)],
+        )?)?
+        .unwrap_or(false))
+    };
+    let mut done: Done = (Vec::new(), Vec::new(), Vec::new());
+    for (i, table) in DISTRIBUTED.into_iter().enumerate() {
+        crate::interrupts::check();
+        if managed(table)? {
+            continue;
+        }
+        db::write(
+            client,
+            if i == 0 {
+                "SELECT pg_catalog.create_distributed_table(('syncular.' || $1)::pg_catalog.regclass,
+                                                            'partition')"
+            } else {
+                "SELECT pg_catalog.create_distributed_table(('syncular.' || $1)::pg_catalog.regclass,
+                          'partition', colocate_with => 'syncular.sync_partitions')"
+            },
+            &[DatumWithOid::from(table)],
+        )?;
+        done.0.push(table);
+    }
+    for table in REFERENCE {
+        crate::interrupts::check();
+        if managed(table)? {
+            continue;
+        }
+        db::write(
+            client,
+            "SELECT pg_catalog.create_reference_table(('syncular.' || $1)::pg_catalog.regclass)",
+            &[DatumWithOid::from(table)],
+        )?;
+        done.1.push(table);
+    }
+    for function in DELEGATED {
+        crate::interrupts::check();
+        let delegated = db::first::<i64>(db::write(
+            client,
+            "SELECT pg_catalog.count(pg_catalog.create_distributed_function(p.oid::pg_catalog.regprocedure,
+                      '$1', colocate_with => 'syncular.sync_partitions'))
+               FROM pg_catalog.pg_proc p
+              WHERE p.pronamespace = 'syncular'::pg_catalog.regnamespace AND p.proname = $1
+                AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_object o
+                                 WHERE o.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
+                                   AND o.objid = p.oid
+                                   AND o.distribution_argument_index IS NOT NULL)",
+            &[DatumWithOid::from(function)],
+        )?)?;
+        if delegated.unwrap_or(0) > 0 {
+            done.2.push(function);
+        }
+    }
+    Ok(done)
+}
+
+/// Every registration: `{table, relation, colocated}`, and for one that is not colocated with
+/// `sync_partitions` the statement its owner runs.
+fn app_tables(client: &SpiClient<'_>) -> Result<serde_json::Value> {
+    let rows = access::as_extension_owner(client, || {
+        db::write(
+            client,
+            "SELECT a.tbl, a.relation::pg_catalog.regclass::pg_catalog.text,
+                    coalesce(p.colocationid = s.colocationid, false)
+               FROM syncular.sync_app_tables a
+               LEFT JOIN pg_catalog.pg_dist_partition p ON p.logicalrelid = a.relation
+               LEFT JOIN pg_catalog.pg_dist_partition s
+                      ON s.logicalrelid = 'syncular.sync_partitions'::pg_catalog.regclass
+              ORDER BY a.tbl",
+            &[],
+        )
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        crate::interrupts::check();
+        let relation = row.get::<String>(2)?.unwrap_or_default();
+        let colocated = row.get::<bool>(3)?.unwrap_or(false);
+        let mut entry = json!({
+            "table": row.get::<String>(1)?,
+            "relation": relation,
+            "colocated": colocated,
+        });
+        if !colocated {
+            entry["fix"] = json!(format!(
+                "as the table's owner: SELECT create_distributed_table('{relation}', \
+                 '_sync_partition', colocate_with => 'syncular.sync_partitions') — its \
+                 _sync_partition text COLLATE \"C\""
+            ));
+        }
+        out.push(entry);
+    }
+    Ok(serde_json::Value::Array(out))
+}
