@@ -268,13 +268,32 @@ fn add_retired_or_empty(
 /// from there by appended nullable columns, and is re-encoded like any migration's (red team 9,
 /// R9-6). A table no push schema names has rows of the host's own codec (the classic path), at
 /// the layouts it declares. The relation is locked `SHARE` first, as for a table new to the
-/// layouts.
+/// layouts. No push schema may be stored above the version migrated to.
 fn written_before_first(
     client: &SpiClient<'_>,
     a: &SchemaArgs,
     old_layouts: &mut Map<String, Value>,
     caller: pg_sys::Oid,
 ) -> Result<Vec<evolution::Grown>> {
+    // A version above this one with a push schema may have rows, log payloads and push results
+    // encoded with it already; after this migration it would be ahead, where a push schema may
+    // be replaced (red team 10, A1 and A3). The first migration reaches every such version.
+    let above = db::first::<i64>(db::write(
+        client,
+        "SELECT max(p.schema_version) FROM syncular.sync_push_schemas p
+          WHERE p.schema_version > $1",
+        &[DatumWithOid::from(a.version)],
+    )?)?;
+    if let Some(above) = above {
+        return Err(
+            Error::invalid_argument("schema_version", "range").with_hint(format!(
+                "this is the first migration, and a push schema is stored for schema version \
+                 {above}: rows, log payloads and push results may already be encoded with it, \
+                 whose columns must stay as they are — migrate to schema version {above} or \
+                 above"
+            )),
+        );
+    }
     let mut grown = Vec::new();
     for table in a.layouts.keys() {
         crate::interrupts::check();

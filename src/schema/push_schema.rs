@@ -670,11 +670,12 @@ pub struct CodecTable {
 /// would not decode at the stored version).
 pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> Result<CodecTable> {
     let given = version.is_some();
+    let settled = crate::schema::marker::settled_version()?;
     let version = match version {
         // A version ahead of the stored one has no layouts yet, and its push schema may still
         // be replaced: a row encoded with it would be of a layout no migration records (red
         // team 9, R9-4). The marker read is the settled one, whatever the caller's snapshot.
-        Some(v) => match ahead_of_marker(v, crate::schema::marker::settled_version()?) {
+        Some(v) => match ahead_of_marker(v, settled) {
             Some(marker) => {
                 return Err(tables::unknown_table(tbl).with_hint(format!(
                     "schema version {v} is ahead of the stored schema version {marker}: its push \
@@ -685,7 +686,7 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
             }
             None => v,
         },
-        None => match crate::schema::marker::settled_version()? {
+        None => match settled {
             Some(marker) => marker,
             None => {
                 let (version, schema) = stored_table(client, tbl)?;
@@ -697,18 +698,25 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
             }
         },
     };
-    // The settled version must be the one this transaction's snapshot sees (a fresh one under
-    // READ COMMITTED): an older REPEATABLE READ or SERIALIZABLE snapshot would read that
-    // version's push schema as it was before it was replaced (red team 8, R8-3).
-    if !given {
-        let seen = crate::schema::marker::marker_seen(client)?;
-        if seen != Some(version) {
-            return Err(tables::unknown_table(tbl).with_hint(format!(
-                "the stored schema version is {version}, which this transaction's snapshot \
-                 does not see yet (it began before the migration): encode in a new \
-                 transaction, or pass schema_version"
-            )));
-        }
+    // What follows reads with a fresh snapshot — under READ COMMITTED a new one, so a statement
+    // begun before a migration reads what the migration committed (red team 10, C3) — which
+    // must see the migration that recorded `version`: an older REPEATABLE READ or SERIALIZABLE
+    // snapshot would read its push schema as it was while it was still ahead, perhaps before
+    // it was replaced (red teams 8 and 10, R8-3 and C1). At the default, the settled version
+    // itself; at a given one, any marker at or above it.
+    let seen = crate::schema::marker::marker_seen(client)?;
+    if !given && seen != Some(version) {
+        return Err(tables::unknown_table(tbl).with_hint(format!(
+            "the stored schema version is {version}, which this transaction's snapshot does not \
+             see yet (it began before the migration): encode in a new transaction"
+        )));
+    }
+    if let Some(seen) = seen.filter(|m| given && *m < version) {
+        return Err(tables::unknown_table(tbl).with_hint(format!(
+            "schema version {version} was migrated after this transaction's snapshot was taken \
+             (it sees schema version {seen}), and its push schema may have been replaced before \
+             that migration: encode in a new transaction"
+        )));
     }
     // How a hint names the version: given, or the default a caller may not know it chose.
     let at = if given {
@@ -719,9 +727,7 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
              decode_row use when schema_version is not given)"
         )
     };
-    // The settled version's rows are read with a fresh snapshot: one taken before a migration
-    // this call waited for cannot see them (under REPEATABLE READ it stays the transaction's).
-    match table_as_of(client, version, tbl, !given)? {
+    match table_as_of(client, version, tbl, true)? {
         Some(Some(schema)) => {
             return Ok(CodecTable {
                 layout: schema.layout,
@@ -735,7 +741,7 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
         }
         None => {}
     }
-    let stored = db::read_fresh_if(client, LAYOUTS_AT, &[DatumWithOid::from(version)], !given)?;
+    let stored = db::write(client, LAYOUTS_AT, &[DatumWithOid::from(version)])?;
     let Some(text) = db::first::<String>(stored)? else {
         return Err(tables::unknown_table(tbl).with_hint(format!(
             "neither a push schema nor layouts are stored at {at}"

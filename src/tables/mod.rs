@@ -679,7 +679,30 @@ pub fn register(
             ))?;
         }
         Ok(())
-    })
+    })?;
+    // A new registration names the layout its relation's rows are read with; rows it already
+    // holds were written under no name (the host's own bytes) or under another one (a relation
+    // retired and registered again: red team 10, B1; red team 9, R9-2), of a layout nothing
+    // records. Adoption registers 0.24's tables with their rows (`Registrant::RelationOwner`),
+    // whose layouts it adopts with the marker.
+    let renamed = previous.as_ref().is_none_or(|p| p.relation != relation);
+    if renamed && matches!(registrant, Registrant::Caller) {
+        if let Ok(registered) = open(client, tbl)? {
+            registered.lock_for_rewrite(caller)?;
+            if registered.has_rows(client)? {
+                return Err(
+                    Error::invalid_argument("relation", "not_empty").with_hint(format!(
+                        "relation {} holds rows, and registering it as {tbl} would read them with \
+                     the layouts of {tbl}, which nothing says they have (written by the host \
+                     itself, or under another name): register it empty, then write its rows \
+                     (encode_row at the stored schema version), or keep its registration",
+                        target.qualified()
+                    )),
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 #[pg_extern(

@@ -1579,10 +1579,29 @@ fn a_push_schema_stored_ahead_may_not_name_a_table_retired_earlier() {
 #[test]
 fn a_table_new_to_the_layouts_must_start_empty() {
     let (_db, mut c) = setup("ev_r84");
+    exec(&mut c, "SELECT syncular.retire_table('notes')");
+    // Registered again under a new name, its rows would be read with that name's layouts:
+    // refused at the registration since red team 10 (B1), and at the migration as before.
+    let refused = sql_error(
+        &c.query_one(
+            "SELECT syncular.register_table('notes2', 'public.ev_notes')::text",
+            &[],
+        )
+        .unwrap_err(),
+    );
+    assert_eq!(
+        refused.detail,
+        Some(json!({"argument": "relation", "reason": "not_empty"})),
+        "{refused:?}"
+    );
     exec(
         &mut c,
-        "SELECT syncular.retire_table('notes');
-         SELECT syncular.register_table('notes2', 'public.ev_notes');",
+        "SET session_replication_role = replica;
+         INSERT INTO syncular.sync_app_tables (tbl, relation_schema, relation_name,
+                maintain_row_meta, registered_at_ms, relation, registered_by)
+         VALUES ('notes2', 'public', 'ev_notes', false, 0, 'public.ev_notes',
+                 current_user::text::regrole);
+         RESET session_replication_role;",
     );
     let mut renamed = l2();
     let columns = renamed["notes"].take();
@@ -1851,5 +1870,168 @@ fn a_host_insert_in_flight_into_a_table_new_to_the_layouts_is_waited_for() {
         err.detail,
         Some(json!({"argument": "layouts.more", "reason": "not_empty"})),
         "{err:?}"
+    );
+}
+
+/// Red team 10, A1 and A3: pushes at version 2 (or 3) before the first migration, then a first
+/// migration to version 1 left version 2 *ahead*, where its push schema could be replaced and
+/// migrated — the log payloads and push results written at 2 then decoded with the columns
+/// swapped. The first migration must reach every version a push schema is stored for.
+#[test]
+fn the_first_migration_reaches_every_version_a_push_schema_is_stored_for() {
+    let (_db, mut c) = setup_with("ev_r10a", false);
+    exec(&mut c, "ALTER TABLE public.ev_notes ADD COLUMN body text");
+    let _: i32 = one(
+        &mut c,
+        "SELECT syncular.set_push_schema(2, $1)",
+        &[&push_schema(&l2())],
+    );
+    let out = push(
+        &mut c,
+        "k3",
+        2,
+        "n3",
+        &with_body(note("n3", "T3"), json!("B3")),
+        None,
+    )
+    .unwrap();
+    assert_eq!(out["outcome"], "applied", "{out}");
+    // Rows of versions 1 and 2 side by side have no one layout: emptied (the log keeps them).
+    exec(&mut c, "DELETE FROM public.ev_notes");
+    let err = refused_migration(&mut c, 1, &l1());
+    assert_eq!(
+        err.detail,
+        Some(json!({"argument": "schema_version", "reason": "range"})),
+        "{err:?}"
+    );
+    assert!(err
+        .hint
+        .unwrap_or_default()
+        .contains("migrate to schema version 2 or above"));
+    // Version 2 stays as it was pushed at: never replaced, its log payload reads as written.
+    let err = refused_push_schema(&mut c, 2, &push_schema(&swapped()));
+    assert_eq!(err.state, "SY000", "{err:?}");
+    migrate(&mut c, 2, &l2(), &json!([]));
+    let logged: Value = one(
+        &mut c,
+        "SELECT syncular.decode_row('notes', ch.payload, false, 2) FROM syncular.sync_changes ch
+           JOIN syncular.sync_commits m USING (partition, commit_seq)
+          WHERE m.client_commit_id = 'k3'",
+        &[],
+    );
+    assert_eq!(logged["title"], json!("T3"));
+    assert_eq!(logged["body"], json!("B3"));
+}
+
+/// A session of `db` in a REPEATABLE READ transaction whose snapshot is taken now.
+fn old_snapshot(db: &TestDb) -> Client {
+    let mut stale = db.connect();
+    exec(
+        &mut stale,
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT syncular.schema_state();",
+    );
+    stale
+}
+
+/// Red team 10, C1 and C3: `encode_row`/`decode_row` given the stored version, in a snapshot
+/// taken while that version was still ahead (a REPEATABLE READ transaction, or a READ COMMITTED
+/// statement that began before the migration), read the push schema it had then — replaced
+/// since — and encoded the columns swapped. A given version is read with a fresh snapshot, which
+/// must see its migration.
+#[test]
+fn a_given_version_is_never_read_as_it_was_while_ahead() {
+    let (db, mut c) = setup("ev_r10c");
+    exec(&mut c, "ALTER TABLE public.ev_notes ADD COLUMN body text");
+    let _: i32 = one(
+        &mut c,
+        "SELECT syncular.set_push_schema(2, $1)",
+        &[&push_schema(&swapped())],
+    );
+    let (mut encoder, mut decoder) = (old_snapshot(&db), old_snapshot(&db));
+    let mut statement = db.connect();
+    let slow = std::thread::spawn(move || {
+        statement
+            .query_one(
+                "SELECT syncular.encode_row('notes', $1, false, 2)
+                   FROM (SELECT pg_catalog.pg_sleep(2)) AS z",
+                &[&with_body(note("n9", "T9"), json!("B9"))],
+            )
+            .map(|r| r.get::<_, Vec<u8>>(0))
+            .map_err(|e| sql_error(&e))
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let _: i32 = one(
+        &mut c,
+        "SELECT syncular.set_push_schema(2, $1)",
+        &[&push_schema(&l2())],
+    );
+    migrate(&mut c, 2, &l2(), &json!([]));
+    let row = with_body(note("n9", "T9"), json!("B9"));
+    let written: Vec<u8> = one(&mut c, "SELECT syncular.encode_row('notes', $1)", &[&row]);
+    for (session, sql, arg) in [
+        (
+            &mut encoder,
+            "SELECT syncular.encode_row('notes', $1::text::jsonb, false, 2)::text",
+            row.to_string(),
+        ),
+        (
+            &mut decoder,
+            "SELECT syncular.decode_row('notes', decode($1, 'hex'), false, 2)::text",
+            written
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>(),
+        ),
+    ] {
+        let err = sql_error(&session.query_one(sql, &[&arg]).unwrap_err());
+        assert_eq!(err.state, "SY041", "{sql}: {err:?}");
+        assert!(err
+            .hint
+            .unwrap_or_default()
+            .contains("encode in a new transaction"));
+    }
+    // The READ COMMITTED statement begun before the migration encodes with what it committed.
+    let payload = slow.join().unwrap().unwrap();
+    let back: Value = one(
+        &mut c,
+        "SELECT syncular.decode_row('notes', $1, false, 2)",
+        &[&payload],
+    );
+    assert_eq!(back, with_body(note("n9", "T9"), json!("B9")));
+}
+
+/// Red team 10, B1 (and red team 9, R9-2): rows a relation holds, written under one name (or by
+/// the host itself), read with another name's layouts once it is registered under it. A new
+/// registration of a relation that holds rows is refused; the same relation under the same name
+/// again is not a new registration.
+#[test]
+fn a_relation_holding_rows_is_never_registered_anew() {
+    let (_db, mut c) = setup("ev_r10b");
+    exec(
+        &mut c,
+        "SELECT syncular.register_table('notes', 'public.ev_notes', true)",
+    );
+    exec(&mut c, "SELECT syncular.retire_table('notes')");
+    for tbl in ["notes", "memos"] {
+        let err = sql_error(
+            &c.query_one(
+                "SELECT syncular.register_table($1, 'public.ev_notes')::text",
+                &[&tbl],
+            )
+            .unwrap_err(),
+        );
+        assert_eq!(
+            err.detail,
+            Some(json!({"argument": "relation", "reason": "not_empty"})),
+            "{tbl}: {err:?}"
+        );
+        assert!(err.hint.unwrap_or_default().contains("register it empty"));
+    }
+    assert_eq!(
+        count(
+            &mut c,
+            "syncular.sync_app_tables WHERE tbl IN ('notes', 'memos')"
+        ),
+        0
     );
 }

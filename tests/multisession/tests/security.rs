@@ -37,8 +37,8 @@ impl Attacker {
         exec(
             c,
             &format!(
-                r#"INSERT INTO {r}.t VALUES ('{P}', 'r1', 1, '{{"project_id":"p1"}}', '\x01', NULL);
-                   SELECT syncular.register_table('{t}', '{r}.t');
+                r#"SELECT syncular.register_table('{t}', '{r}.t');
+                   INSERT INTO {r}.t VALUES ('{P}', 'r1', 1, '{{"project_id":"p1"}}', '\x01', NULL);
                    SELECT syncular.set_row_scopes('{P}', '{t}', 'r1', '{{"project_id":"p1"}}');
                    SELECT syncular.set_blob_refs('{P}', '{t}', 'r1', ARRAY['blob-1']);"#,
                 r = attacker.role,
