@@ -18,8 +18,8 @@
 
 use super::append::{self, Header};
 use super::context::Context;
-use super::open::open_tables;
-use super::outcome::{error_record, Stop};
+use super::open::{changed_registration, open_tables};
+use super::outcome::{error_record, fallback_doc, Stop};
 use super::request::{allowed_arg, operations, Operation, Options, Request};
 use super::result;
 use super::stage;
@@ -113,6 +113,13 @@ fn push(client: &SpiClient<'_>, caller: pg_sys::Oid, request: &Request<'_>) -> R
     };
     // C2…C4: lock, the gate under the lock, the locked re-check.
     log::lock(client, partition)?;
+    if let Some(tbl) = changed_registration(client, &tables)? {
+        let at = request.ops.iter().position(|op| op.table == tbl);
+        return Ok(fallback_doc(
+            "schema_not_registered",
+            at.map(|k| (k, tbl.as_str())),
+        ));
+    }
     gate::read_state(client, Some(partition), request.running, true)?
         .assert_ready(request.running, &request.declared)?;
     if let Some(stored) = result::stored_result(client, &request.key, true)? {

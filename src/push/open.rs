@@ -12,6 +12,8 @@ use crate::error::Result;
 use crate::gate;
 use crate::schema::push_schema;
 use crate::tables;
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
 
@@ -58,6 +60,17 @@ pub(super) fn open_tables(
             Some(Some(_)) if ahead => return Ok(Err(fallback("descriptor_mismatch", at))),
             Some(Some(schema)) => schema,
         };
+        // Before the first migration no layouts say which version's columns a stored row has:
+        // the push reads and writes rows only while every push schema agrees on them (red team
+        // 11, A1: a row written at version 1 merged with version 2's columns).
+        if marker.is_none()
+            && matches!(
+                push_schema::written_columns(client, tbl)?,
+                push_schema::Written::Disagree(..)
+            )
+        {
+            return Ok(Err(fallback("descriptor_mismatch", at)));
+        }
         let pk = &schema.layout.columns[schema.layout.primary_key];
         if !matches!(
             pk.ty,
@@ -164,4 +177,36 @@ fn no_push_schema(client: &SpiClient<'_>, request: &Request<'_>) -> Result<Stop>
     )
     .into();
     Ok(Stop::Fallback(doc))
+}
+
+/// The first table whose registration changed since [`open_tables`] read it, before the
+/// partition lock: retired, or pointed at another relation, by a `retire_table` or
+/// `register_table` that committed while this push waited (red team 11, C1). Those take the
+/// barrier's `EXCLUSIVE` lock on `sync_partitions`, so none can commit while this push holds its
+/// partition lock: read once, after the lock, with a fresh snapshot, the answer stays true to the
+/// end of the push.
+pub(super) fn changed_registration(
+    client: &SpiClient<'_>,
+    tables: &HashMap<String, Table>,
+) -> Result<Option<String>> {
+    if tables.is_empty() {
+        return Ok(None);
+    }
+    let names: Vec<&str> = tables.keys().map(String::as_str).collect();
+    let rows = db::write(
+        client,
+        "SELECT t.tbl, a.relation::pg_catalog.oid
+           FROM pg_catalog.unnest($1::text[]) AS t(tbl)
+           LEFT JOIN syncular.sync_app_tables a ON a.tbl = t.tbl",
+        &[DatumWithOid::from(names)],
+    )?;
+    for row in rows {
+        crate::interrupts::check();
+        let tbl = db::text_column(&row, 1)?.unwrap_or_default();
+        let relation = row.get::<pg_sys::Oid>(2)?;
+        if tables.get(&tbl).map(|t| Some(t.relation.oid)) != Some(relation) {
+            return Ok(Some(tbl));
+        }
+    }
+    Ok(None)
 }

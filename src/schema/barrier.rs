@@ -300,28 +300,23 @@ fn written_before_first(
         if !holds_rows(client, table, caller)? {
             continue;
         }
-        let written = push_schema::columns_by_version(client, table)?;
-        // No push schema names it: nothing of ours encoded its rows — a host's own codec did
-        // (the classic path, scenario SCH-13), at the layouts it declares now.
-        let Some((version, columns)) = written.last().cloned() else {
-            continue;
+        let (version, columns) = match push_schema::written_columns(client, table)? {
+            // No push schema names it: nothing of ours encoded its rows — a host's own codec did
+            // (the classic path, scenario SCH-13), at the layouts it declares now.
+            push_schema::Written::Unnamed => continue,
+            push_schema::Written::One(version, columns) => (version, columns),
+            push_schema::Written::Disagree(other, version) => {
+                return Err(not_empty(
+                    table,
+                    &format!(
+                        "holds rows written before the first migration, and the push schemas of \
+                         schema versions {other} and {version} give it different columns, so \
+                         their layout is unknown: empty the relation first, or migrate with the \
+                         layouts its rows were written with"
+                    ),
+                ))
+            }
         };
-        use evolution::{columns as cols, same};
-        let agree = |other: &Value| {
-            let (x, y) = (cols(Some(&columns)), cols(Some(other)));
-            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same(p, q))
-        };
-        if let Some((other, _)) = written.iter().find(|(_, c)| !agree(c)) {
-            return Err(not_empty(
-                table,
-                &format!(
-                    "holds rows written before the first migration, and the push schemas of \
-                     schema versions {other} and {version} give it different columns, so their \
-                     layout is unknown: empty the relation first, or migrate with the layouts \
-                     its rows were written with"
-                ),
-            ));
-        }
         let one = Map::from_iter([(table.clone(), columns)]);
         grown.extend(evolution::append_only(&one, &a.layouts, version)?);
         old_layouts.extend(one);
@@ -336,7 +331,7 @@ fn holds_rows(client: &SpiClient<'_>, table: &str, caller: pg_sys::Oid) -> Resul
         return Ok(false);
     };
     relation.lock_for_rewrite(caller)?;
-    relation.has_rows(client)
+    relation.has_rows(client, caller)
 }
 
 fn not_empty(table: &str, why: &str) -> Error {

@@ -233,6 +233,9 @@ pub fn rewrite(
         let Some(relation) = tables::open_for_migration(client, &g.table)? else {
             continue;
         };
+        if relation.distributed() {
+            return Err(relation.not_below_sql());
+        }
         let unreadable = |version: i64, why: String| {
             Error::invalid_argument(&format!("layouts.{}", g.table), "shape").with_hint(format!(
                 "table {}: the layouts of schema version {version} are not row-codec layouts \

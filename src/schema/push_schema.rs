@@ -486,18 +486,31 @@ pub fn ahead_of_marker(version: i64, marker: Option<i64>) -> Option<i64> {
     marker.filter(|m| version > *m)
 }
 
-/// Every stored push schema's columns of `tbl`, by version: the layout of the rows a host wrote
-/// before the first migration, when all of them agree (`migrate_schema`, red team 9, R9-6).
-pub fn columns_by_version(client: &SpiClient<'_>, tbl: &str) -> Result<Vec<(i64, Value)>> {
+/// What the stored push schemas say of a table's columns — the layout of the rows written
+/// through them before the first migration, which no layouts record yet.
+pub enum Written {
+    /// No push schema names the table.
+    Unnamed,
+    /// Every one that names it gives it these columns; the highest such version.
+    One(i64, Value),
+    /// Two versions give it different columns: which one a stored row has is unknown.
+    Disagree(i64, i64),
+}
+
+/// [`Written`] for `tbl`, over every stored push schema (column names, types, nullability and
+/// order compared). Read by the first migration (red team 9, R9-6), and before it by the one-call
+/// push and the row codec's defaults, which may not read a row of one version with the columns of
+/// another (red team 11, A1).
+pub fn written_columns(client: &SpiClient<'_>, tbl: &str) -> Result<Written> {
     let found = db::write(
         client,
         "SELECT p.schema_version, (p.tables -> $1 -> 'columns')::text
            FROM syncular.sync_push_schemas p
           WHERE p.tables ? $1
-          ORDER BY p.schema_version",
+          ORDER BY p.schema_version DESC",
         &[DatumWithOid::from(tbl)],
     )?;
-    let mut out = Vec::new();
+    let mut highest: Option<(i64, Value)> = None;
     for row in found {
         crate::interrupts::check();
         let version = row.get::<i64>(1)?.unwrap_or(0);
@@ -505,9 +518,18 @@ pub fn columns_by_version(client: &SpiClient<'_>, tbl: &str) -> Result<Vec<(i64,
             .get::<String>(2)?
             .and_then(|t| serde_json::from_str::<Value>(&t).ok())
             .unwrap_or(Value::Null);
-        out.push((version, columns));
+        match &highest {
+            None => highest = Some((version, columns)),
+            Some((top, first)) => {
+                use crate::schema::evolution::{columns as cols, same};
+                let (x, y) = (cols(Some(first)), cols(Some(&columns)));
+                if x.len() != y.len() || !x.iter().zip(y).all(|(p, q)| same(p, q)) {
+                    return Ok(Written::Disagree(version, *top));
+                }
+            }
+        }
     }
-    Ok(out)
+    Ok(highest.map_or(Written::Unnamed, |(v, c)| Written::One(v, c)))
 }
 
 #[pg_extern(
@@ -689,6 +711,13 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
         None => match settled {
             Some(marker) => marker,
             None => {
+                if let Written::Disagree(other, top) = written_columns(client, tbl)? {
+                    return Err(tables::unknown_table(tbl).with_hint(format!(
+                        "no migration has run, and the push schemas of schema versions {other} \
+                         and {top} give table {tbl} different columns: which ones a row has is \
+                         unknown — pass schema_version, or migrate first"
+                    )));
+                }
                 let (version, schema) = stored_table(client, tbl)?;
                 return Ok(CodecTable {
                     layout: schema.layout,

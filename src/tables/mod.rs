@@ -585,6 +585,21 @@ fn overlapping(
 }
 
 /// `register_table` for an already validated name; shared with `adopt_legacy_tables`.
+/// The barrier's lock (`EXCLUSIVE` on `sync_partitions`, as `migrate_schema` takes it), for a
+/// registration change: it waits for every push holding a partition lock and keeps new ones out
+/// until it commits, so a one-call push never writes with a registration that changed under it
+/// (it reads them again once it holds its lock: src/push/open.rs, red team 11, C1).
+fn hold_pushes(client: &SpiClient<'_>) -> error::Result<()> {
+    access::as_extension_owner(client, || {
+        db::write(
+            client,
+            "LOCK TABLE syncular.sync_partitions IN EXCLUSIVE MODE",
+            &[],
+        )
+        .map(drop)
+    })
+}
+
 pub fn register(
     client: &SpiClient<'_>,
     tbl: &str,
@@ -615,6 +630,7 @@ pub fn register(
         return Err(Error::invalid_argument("relation", "shape")
             .with_hint("the primary key must be (_sync_partition, _sync_row_id)"));
     }
+    hold_pushes(client)?;
     let previous = registration(client, tbl, true)?;
     let registered_by = match registrant {
         Registrant::Caller => caller,
@@ -689,7 +705,7 @@ pub fn register(
     if renamed && matches!(registrant, Registrant::Caller) {
         if let Ok(registered) = open(client, tbl)? {
             registered.lock_for_rewrite(caller)?;
-            if registered.has_rows(client)? {
+            if registered.has_rows(client, caller)? {
                 return Err(
                     Error::invalid_argument("relation", "not_empty").with_hint(format!(
                         "relation {} holds rows, and registering it as {tbl} would read them with \
@@ -746,6 +762,7 @@ fn retire_table(tbl: Option<&str>) -> JsonB {
         }
         let caller = access::current_role();
         db::with_spi(|client| {
+            hold_pushes(client)?;
             let previous = registration(client, &tbl, true)?;
             match &previous {
                 Some(previous) => require_registrant(caller, previous)?,

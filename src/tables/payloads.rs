@@ -60,6 +60,16 @@ impl AppRelation {
         } else {
             vec![self.oid]
         };
+        // A table Citus distributes keeps its rows in shards, on other nodes; the relation
+        // under its name is an empty shell. Read below SQL it would look empty — a check that
+        // it is empty would pass, a digest would miss every row (docs/SCALING.md, "What is never
+        // silent"): refused instead.
+        for oid in std::iter::once(self.oid).chain(leaves.iter().copied()) {
+            // SAFETY: catalog reads inside the caller's transaction.
+            if unsafe { crate::citus::manages(oid) } {
+                return Err(self.not_below_sql());
+            }
+        }
         for leaf in leaves {
             crate::interrupts::check();
             if !scan_leaf(leaf, each)? {
@@ -69,9 +79,32 @@ impl AppRelation {
         Ok(())
     }
 
+    /// Whether Citus distributes the relation: its rows are in shards, and the relation under its
+    /// name is an empty shell that no read below SQL may take for the table.
+    pub fn distributed(&self) -> bool {
+        // SAFETY: catalog reads inside the caller's transaction.
+        unsafe { crate::citus::manages(self.oid) }
+    }
+
+    /// The refusal of what must read a distributed relation's stored rows below SQL: a
+    /// migration's re-encoding and its last pass (src/schema/evolution.rs).
+    pub fn not_below_sql(&self) -> Error {
+        super::unknown_table(&self.tbl).with_hint(format!(
+            "the relation registered as {} is distributed by Citus: its stored rows are in \
+             shards on other nodes, which a migration cannot read below SQL to check them — \
+             re-encoding the rows of a distributed app table (a layout that grew) is not \
+             supported yet (docs/SCALING.md)",
+            self.tbl
+        ))
+    }
+
     /// Whether the relation holds any row, read as [`AppRelation::scan_payloads`] reads (below
-    /// SQL: no host code runs).
-    pub fn has_rows(&self, client: &SpiClient<'_>) -> error::Result<bool> {
+    /// SQL: no host code runs) — or, for a table Citus distributes, whose rows are in shards on
+    /// other nodes, by one statement through Citus as `caller` (src/tables/statements.rs).
+    pub fn has_rows(&self, client: &SpiClient<'_>, caller: pg_sys::Oid) -> error::Result<bool> {
+        if self.distributed() {
+            return self.any_row(caller);
+        }
         let mut found = false;
         self.scan_payloads(client, &mut |_, _, _| {
             found = true;

@@ -324,6 +324,19 @@ impl AppRelation {
         })
     }
 
+    /// Whether the relation holds a row, by one statement: for a table Citus distributes, whose
+    /// rows no scan below SQL reaches ([`AppRelation::has_rows`]). As the less privileged of
+    /// `caller` and the owner, `row_security` off (a policy hiding rows fails the statement
+    /// instead of answering "empty"), after [`AppRelation::lock_for_rewrite`].
+    pub fn any_row(&self, caller: pg_sys::Oid) -> error::Result<bool> {
+        let sql = format!("SELECT EXISTS (SELECT 1 FROM {} a)", self.rows);
+        db::with_spi(|c| {
+            self.run_rewrite(caller, || {
+                db::first::<bool>(db::read_dynamic(c, &sql, &[])?).map(|b| b == Some(true))
+            })
+        })
+    }
+
     /// Locks the relation against every writer until the migration's transaction ends, after
     /// waiting for the writers in flight (`SHARE`: a host's own insert outside the protocol, not
     /// yet committed, would otherwise keep a row the rewrite and the last pass cannot see; red

@@ -1880,24 +1880,21 @@ fn a_host_insert_in_flight_into_a_table_new_to_the_layouts_is_waited_for() {
 #[test]
 fn the_first_migration_reaches_every_version_a_push_schema_is_stored_for() {
     let (_db, mut c) = setup_with("ev_r10a", false);
-    exec(&mut c, "ALTER TABLE public.ev_notes ADD COLUMN body text");
-    let _: i32 = one(
+    // Version 2 gives `notes` the columns of version 1 (pushes of both versions read one
+    // layout: red team 11, A1) and adds a table; a process running it pushes.
+    exec(
         &mut c,
-        "SELECT syncular.set_push_schema(2, $1)",
-        &[&push_schema(&l2())],
+        &(app_table_sql("public.ev_extra", "id text, project_id text,")
+            + "SELECT syncular.register_table('extra', 'public.ev_extra');"),
     );
-    let out = push(
-        &mut c,
-        "k3",
-        2,
-        "n3",
-        &with_body(note("n3", "T3"), json!("B3")),
-        None,
-    )
-    .unwrap();
+    let mut v2 = push_schema(&l1());
+    v2["extra"] = json!({"columns": [{"name": "id", "type": "string", "nullable": false},
+                                     {"name": "project_id", "type": "string", "nullable": false}],
+                         "primaryKey": "id",
+                         "scopes": [{"variable": "project_id", "column": "project_id"}]});
+    let _: i32 = one(&mut c, "SELECT syncular.set_push_schema(2, $1)", &[&v2]);
+    let out = push(&mut c, "k3", 2, "n3", &note("n3", "T3"), None).unwrap();
     assert_eq!(out["outcome"], "applied", "{out}");
-    // Rows of versions 1 and 2 side by side have no one layout: emptied (the log keeps them).
-    exec(&mut c, "DELETE FROM public.ev_notes");
     let err = refused_migration(&mut c, 1, &l1());
     assert_eq!(
         err.detail,
@@ -1909,9 +1906,13 @@ fn the_first_migration_reaches_every_version_a_push_schema_is_stored_for() {
         .unwrap_or_default()
         .contains("migrate to schema version 2 or above"));
     // Version 2 stays as it was pushed at: never replaced, its log payload reads as written.
-    let err = refused_push_schema(&mut c, 2, &push_schema(&swapped()));
+    let mut moved = v2.clone();
+    moved["notes"]["columns"] = push_schema(&swapped())["notes"]["columns"].clone();
+    let err = refused_push_schema(&mut c, 2, &moved);
     assert_eq!(err.state, "SY000", "{err:?}");
-    migrate(&mut c, 2, &l2(), &json!([]));
+    let mut layouts = l1();
+    layouts["extra"] = v2["extra"]["columns"].clone();
+    migrate(&mut c, 2, &layouts, &json!([]));
     let logged: Value = one(
         &mut c,
         "SELECT syncular.decode_row('notes', ch.payload, false, 2) FROM syncular.sync_changes ch
@@ -1919,8 +1920,7 @@ fn the_first_migration_reaches_every_version_a_push_schema_is_stored_for() {
           WHERE m.client_commit_id = 'k3'",
         &[],
     );
-    assert_eq!(logged["title"], json!("T3"));
-    assert_eq!(logged["body"], json!("B3"));
+    assert_eq!(logged, note("n3", "T3"));
 }
 
 /// A session of `db` in a REPEATABLE READ transaction whose snapshot is taken now.
@@ -2033,5 +2033,96 @@ fn a_relation_holding_rows_is_never_registered_anew() {
             "syncular.sync_app_tables WHERE tbl IN ('notes', 'memos')"
         ),
         0
+    );
+}
+
+/// Red team 11, A1: before the first migration, a push at version 2 read a row written at
+/// version 1 with version 2's columns (the push schemas of the two versions disagree) and merged
+/// it — stored row and log silently wrong. With no layouts to say which columns a stored row
+/// has, the one-call push falls back (nothing written) and the codec's defaults refuse while two
+/// push schemas of the table disagree.
+#[test]
+fn before_the_first_migration_no_row_is_read_with_another_versions_columns() {
+    let (_db, mut c) = setup_with("ev_r11a", false);
+    exec(&mut c, "ALTER TABLE public.ev_notes ADD COLUMN body text");
+    let _: i32 = one(
+        &mut c,
+        "SELECT syncular.set_push_schema(2, $1)",
+        &[&push_schema(&swapped())],
+    );
+    let before = payload(&mut c, "n1");
+    let out: Value = one(
+        &mut c,
+        "SELECT syncular.push_commit($1, 'c1', 'k9', 'a1', $2, 2, $3, ARRAY['notes'], ARRAY['n1'],
+                                     ARRAY[1]::int2[], ARRAY[1::int8],
+                                     ARRAY[syncular.encode_row('notes', '{\"id\":\"n1\",\"title\":\"T2\"}',
+                                                               true, 2)])",
+        &[&P, &NOW, &allowed()],
+    );
+    assert_eq!(
+        out,
+        json!({"outcome": "fallback", "reason": "descriptor_mismatch", "opIndex": 0,
+               "table": "notes"})
+    );
+    assert_eq!(payload(&mut c, "n1"), before);
+    let err = sql_error(
+        &c.query_one(
+            "SELECT syncular.decode_row('notes', _sync_payload)::text FROM public.ev_notes
+              WHERE _sync_row_id = 'n1'",
+            &[],
+        )
+        .unwrap_err(),
+    );
+    assert_eq!(err.state, "SY041", "{err:?}");
+    assert!(err
+        .hint
+        .unwrap_or_default()
+        .contains("schema versions 1 and 2 give table notes different columns"));
+    // Given its version, the row reads as written.
+    assert_eq!(decoded_at(&mut c, "n1", 1), note("n1", "first"));
+}
+
+/// Red team 11, C1: a push waiting for its partition lock while the migrator retired its table and
+/// registered the (then empty) relation under another name wrote its row with the first name's
+/// layout into the second. A registration change now takes the barrier's lock: it waits for the
+/// push, which applies under the registration it was called with; the relation then holds a row,
+/// and the new registration is refused.
+#[test]
+fn a_registration_never_changes_under_a_push() {
+    let (db, mut c) = setup("ev_r11c");
+    let mut holder = db.connect();
+    exec(
+        &mut holder,
+        "BEGIN; SELECT syncular.lock_partition('part-1');",
+    );
+    let mut pusher = db.connect();
+    let pusher_pid = backend_pid(&mut pusher);
+    let pushed = std::thread::spawn(move || {
+        push(&mut pusher, "k3", 1, "n3", &note("n3", "third"), None).map_err(|e| sql_error(&e))
+    });
+    wait_until_blocked(&mut c, pusher_pid);
+    let mut migrator = db.connect();
+    let migrator_pid = backend_pid(&mut migrator);
+    let retired = std::thread::spawn(move || {
+        exec(&mut migrator, "SELECT syncular.retire_table('notes')");
+        migrator
+    });
+    wait_until_blocked(&mut c, migrator_pid);
+    exec(&mut holder, "ROLLBACK");
+    let out = pushed.join().unwrap().unwrap();
+    assert_eq!(out["outcome"], "applied", "{out}");
+    let mut migrator = retired.join().unwrap();
+    let err = sql_error(
+        &migrator
+            .query_one(
+                "SELECT syncular.register_table('memos', 'public.ev_notes')::text",
+                &[],
+            )
+            .unwrap_err(),
+    );
+    assert_eq!(
+        err.detail,
+        Some(json!({"argument": "relation", "reason": "not_empty"})),
+        "{err:?}"
     );
 }
