@@ -418,3 +418,155 @@ fn a_distributed_tables_rows_are_never_taken_for_an_empty_shell() {
         "the HINT says why"
     );
 }
+
+/// Checkpoints and reactions through the coordinator, as on one node: a checkpoint declared,
+/// claimed, advanced and activated, then read back and seen by the serve gate and the source
+/// reads; a reaction enqueued, leased and completed. Each call runs as its own statement, which
+/// Citus routes to the partition's shards.
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn checkpoints_and_reactions_through_the_coordinator_answer_as_on_one_node() {
+    let mut c = coordinator();
+    tasks(&mut c);
+    let p = "ckpt-1";
+    exec(
+        &mut c,
+        &format!(
+            "SELECT syncular.declare_checkpoint('{p}', 'titles', 1, 1000);
+             SELECT syncular.claim_checkpoint('{p}', 'titles', 1, 1001);"
+        ),
+    );
+    let refusal: Option<serde_json::Value> =
+        one(&mut c, "SELECT syncular.serve_gate_refusal($1, 1)", &[&p]);
+    assert!(refusal.is_some(), "a pending checkpoint holds the gate");
+    let advanced: bool = one(
+        &mut c,
+        "SELECT syncular.advance_checkpoint($1, 'titles', 1, 5, 10, 1002)",
+        &[&p],
+    );
+    assert!(advanced);
+    let state: String = one(
+        &mut c,
+        "SELECT syncular.activate_checkpoint($1, 'titles', 1, 5, ARRAY['tasks'], 1003)",
+        &[&p],
+    );
+    assert_eq!(state, "activated");
+    let refusal: Option<serde_json::Value> =
+        one(&mut c, "SELECT syncular.serve_gate_refusal($1, 1)", &[&p]);
+    assert_eq!(refusal, None);
+    let watermark: i64 = one(
+        &mut c,
+        "SELECT watermark FROM syncular.read_checkpoints($1) WHERE name = 'titles'",
+        &[&p],
+    );
+    assert_eq!(watermark, 5);
+
+    let enqueued: i32 = one(
+        &mut c,
+        "SELECT syncular.enqueue_reactions($1, '[{\"idempotencyKey\":\"mail:t1\",
+            \"type\":\"mail.send\",\"version\":1,\"payload\":{\"to\":\"ops\"},
+            \"sourceClientId\":\"c1\",\"sourceClientCommitId\":\"k1\",\"sourceCommitSeq\":1,
+            \"createdAtMs\":1750000000000}]')",
+        &[&p],
+    );
+    assert_eq!(enqueued, 1);
+    let leased: serde_json::Value = one(
+        &mut c,
+        "SELECT syncular.claim_reactions($1, 'w1', ARRAY['mail.send'], 1750000000000, 30000, 10)",
+        &[&p],
+    );
+    assert_eq!(leased[0]["idempotencyKey"], "mail:t1", "{leased}");
+    assert_eq!(leased[0]["status"], "leased", "{leased}");
+    let done: Vec<String> = one(
+        &mut c,
+        "SELECT syncular.complete_reactions($1, ARRAY['mail:t1'], 'w1', 1750000001000)",
+        &[&p],
+    );
+    assert_eq!(done, vec!["mail:t1".to_string()]);
+}
+
+/// The classic push (`push_begin` … `put_push_result`, docs/HOST-WALKTHROUGH.md) through the
+/// coordinator: by the operator it applies as on one node (the commit read back, the result
+/// stored); by the serving role, whose app-row write follows the extension's own writes as its
+/// owner in one transaction, Citus refuses a second user on the placements the transaction
+/// modified — refused whole, nothing kept (docs/SCALING.md: such a host pushes with the one-call
+/// `push_commit`, which Citus delegates).
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn the_classic_push_through_the_coordinator() {
+    let mut c = coordinator();
+    tasks(&mut c);
+    let change = |key: &str| {
+        json!({"clientId": "c1", "clientCommitId": key, "actorId": "a", "createdAtMs": 1,
+               "writerVersion": 1,
+               "changes": [{"table": "tasks", "rowId": "t1", "op": "upsert", "rowVersion": 1,
+                            "scopes": {"project_id": "p1"}, "payload": "AQ=="}]})
+    };
+    let applied = json!({"status": "applied", "commitSeq": 1,
+                         "results": [{"opIndex": 0, "status": "applied"}]});
+    let classic = |c: &mut Client, partition: &str, key: &str| -> Result<(), SqlError> {
+        let mut tx = c.transaction().map_err(|e| sql_error(&e))?;
+        let run = |tx: &mut postgres::Transaction<'_>| -> Result<(), postgres::Error> {
+            tx.query_one(
+                "SELECT syncular.push_begin($1, 'c1', $2, 1)",
+                &[&partition, &key],
+            )?;
+            tx.execute(
+                "INSERT INTO public.tasks VALUES ($1, 't1', 't1', 'p1', 1,
+                   '{\"project_id\":\"p1\"}', '\\x01', NULL)",
+                &[&partition],
+            )?;
+            tx.query_one(
+                "SELECT syncular.append_commit($1, $2)",
+                &[&partition, &change(key)],
+            )?;
+            tx.query_one(
+                "SELECT syncular.put_push_result($1, 'c1', $2, $3)",
+                &[&partition, &key, &applied],
+            )?;
+            Ok(())
+        };
+        run(&mut tx).map_err(|e| sql_error(&e))?;
+        tx.commit().map_err(|e| sql_error(&e))
+    };
+    classic(&mut c, "classic-op", "kc1").unwrap();
+    let stored: serde_json::Value = one(
+        &mut c,
+        "SELECT syncular.get_push_result('classic-op', 'c1', 'kc1')",
+        &[],
+    );
+    assert_eq!(stored, applied);
+    let window: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM syncular.read_commit_window('classic-op', 'tasks',
+           '{\"project_id\":[\"p1\"]}', 0, 10, 100)",
+        &[],
+    );
+    assert_eq!(window, 1);
+    exec(
+        &mut c,
+        "DO $$ BEGIN
+           IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'citus_srv') THEN
+             CREATE ROLE citus_srv LOGIN;
+           END IF;
+         END $$;
+         GRANT syncular_host TO citus_srv;
+         GRANT SELECT, INSERT, UPDATE, DELETE ON public.tasks TO citus_srv;",
+    );
+    exec(&mut c, "SET ROLE citus_srv");
+    let refused = classic(&mut c, "classic-srv", "kc1").unwrap_err();
+    exec(&mut c, "RESET ROLE");
+    assert!(
+        refused
+            .message
+            .contains("modified in this transaction by a different user"),
+        "{refused:?}"
+    );
+    let kept: i64 = one(
+        &mut c,
+        "SELECT (SELECT count(*) FROM syncular.sync_commits WHERE partition = 'classic-srv')
+              + (SELECT count(*) FROM public.tasks WHERE _sync_partition = 'classic-srv')",
+        &[],
+    );
+    assert_eq!(kept, 0, "nothing of the refused push is kept");
+}
