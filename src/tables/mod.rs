@@ -588,7 +588,8 @@ fn overlapping(
 /// The barrier's lock (`EXCLUSIVE` on `sync_partitions`, as `migrate_schema` takes it), for a
 /// registration change: it waits for every push holding a partition lock and keeps new ones out
 /// until it commits, so a one-call push never writes with a registration that changed under it
-/// (it reads them again once it holds its lock: src/push/open.rs, red team 11, C1).
+/// (it reads them again once it holds its lock: src/push/open.rs, red team 11, C1). Taken first,
+/// before any lock on the app relation, as the migration takes it (docs/DESIGN.md §Lock order).
 fn hold_pushes(client: &SpiClient<'_>) -> error::Result<()> {
     access::as_extension_owner(client, || {
         db::write(
@@ -610,6 +611,10 @@ pub fn register(
     if tbl.starts_with("sync_") {
         return Err(Error::invalid_argument("tbl", "reserved"));
     }
+    // The barrier's lock before any lock on the relation: a migration holds it while its DDL
+    // waits for the relation, so taking them the other way round deadlocks with a host's startup
+    // (red team 12, C3).
+    hold_pushes(client)?;
     let caller = access::current_role();
     let Some(target) = inspect(relation) else {
         return Err(Error::invalid_argument("relation", "missing"));
@@ -630,7 +635,6 @@ pub fn register(
         return Err(Error::invalid_argument("relation", "shape")
             .with_hint("the primary key must be (_sync_partition, _sync_row_id)"));
     }
-    hold_pushes(client)?;
     let previous = registration(client, tbl, true)?;
     let registered_by = match registrant {
         Registrant::Caller => caller,

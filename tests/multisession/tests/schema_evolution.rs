@@ -2126,3 +2126,42 @@ fn a_registration_never_changes_under_a_push() {
         "{err:?}"
     );
 }
+
+/// Red team 12, C3 and D2: `register_table` locked the app relation before it waited for the
+/// barrier's lock, so a host's startup — `migrate_schema` (the barrier), then its DDL on the
+/// relation — deadlocked with another process's `register_table` of it, and PostgreSQL could
+/// abort the migration. The barrier's lock comes first now: the registration waits, holding
+/// nothing, and both go through.
+#[test]
+fn a_registration_waits_for_a_startup_without_deadlocking_it() {
+    let (db, mut c) = setup("ev_r12c");
+    let mut startup = db.connect();
+    exec(&mut startup, "BEGIN");
+    let previous: i64 = one(
+        &mut startup,
+        "SELECT syncular.migrate_schema(2, $1)",
+        &[&l2()],
+    );
+    assert_eq!(previous, 1);
+    let mut other = db.connect();
+    let other_pid = backend_pid(&mut other);
+    let registered = std::thread::spawn(move || {
+        other
+            .query_one(
+                "SELECT syncular.register_table('notes', 'public.ev_notes')::text",
+                &[],
+            )
+            .map(drop)
+            .map_err(|e| sql_error(&e))
+    });
+    wait_until_blocked(&mut c, other_pid);
+    exec(
+        &mut startup,
+        "ALTER TABLE public.ev_notes ADD COLUMN body text;
+         SELECT syncular.register_table('notes', 'public.ev_notes');
+         COMMIT;",
+    );
+    registered.join().unwrap().unwrap();
+    let state: Value = one(&mut c, "SELECT syncular.schema_state()", &[]);
+    assert_eq!(state["schemaVersion"], json!(2), "{state}");
+}
