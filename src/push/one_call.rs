@@ -106,13 +106,18 @@ fn push(client: &SpiClient<'_>, caller: pg_sys::Oid, request: &Request<'_>) -> R
     if let Some(stored) = result::stored_result(client, &request.key, false)? {
         return Ok(replay(stored, "optimistic"));
     }
+    // C2: the partition lock, before any app table is opened (and locked to the end of the
+    // transaction): a push that held an app table's lock while it waited for a migration's
+    // barrier would deadlock with the migration's DDL on that table (red team 13;
+    // docs/DESIGN.md §Lock order).
+    log::lock(client, partition)?;
     let tables = match open_tables(client, request)? {
         Ok(tables) => tables,
         Err(Stop::Fallback(doc)) => return Ok(doc),
         Err(Stop::Rejected(_) | Stop::Staged) => unreachable!("static checks only fall back"),
     };
-    // C2…C4: lock, the gate under the lock, the locked re-check.
-    log::lock(client, partition)?;
+    // A registration read before this call's snapshot was taken may have changed while it
+    // waited for the lock (red team 11, C1): read again with a fresh one.
     if let Some(tbl) = changed_registration(client, &tables)? {
         let at = request.ops.iter().position(|op| op.table == tbl);
         return Ok(fallback_doc(
@@ -120,6 +125,7 @@ fn push(client: &SpiClient<'_>, caller: pg_sys::Oid, request: &Request<'_>) -> R
             at.map(|k| (k, tbl.as_str())),
         ));
     }
+    // C3, C4: the gate under the lock, the locked re-check.
     gate::read_state(client, Some(partition), request.running, true)?
         .assert_ready(request.running, &request.declared)?;
     if let Some(stored) = result::stored_result(client, &request.key, true)? {

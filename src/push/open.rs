@@ -1,4 +1,4 @@
-//! The static refusals of the one-call push before the partition lock (docs/DESIGN.md §Push
+//! The static refusals of the one-call push, under the partition lock (docs/DESIGN.md §Push
 //! path): the push schema at the running version, and each touched table registered, usable,
 //! of an eligible primary-key type and in agreement with the stored layouts.
 
@@ -17,7 +17,7 @@ use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
 use std::collections::{HashMap, HashSet};
 
-/// The static refusals of docs/DESIGN.md §Push path (before the lock): the push schema at the
+/// The static refusals of docs/DESIGN.md §Push path (under the lock, before the gate): the push schema at the
 /// running version, each touched table registered, usable, of an eligible primary-key type and
 /// in agreement with the stored layouts. Tables the schema does not have are left out (step
 /// A1 rejects them at their operation).

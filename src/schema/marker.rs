@@ -8,20 +8,35 @@ use crate::heap;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 
-/// The stored schema version as it settles: after a migration in flight has ended (it holds L0,
-/// `EXCLUSIVE` on `sync_partitions`, which the `ROW SHARE` taken here waits for and then keeps
-/// to the end of the transaction, as a push keeps its partition lock), read with the latest
-/// snapshot, whatever the caller's snapshot is. What `encode_row` and `decode_row` default to:
-/// a payload encoded in a transaction that began before a migration, or while it ran, is
-/// encoded at the version the migration committed (red team 7, R7-1); `None` before the first
-/// migration.
-pub fn settled_version() -> Result<Option<i64>> {
-    // SAFETY: the relation is opened with its lock (kept: closed with NoLock) and closed here;
-    // the snapshot is registered around the lookup, whose key is the marker's int4 primary key.
+/// A migration holds the barrier (L0) right now: its new version is not settled yet.
+pub struct InFlight;
+
+/// The stored schema version as it settles, read with the latest snapshot whatever the caller's
+/// snapshot is; `None` before the first migration. What `encode_row` and `decode_row` default
+/// to (`hold`): a payload encoded in a transaction that began before a migration is encoded at
+/// the version the migration committed (red team 7, R7-1); the `ROW SHARE` on `sync_partitions`
+/// taken then is kept to the end of the transaction, as a push keeps its partition lock, so the
+/// next migration waits for the row written with it. It is taken without waiting: a migration
+/// holding the barrier is [`InFlight`] (the caller answers "again once it committed"), never
+/// waited for — the caller may hold a lock on an app table that the migration's own DDL then
+/// waits for, a deadlock PostgreSQL would break by aborting one of the two (red team 13, D1–D3).
+/// Without `hold` (a given version: only "is it ahead?" is asked) nothing is locked.
+pub fn settled_version(hold: bool) -> Result<std::result::Result<Option<i64>, InFlight>> {
+    // SAFETY: `sync_partitions` is opened with `AccessShareLock` (which no barrier excludes; kept:
+    // closed with NoLock) only to learn its OID; the conditional lock is on that OID; the
+    // snapshot is registered around the lookup, whose key is the marker's int4 primary key.
     unsafe {
-        let lock = pg_sys::RowShareLock as pg_sys::LOCKMODE;
-        let partitions = heap::open(heap::SyncTable::Partitions, lock)?;
+        let partitions = heap::open(
+            heap::SyncTable::Partitions,
+            pg_sys::AccessShareLock as pg_sys::LOCKMODE,
+        )?;
+        let oid = (*partitions).rd_id;
         pg_sys::table_close(partitions, pg_sys::NoLock as pg_sys::LOCKMODE);
+        if hold
+            && !pg_sys::ConditionalLockRelationOid(oid, pg_sys::RowShareLock as pg_sys::LOCKMODE)
+        {
+            return Ok(Err(InFlight));
+        }
         let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
         let marker = heap::bigint_by_key(
             heap::SyncTable::SchemaMeta,
@@ -33,8 +48,8 @@ pub fn settled_version() -> Result<Option<i64>> {
         );
         pg_sys::UnregisterSnapshot(snapshot);
         match marker? {
-            heap::Lookup::Here(version) => Ok(version),
-            heap::Lookup::Elsewhere => db::with_spi(marker_seen),
+            heap::Lookup::Here(version) => Ok(Ok(version)),
+            heap::Lookup::Elsewhere => db::with_spi(marker_seen).map(Ok),
         }
     }
 }

@@ -692,7 +692,14 @@ pub struct CodecTable {
 /// would not decode at the stored version).
 pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> Result<CodecTable> {
     let given = version.is_some();
-    let settled = crate::schema::marker::settled_version()?;
+    let Ok(settled) = crate::schema::marker::settled_version(!given)? else {
+        return Err(tables::unknown_table(tbl).with_hint(
+            "a migration is in flight (migrate_schema holds the schema barrier): the stored \
+             schema version it commits is not settled yet — call again once it has committed \
+             (this call does not wait for it: a lock on an app table held here could deadlock \
+             with the migration's own DDL)",
+        ));
+    };
     let version = match version {
         // A version ahead of the stored one has no layouts yet, and its push schema may still
         // be replaced: a row encoded with it would be of a layout no migration records (red

@@ -42,6 +42,17 @@ fn push_at(
     running: i64,
 ) -> Result<Value, postgres::Error> {
     let op = up(c, "tasks", id, None, task(id, "p1"));
+    push_op(c, key, &op, running)
+}
+
+/// The push of `op` at `running`: its payload encoded beforehand (`encode_row` answers a
+/// migration in flight with `SY041` instead of waiting for it).
+fn push_op(
+    c: &mut impl postgres::GenericClient,
+    key: &str,
+    op: &Op,
+    running: i64,
+) -> Result<Value, postgres::Error> {
     c.query_one(
         "SELECT syncular.push_commit($1, 'c1', $2, 'a1', $3, $4, $5, ARRAY[$6], ARRAY[$7], ARRAY[1]::int2[],
                                      ARRAY[NULL]::int8[], ARRAY[$8::bytea])",
@@ -54,6 +65,7 @@ fn push_at(
 fn np_ms_a_push_that_waited_for_a_migration_is_refused() {
     let (db, mut c) = prepared("npmig1");
     let before = snapshot(&mut c);
+    let op = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
     let mut migrator = db.connect();
     exec(&mut migrator, "BEGIN");
     one::<i64>(
@@ -63,7 +75,7 @@ fn np_ms_a_push_that_waited_for_a_migration_is_refused() {
     );
     let mut pusher = db.connect();
     let pid = backend_pid(&mut pusher);
-    let old = thread::spawn(move || push_at(&mut pusher, "k1", "t1", V).map_err(|e| sql_error(&e)));
+    let old = thread::spawn(move || push_op(&mut pusher, "k1", &op, V).map_err(|e| sql_error(&e)));
     wait_until_blocked(&mut c, pid);
     exec(&mut migrator, "COMMIT");
     let err = old.join().unwrap().unwrap_err();

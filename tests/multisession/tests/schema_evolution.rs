@@ -1435,13 +1435,14 @@ fn a_written_back_row_that_happens_to_decode_still_fails_the_migration() {
 /// that began before a migration (REPEATABLE READ), or while one ran (READ COMMITTED, the value
 /// computed before the host's insert waited), was encoded at the old version and stored after
 /// the migration committed — unreadable at the new one. The default version is now the settled
-/// one: `encode_row` waits for a migration in flight and reads the marker it committed; a
-/// snapshot too old to see that version's layouts gets an error, never an old-layout payload.
+/// one: while a migration runs, `encode_row` answers `SY041` at once (it does not wait: red team
+/// 13), after it encodes at the version it committed; a snapshot too old to see that version's
+/// layouts gets an error, never an old-layout payload.
 #[test]
 fn encode_row_never_encodes_at_a_version_a_migration_has_left() {
     let (db, mut c) = setup("ev_r71");
     let full = with_body(note("n9", "late"), json!(null));
-    // While a migration runs: encode_row waits for it, then encodes at its version.
+    // While a migration runs: refused at once, then encoded at its version.
     let mut migrator = db.connect();
     exec(&mut migrator, "BEGIN");
     one::<i64>(
@@ -1450,19 +1451,25 @@ fn encode_row_never_encodes_at_a_version_a_migration_has_left() {
         &[&l2()],
     );
     let mut host = db.connect();
-    let pid = backend_pid(&mut host);
-    let values = full.clone();
-    let encoding = std::thread::spawn(move || {
-        host.query_one("SELECT syncular.encode_row('notes', $1)", &[&values])
-            .map(|r| r.get::<_, Vec<u8>>(0))
-            .map_err(|e| sql_error(&e))
-    });
-    wait_until_blocked(&mut c, pid);
+    let in_flight = sql_error(
+        &host
+            .query_one("SELECT syncular.encode_row('notes', $1)", &[&full])
+            .unwrap_err(),
+    );
+    assert_eq!(in_flight.state, "SY041", "{in_flight:?}");
+    assert!(in_flight
+        .hint
+        .unwrap_or_default()
+        .contains("a migration is in flight"));
     exec(
         &mut migrator,
         "ALTER TABLE public.ev_notes ADD COLUMN body text; COMMIT",
     );
-    let encoded = encoding.join().unwrap().expect("encoded at version 2");
+    let encoded: Vec<u8> = one(
+        &mut host,
+        "SELECT syncular.encode_row('notes', $1)",
+        &[&full],
+    );
     let at2: Vec<u8> = one(
         &mut c,
         "SELECT syncular.encode_row('notes', $1, schema_version => 2)",
@@ -2162,6 +2169,71 @@ fn a_registration_waits_for_a_startup_without_deadlocking_it() {
          COMMIT;",
     );
     registered.join().unwrap().unwrap();
+    let state: Value = one(&mut c, "SELECT syncular.schema_state()", &[]);
+    assert_eq!(state["schemaVersion"], json!(2), "{state}");
+}
+
+/// Red team 13, D1–D3: a reader holding a lock on an app table (its own scan, or an earlier read
+/// of its transaction) called `decode_row`/`encode_row`, which waited for the barrier a
+/// migration held while the migration's DDL waited for that reader's lock: PostgreSQL broke the
+/// deadlock by aborting one, sometimes the migration. The codec's functions never wait for the
+/// barrier now (a migration in flight is `SY041` at once, a given version takes no lock), and
+/// the one-call push takes its partition lock before it opens any app table; both go through.
+#[test]
+fn a_reader_of_an_app_table_never_deadlocks_a_migration() {
+    let (db, mut c) = setup("ev_r13d");
+    let mut startup = db.connect();
+    exec(&mut startup, "BEGIN");
+    let _: i64 = one(
+        &mut startup,
+        "SELECT syncular.migrate_schema(2, $1)",
+        &[&l2()],
+    );
+    let mut reader = db.connect();
+    exec(&mut reader, "BEGIN; SELECT count(*) FROM public.ev_notes;");
+    for sql in [
+        "SELECT syncular.decode_row('notes', _sync_payload)::text FROM public.ev_notes LIMIT 1",
+        "SELECT syncular.encode_row('notes', '{}'::jsonb)::text",
+    ] {
+        let err = sql_error(&reader.query_one(sql, &[]).unwrap_err());
+        assert_eq!(err.state, "SY041", "{sql}: {err:?}");
+        exec(
+            &mut reader,
+            "ROLLBACK; BEGIN; SELECT count(*) FROM public.ev_notes;",
+        );
+    }
+    let given: Value = one(
+        &mut reader,
+        "SELECT syncular.decode_row('notes', _sync_payload, schema_version => 1)
+           FROM public.ev_notes WHERE _sync_row_id = 'n1'",
+        &[],
+    );
+    assert_eq!(given, note("n1", "first"));
+    // The one-call push of a process at version 1 waits for its partition lock, holding no
+    // lock on the app table, and is refused by the gate once the migration committed.
+    let mut pusher = db.connect();
+    let pusher_pid = backend_pid(&mut pusher);
+    let pushed = std::thread::spawn(move || {
+        pusher
+            .query_one(
+                "SELECT syncular.push_commit($1, 'c1', 'k9', 'a1', $2, 1, $3, ARRAY['notes'],
+                                             ARRAY['n1'], ARRAY[2]::int2[], ARRAY[1::int8],
+                                             ARRAY[NULL::bytea])",
+                &[&P, &NOW, &allowed()],
+            )
+            .map(|r| r.get::<_, Value>(0))
+            .map_err(|e| sql_error(&e))
+    });
+    wait_until_blocked(&mut c, pusher_pid);
+    exec(&mut reader, "COMMIT");
+    exec(
+        &mut startup,
+        "ALTER TABLE public.ev_notes ADD COLUMN body text;
+         SELECT syncular.register_table('notes', 'public.ev_notes');
+         COMMIT;",
+    );
+    let refused = pushed.join().unwrap().unwrap_err();
+    assert_eq!(refused.state, "SY002", "{refused:?}");
     let state: Value = one(&mut c, "SELECT syncular.schema_state()", &[]);
     assert_eq!(state["schemaVersion"], json!(2), "{state}");
 }
