@@ -54,6 +54,36 @@ pub fn settled_version(hold: bool) -> Result<std::result::Result<Option<i64>, In
     }
 }
 
+/// The stored schema version the calling statement's own snapshot sees (its active snapshot:
+/// under READ COMMITTED the statement's, not a fresh one): the rows that statement hands the
+/// row codec were read with it (red team 14: a statement begun before a migration committed
+/// decoded the old version's payloads with the new layout). `None` without a marker, or with no
+/// active snapshot.
+pub fn marker_of_statement() -> Result<Option<i64>> {
+    // SAFETY: the active snapshot stays valid for the duration of this call (the caller's
+    // statement holds it); it is registered around the lookup as `settled_version` registers
+    // its own.
+    unsafe {
+        if !pg_sys::ActiveSnapshotSet() {
+            return Ok(None);
+        }
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetActiveSnapshot());
+        let marker = heap::bigint_by_key(
+            heap::SyncTable::SchemaMeta,
+            pg_sys::Datum::from(1i32),
+            None,
+            (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
+            c"schema_version",
+            snapshot,
+        );
+        pg_sys::UnregisterSnapshot(snapshot);
+        match marker? {
+            heap::Lookup::Here(version) => Ok(version),
+            heap::Lookup::Elsewhere => db::with_spi(marker_seen),
+        }
+    }
+}
+
 /// The stored schema version this transaction's snapshot sees (a fresh one under READ
 /// COMMITTED).
 pub fn marker_seen(client: &SpiClient<'_>) -> Result<Option<i64>> {

@@ -694,10 +694,10 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
     let given = version.is_some();
     let Ok(settled) = crate::schema::marker::settled_version(!given)? else {
         return Err(tables::unknown_table(tbl).with_hint(
-            "a migration is in flight (migrate_schema holds the schema barrier): the stored \
-             schema version it commits is not settled yet — call again once it has committed \
-             (this call does not wait for it: a lock on an app table held here could deadlock \
-             with the migration's own DDL)",
+            "the schema barrier is held or awaited (a migrate_schema, register_table or \
+             retire_table in flight): the stored schema version is not settled — call again once \
+             it has committed (this call does not wait for it: a lock on an app table held here \
+             could deadlock with the migration's own DDL)",
         ));
     };
     let version = match version {
@@ -741,10 +741,16 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
     // it was replaced (red teams 8 and 10, R8-3 and C1). At the default, the settled version
     // itself; at a given one, any marker at or above it.
     let seen = crate::schema::marker::marker_seen(client)?;
-    if !given && seen != Some(version) {
+    // At the default, the statement's own snapshot must see it too: under READ COMMITTED a
+    // statement begun before the migration committed hands in payloads of the old version,
+    // which the new layout can read silently wrong (red team 14).
+    if !given
+        && (seen != Some(version) || crate::schema::marker::marker_of_statement()? != Some(version))
+    {
         return Err(tables::unknown_table(tbl).with_hint(format!(
-            "the stored schema version is {version}, which this transaction's snapshot does not \
-             see yet (it began before the migration): encode in a new transaction"
+            "the stored schema version is {version}, which this statement's or transaction's \
+             snapshot does not see yet (it began before the migration): run it again, or encode \
+             in a new transaction"
         )));
     }
     if let Some(seen) = seen.filter(|m| given && *m < version) {

@@ -1460,7 +1460,7 @@ fn encode_row_never_encodes_at_a_version_a_migration_has_left() {
     assert!(in_flight
         .hint
         .unwrap_or_default()
-        .contains("a migration is in flight"));
+        .contains("the schema barrier is held or awaited"));
     exec(
         &mut migrator,
         "ALTER TABLE public.ev_notes ADD COLUMN body text; COMMIT",
@@ -1499,10 +1499,9 @@ fn encode_row_never_encodes_at_a_version_a_migration_has_left() {
         .unwrap_err();
     assert_eq!(refused.state, "SY041", "{refused:?}");
     assert!(
-        refused
-            .hint
-            .unwrap_or_default()
-            .contains("stored schema version is 3, which this transaction's snapshot"),
+        refused.hint.unwrap_or_default().contains(
+            "stored schema version is 3, which this statement's or transaction's snapshot"
+        ),
         "the settled version, which this snapshot cannot read"
     );
 }
@@ -2236,4 +2235,38 @@ fn a_reader_of_an_app_table_never_deadlocks_a_migration() {
     assert_eq!(refused.state, "SY002", "{refused:?}");
     let state: Value = one(&mut c, "SELECT syncular.schema_state()", &[]);
     assert_eq!(state["schemaVersion"], json!(2), "{state}");
+}
+
+/// Red team 14: a READ COMMITTED statement begun before a migration committed handed
+/// `decode_row` a payload of the old version read with its own snapshot, and the default decoded
+/// it with the new layout — silently wrong when the grown null bitmap happened to parse. The
+/// statement's own snapshot must see the settled version too (`SY041`: run it again).
+#[test]
+fn a_statement_older_than_the_migration_never_decodes_with_the_new_layout() {
+    let (db, mut c) = setup("ev_r14");
+    let mut reader = db.connect();
+    let slow = std::thread::spawn(move || {
+        reader
+            .query_one(
+                "SELECT syncular.decode_row('notes', s.p)::text
+                   FROM (SELECT _sync_payload AS p, pg_catalog.pg_sleep(3) AS z
+                           FROM public.ev_notes WHERE _sync_row_id = 'n1') AS s",
+                &[],
+            )
+            .map(|r| r.get::<_, String>(0))
+            .map_err(|e| sql_error(&e))
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    migrate(&mut c, 2, &l2(), &json!([]));
+    let refused = slow.join().unwrap().unwrap_err();
+    assert_eq!(refused.state, "SY041", "{refused:?}");
+    assert!(refused
+        .hint
+        .unwrap_or_default()
+        .contains("this statement's or transaction's snapshot"));
+    // Run again, it reads the re-encoded row.
+    assert_eq!(
+        decoded(&mut c, "n1"),
+        with_body(note("n1", "first"), json!(null))
+    );
 }
