@@ -72,11 +72,14 @@ CONF
     chmod 700 "$dir"
     as_postgres "$BIN/pg_basebackup" -D "$dir" -h 127.0.0.1 -p "$primary" -U postgres -R -X stream --no-sync
     # The primary's settings came with the backup; these lines (last one wins) move the standby
-    # to its own port and socket directory.
+    # to its own port and socket directory, and keep replay from cancelling a test's query on it
+    # (a recovery conflict: the tests pause and resume replay on purpose).
     cat >>"$dir/postgresql.conf" <<CONF
 port = $port
 unix_socket_directories = '$dir'
 hot_standby = on
+hot_standby_feedback = on
+max_standby_streaming_delay = -1
 CONF
     rm -f "$dir/postmaster.pid" "$dir/server.log"
     "$0" start "$dir" "$port"

@@ -23,8 +23,10 @@ pub struct InFlight;
 /// Without `hold` (a given version: only "is it ahead?" is asked) nothing is locked.
 pub fn settled_version(hold: bool) -> Result<std::result::Result<Option<i64>, InFlight>> {
     // SAFETY: `sync_partitions` is opened with `AccessShareLock` (which no barrier excludes; kept:
-    // closed with NoLock) only to learn its OID; the conditional lock is on that OID; the
-    // snapshot is registered around the lookup, whose key is the marker's int4 primary key.
+    // closed with NoLock) only to learn its OID; the conditional lock is on that OID, taken for
+    // the top-level transaction's resource owner, restored right after (on an error, the
+    // (sub)transaction's abort resets the current owner itself); the latest snapshot is valid
+    // for the lookup.
     unsafe {
         let partitions = heap::open(
             heap::SyncTable::Partitions,
@@ -32,42 +34,33 @@ pub fn settled_version(hold: bool) -> Result<std::result::Result<Option<i64>, In
         )?;
         let oid = (*partitions).rd_id;
         pg_sys::table_close(partitions, pg_sys::NoLock as pg_sys::LOCKMODE);
-        if hold
-            && !pg_sys::ConditionalLockRelationOid(oid, pg_sys::RowShareLock as pg_sys::LOCKMODE)
-        {
-            return Ok(Err(InFlight));
+        if hold {
+            // Owned by the top-level transaction, not a subtransaction: a `ROLLBACK TO
+            // SAVEPOINT` must not release it while the payload encoded under it may still be
+            // written (red team 15, S2).
+            let owner = pg_sys::CurrentResourceOwner;
+            pg_sys::CurrentResourceOwner = pg_sys::TopTransactionResourceOwner;
+            let locked =
+                pg_sys::ConditionalLockRelationOid(oid, pg_sys::RowShareLock as pg_sys::LOCKMODE);
+            pg_sys::CurrentResourceOwner = owner;
+            if !locked {
+                return Ok(Err(InFlight));
+            }
         }
-        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-        let marker = heap::bigint_by_key(
-            heap::SyncTable::SchemaMeta,
-            pg_sys::Datum::from(1i32),
-            None,
-            (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
-            c"schema_version",
-            snapshot,
-        );
-        pg_sys::UnregisterSnapshot(snapshot);
-        match marker? {
-            heap::Lookup::Here(version) => Ok(Ok(version)),
-            heap::Lookup::Elsewhere => db::with_spi(marker_seen).map(Ok),
-        }
+        marker_in(pg_sys::GetLatestSnapshot()).map(Ok)
     }
 }
 
-/// The stored schema version the calling statement's own snapshot sees (its active snapshot:
-/// under READ COMMITTED the statement's, not a fresh one): the rows that statement hands the
-/// row codec were read with it (red team 14: a statement begun before a migration committed
-/// decoded the old version's payloads with the new layout). `None` without a marker, or with no
-/// active snapshot.
-pub fn marker_of_statement() -> Result<Option<i64>> {
-    // SAFETY: the active snapshot stays valid for the duration of this call (the caller's
-    // statement holds it); it is registered around the lookup as `settled_version` registers
-    // its own.
+/// The marker as `snapshot` sees it, read below SQL by its key (through SQL where Citus keeps
+/// the table elsewhere: docs/SCALING.md).
+///
+/// # Safety
+/// `snapshot` is valid for the duration of the call (it is registered around the lookup).
+unsafe fn marker_in(snapshot: pg_sys::Snapshot) -> Result<Option<i64>> {
+    // SAFETY: the caller's snapshot is registered around the lookup, whose key is the marker's
+    // int4 primary key.
     unsafe {
-        if !pg_sys::ActiveSnapshotSet() {
-            return Ok(None);
-        }
-        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetActiveSnapshot());
+        let snapshot = pg_sys::RegisterSnapshot(snapshot);
         let marker = heap::bigint_by_key(
             heap::SyncTable::SchemaMeta,
             pg_sys::Datum::from(1i32),
@@ -81,6 +74,22 @@ pub fn marker_of_statement() -> Result<Option<i64>> {
             heap::Lookup::Here(version) => Ok(version),
             heap::Lookup::Elsewhere => db::with_spi(marker_seen),
         }
+    }
+}
+
+/// The stored schema version the calling statement's own snapshot sees (its active snapshot:
+/// under READ COMMITTED the statement's, not a fresh one): the rows that statement hands the
+/// row codec were read with it (red team 14: a statement begun before a migration committed
+/// decoded the old version's payloads with the new layout). `None` without a marker, or with no
+/// active snapshot.
+pub fn marker_of_statement() -> Result<Option<i64>> {
+    // SAFETY: the active snapshot stays valid for the duration of this call (the caller's
+    // statement holds it).
+    unsafe {
+        if !pg_sys::ActiveSnapshotSet() {
+            return Ok(None);
+        }
+        marker_in(pg_sys::GetActiveSnapshot())
     }
 }
 

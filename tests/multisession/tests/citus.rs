@@ -228,6 +228,20 @@ fn tasks(c: &mut Client) {
     }
 }
 
+/// The serving role `citus_srv`: `syncular_host`, with DML on `tasks` (once).
+fn serving_role(c: &mut Client) {
+    exec(
+        c,
+        "DO $$ BEGIN
+           IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'citus_srv') THEN
+             CREATE ROLE citus_srv LOGIN;
+           END IF;
+         END $$;
+         GRANT syncular_host TO citus_srv;
+         GRANT SELECT, INSERT, UPDATE, DELETE ON public.tasks TO citus_srv;",
+    );
+}
+
 const PUSH: &str = "SELECT syncular.push_commit($1, 'c1', $2, 'actor', 1750000000000, 1,
                       '{\"project_id\":[\"p1\"]}', ARRAY['tasks'], ARRAY[$3], ARRAY[1]::int2[],
                       ARRAY[NULL::int8],
@@ -297,16 +311,7 @@ fn a_serving_roles_push_applies_delegated_and_is_refused_whole_through_the_coord
         json!([{"table": "tasks", "relation": "public.tasks", "colocated": true}]),
         "{report}"
     );
-    exec(
-        &mut c,
-        "DO $$ BEGIN
-           IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'citus_srv') THEN
-             CREATE ROLE citus_srv LOGIN;
-           END IF;
-         END $$;
-         GRANT syncular_host TO citus_srv;
-         GRANT SELECT, INSERT, UPDATE, DELETE ON public.tasks TO citus_srv;",
-    );
+    serving_role(&mut c);
     exec(&mut c, "SET ROLE citus_srv");
     let refused = call(&mut c, true, PUSH, &[&"srv-push", &"k1", &"r1"])
         .map_err(|e| sql_error(&e))
@@ -543,16 +548,7 @@ fn the_classic_push_through_the_coordinator() {
         &[],
     );
     assert_eq!(window, 1);
-    exec(
-        &mut c,
-        "DO $$ BEGIN
-           IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'citus_srv') THEN
-             CREATE ROLE citus_srv LOGIN;
-           END IF;
-         END $$;
-         GRANT syncular_host TO citus_srv;
-         GRANT SELECT, INSERT, UPDATE, DELETE ON public.tasks TO citus_srv;",
-    );
+    serving_role(&mut c);
     exec(&mut c, "SET ROLE citus_srv");
     let refused = classic(&mut c, "classic-srv", "kc1").unwrap_err();
     exec(&mut c, "RESET ROLE");

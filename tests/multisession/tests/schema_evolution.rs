@@ -2270,3 +2270,26 @@ fn a_statement_older_than_the_migration_never_decodes_with_the_new_layout() {
         with_body(note("n1", "first"), json!(null))
     );
 }
+
+/// Red team 15, S2: `encode_row`'s hold on the next migration was released by a `ROLLBACK TO
+/// SAVEPOINT` (an upsert retried after a unique violation), so a migration committed in between
+/// and the payload encoded before it was written after it. The hold belongs to the top-level
+/// transaction now: the migration waits until it ends.
+#[test]
+fn a_rollback_to_a_savepoint_keeps_encode_rows_hold_on_the_next_migration() {
+    let (db, mut c) = setup("ev_r15s");
+    let mut host = db.connect();
+    exec(&mut host, "BEGIN; SAVEPOINT a;");
+    let _: Vec<u8> = one(
+        &mut host,
+        "SELECT syncular.encode_row('notes', $1)",
+        &[&note("n9", "held")],
+    );
+    exec(&mut host, "ROLLBACK TO SAVEPOINT a;");
+    let mut migrator = db.connect();
+    let pid = backend_pid(&mut migrator);
+    let migration = std::thread::spawn(move || migrate(&mut migrator, 2, &l2(), &json!([])));
+    wait_until_blocked(&mut c, pid);
+    exec(&mut host, "COMMIT");
+    assert_eq!(migration.join().unwrap(), 1);
+}
