@@ -23,7 +23,8 @@ pub struct InFlight;
 /// Without `hold` (a given version: only "is it ahead?" is asked) nothing is locked.
 pub fn settled_version(hold: bool) -> Result<std::result::Result<Option<i64>, InFlight>> {
     // SAFETY: `sync_partitions` is opened with `AccessShareLock` (which no barrier excludes; kept:
-    // closed with NoLock) only to learn its OID; the conditional lock is on that OID, taken for
+    // closed with NoLock) only to learn its OID and whether this transaction holds the barrier;
+    // the lock is on that OID, taken for
     // the top-level transaction's resource owner, restored right after (on an error, the
     // (sub)transaction's abort resets the current owner itself); the latest snapshot is valid
     // for the lookup.
@@ -33,6 +34,18 @@ pub fn settled_version(hold: bool) -> Result<std::result::Result<Option<i64>, In
             pg_sys::AccessShareLock as pg_sys::LOCKMODE,
         )?;
         let oid = (*partitions).rd_id;
+        // This transaction holds the barrier itself: it is the migration (its own backfill
+        // decoding with the version it set). PostgreSQL 15 refuses a conditional lock that
+        // conflicts with a waiter's request even when the waiter waits for us (a second
+        // migrator queued on the barrier: the adapter's migration race), so the lock is taken
+        // unconditionally then — granted at once, ahead of every waiter our barrier blocks,
+        // since no other transaction can hold a mode that conflicts with ROW SHARE while we
+        // hold EXCLUSIVE (lock.c's ProcSleep / JoinWaitQueue: "I must go before this waiter").
+        let ours = pg_sys::CheckRelationLockedByMe(
+            partitions,
+            pg_sys::ExclusiveLock as pg_sys::LOCKMODE,
+            true,
+        );
         pg_sys::table_close(partitions, pg_sys::NoLock as pg_sys::LOCKMODE);
         if hold {
             // Owned by the top-level transaction, not a subtransaction: a `ROLLBACK TO
@@ -40,8 +53,13 @@ pub fn settled_version(hold: bool) -> Result<std::result::Result<Option<i64>, In
             // written (red team 15, S2).
             let owner = pg_sys::CurrentResourceOwner;
             pg_sys::CurrentResourceOwner = pg_sys::TopTransactionResourceOwner;
-            let locked =
-                pg_sys::ConditionalLockRelationOid(oid, pg_sys::RowShareLock as pg_sys::LOCKMODE);
+            let row_share = pg_sys::RowShareLock as pg_sys::LOCKMODE;
+            let locked = if ours {
+                pg_sys::LockRelationOid(oid, row_share);
+                true
+            } else {
+                pg_sys::ConditionalLockRelationOid(oid, row_share)
+            };
             pg_sys::CurrentResourceOwner = owner;
             if !locked {
                 return Ok(Err(InFlight));

@@ -1506,6 +1506,68 @@ fn encode_row_never_encodes_at_a_version_a_migration_has_left() {
     );
 }
 
+/// The migration's own transaction decodes and encodes at the version it set while a second
+/// migrator waits for the barrier (CI, the TypeScript adapter's two racing `ensureSchema`s: its
+/// backfill's `decode_row` was refused with SY041 on PostgreSQL 15, whose conditional lock
+/// yields to the queued migrator even though that one waits for us).
+#[test]
+fn a_migration_decodes_its_own_rows_while_another_migrator_waits() {
+    let (db, _c) = setup("ev_own_barrier");
+    let mut migrator = db.connect();
+    exec(&mut migrator, "BEGIN");
+    one::<i64>(
+        &mut migrator,
+        "SELECT syncular.migrate_schema(2, $1)",
+        &[&l2()],
+    );
+    exec(
+        &mut migrator,
+        "ALTER TABLE public.ev_notes ADD COLUMN body text",
+    );
+    let mut second = db.connect();
+    let second_pid = backend_pid(&mut second);
+    let racing = std::thread::spawn(move || {
+        let mut tx = second.transaction().unwrap();
+        let previous: i64 = tx
+            .query_one("SELECT syncular.migrate_schema(2, $1)", &[&l2()])
+            .unwrap()
+            .get(0);
+        tx.commit().unwrap();
+        previous
+    });
+    let mut observer = db.connect();
+    wait_until_blocked(&mut observer, second_pid);
+    let decoded: Value = one(
+        &mut migrator,
+        "SELECT syncular.decode_row('notes', _sync_payload) FROM public.ev_notes
+          WHERE _sync_row_id = 'n1'",
+        &[],
+    );
+    assert_eq!(decoded, with_body(note("n1", "first"), json!(null)));
+    let full = with_body(note("n9", "late"), json!("b"));
+    let encoded: Vec<u8> = one(
+        &mut migrator,
+        "SELECT syncular.encode_row('notes', $1)",
+        &[&full],
+    );
+    assert!(
+        is_blocked(&mut observer, second_pid),
+        "the second migrator still waits"
+    );
+    exec(&mut migrator, "COMMIT");
+    assert_eq!(
+        racing.join().unwrap(),
+        2,
+        "the loser answers the new version"
+    );
+    let at2: Vec<u8> = one(
+        &mut observer,
+        "SELECT syncular.encode_row('notes', $1, schema_version => 2)",
+        &[&full],
+    );
+    assert_eq!(encoded, at2);
+}
+
 /// Red team 7, R7-2: a push schema stored for version 2 ahead of a migration that retires one of
 /// its tables: the retired table's rows keep their last layout, which that push schema would
 /// misread at version 2. Refused (`SY000` `layouts` `mismatch`, a HINT naming the table).
