@@ -330,7 +330,7 @@ fn holds_rows(client: &SpiClient<'_>, table: &str, caller: pg_sys::Oid) -> Resul
     let Some(relation) = tables::open_for_migration(client, table)? else {
         return Ok(false);
     };
-    relation.lock_for_rewrite(caller)?;
+    relation.lock_against_writers(caller)?;
     relation.has_rows(client, caller)
 }
 

@@ -708,7 +708,7 @@ pub fn register(
     let renamed = previous.as_ref().is_none_or(|p| p.relation != relation);
     if renamed && matches!(registrant, Registrant::Caller) {
         if let Ok(registered) = open(client, tbl)? {
-            registered.lock_for_rewrite(caller)?;
+            registered.lock_against_writers(caller)?;
             if registered.has_rows(client, caller)? {
                 return Err(
                     Error::invalid_argument("relation", "not_empty").with_hint(format!(

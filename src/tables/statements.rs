@@ -327,7 +327,7 @@ impl AppRelation {
     /// Whether the relation holds a row, by one statement: for a table Citus distributes, whose
     /// rows no scan below SQL reaches ([`AppRelation::has_rows`]). As the less privileged of
     /// `caller` and the owner, `row_security` off (a policy hiding rows fails the statement
-    /// instead of answering "empty"), after [`AppRelation::lock_for_rewrite`].
+    /// instead of answering "empty"), after [`AppRelation::lock_against_writers`].
     pub fn any_row(&self, caller: pg_sys::Oid) -> error::Result<bool> {
         let sql = format!("SELECT EXISTS (SELECT 1 FROM {} a)", self.rows);
         db::with_spi(|c| {
@@ -339,10 +339,25 @@ impl AppRelation {
 
     /// Locks the relation against every writer until the migration's transaction ends, after
     /// waiting for the writers in flight (`SHARE`: a host's own insert outside the protocol, not
-    /// yet committed, would otherwise keep a row the rewrite and the last pass cannot see; red
-    /// team 6, R6-2). Partitions included; `ONLY` an ordinary table. Runs no host code.
+    /// yet committed, would otherwise keep a row an emptiness check cannot see; red team 6,
+    /// R6-2). Partitions included; `ONLY` an ordinary table. Runs no host code.
+    pub fn lock_against_writers(&self, caller: pg_sys::Oid) -> error::Result<()> {
+        self.lock(caller, "SHARE")
+    }
+
+    /// Locks the relation against everyone until the migration's transaction ends, after
+    /// waiting for every transaction that read or wrote it (`ACCESS EXCLUSIVE`, what the host's
+    /// own `ALTER TABLE` of the migration takes anyway): a payload such a transaction read before
+    /// the rewrite would otherwise reach `decode_row` after the migration committed — through a
+    /// function, a trigger, a cursor or a procedure's loop — and be decoded with the new layout
+    /// (red team 15, S1; docs/SECURITY.md rule 19). Also everything [`Self::lock_against_writers`]
+    /// guards against. Partitions included; `ONLY` an ordinary table. Runs no host code.
     pub fn lock_for_rewrite(&self, caller: pg_sys::Oid) -> error::Result<()> {
-        let sql = format!("LOCK TABLE {} IN SHARE MODE", self.rows);
+        self.lock(caller, "ACCESS EXCLUSIVE")
+    }
+
+    fn lock(&self, caller: pg_sys::Oid, mode: &'static str) -> error::Result<()> {
+        let sql = format!("LOCK TABLE {} IN {mode} MODE", self.rows);
         db::with_spi(|c| self.run_rewrite(caller, || db::write_dynamic(c, &sql, &[]).map(drop)))
     }
 

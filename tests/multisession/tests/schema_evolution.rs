@@ -2239,29 +2239,34 @@ fn a_registration_waits_for_a_startup_without_deadlocking_it() {
 /// migration held while the migration's DDL waited for that reader's lock: PostgreSQL broke the
 /// deadlock by aborting one, sometimes the migration. The codec's functions never wait for the
 /// barrier now (a migration in flight is `SY041` at once, a given version takes no lock), and
-/// the one-call push takes its partition lock before it opens any app table; both go through.
+/// the one-call push takes its partition lock before it opens any app table; the migration
+/// (which locks the table it re-encodes `ACCESS EXCLUSIVE`, red team 15, S1) waits for the
+/// reader, and all go through.
 #[test]
 fn a_reader_of_an_app_table_never_deadlocks_a_migration() {
     let (db, mut c) = setup("ev_r13d");
-    let mut startup = db.connect();
-    exec(&mut startup, "BEGIN");
-    let _: i64 = one(
-        &mut startup,
-        "SELECT syncular.migrate_schema(2, $1)",
-        &[&l2()],
-    );
     let mut reader = db.connect();
     exec(&mut reader, "BEGIN; SELECT count(*) FROM public.ev_notes;");
+    let mut startup = db.connect();
+    let startup_pid = backend_pid(&mut startup);
+    let migration = std::thread::spawn(move || {
+        exec(&mut startup, "BEGIN");
+        let _: i64 = one(
+            &mut startup,
+            "SELECT syncular.migrate_schema(2, $1)",
+            &[&l2()],
+        );
+        startup
+    });
+    wait_until_blocked(&mut c, startup_pid);
     for sql in [
         "SELECT syncular.decode_row('notes', _sync_payload)::text FROM public.ev_notes LIMIT 1",
         "SELECT syncular.encode_row('notes', '{}'::jsonb)::text",
     ] {
+        exec(&mut reader, "SAVEPOINT s");
         let err = sql_error(&reader.query_one(sql, &[]).unwrap_err());
         assert_eq!(err.state, "SY041", "{sql}: {err:?}");
-        exec(
-            &mut reader,
-            "ROLLBACK; BEGIN; SELECT count(*) FROM public.ev_notes;",
-        );
+        exec(&mut reader, "ROLLBACK TO SAVEPOINT s");
     }
     let given: Value = one(
         &mut reader,
@@ -2286,7 +2291,12 @@ fn a_reader_of_an_app_table_never_deadlocks_a_migration() {
             .map_err(|e| sql_error(&e))
     });
     wait_until_blocked(&mut c, pusher_pid);
+    assert!(
+        is_blocked(&mut c, startup_pid),
+        "the migration waits for the reader"
+    );
     exec(&mut reader, "COMMIT");
+    let mut startup = migration.join().unwrap();
     exec(
         &mut startup,
         "ALTER TABLE public.ev_notes ADD COLUMN body text;
@@ -2302,7 +2312,9 @@ fn a_reader_of_an_app_table_never_deadlocks_a_migration() {
 /// Red team 14: a READ COMMITTED statement begun before a migration committed handed
 /// `decode_row` a payload of the old version read with its own snapshot, and the default decoded
 /// it with the new layout — silently wrong when the grown null bitmap happened to parse. The
-/// statement's own snapshot must see the settled version too (`SY041`: run it again).
+/// statement's own snapshot must see the settled version too (`SY041`: run it again). Since red
+/// team 15 (S1) the migration waits for the statement (it locks the table it re-encodes `ACCESS
+/// EXCLUSIVE`), so the statement meets it in flight.
 #[test]
 fn a_statement_older_than_the_migration_never_decodes_with_the_new_layout() {
     let (db, mut c) = setup("ev_r14");
@@ -2322,10 +2334,14 @@ fn a_statement_older_than_the_migration_never_decodes_with_the_new_layout() {
     migrate(&mut c, 2, &l2(), &json!([]));
     let refused = slow.join().unwrap().unwrap_err();
     assert_eq!(refused.state, "SY041", "{refused:?}");
-    assert!(refused
-        .hint
-        .unwrap_or_default()
-        .contains("this statement's or transaction's snapshot"));
+    assert!(
+        refused
+            .hint
+            .as_deref()
+            .unwrap_or_default()
+            .contains("the schema barrier is held or awaited"),
+        "{refused:?}"
+    );
     // Run again, it reads the re-encoded row.
     assert_eq!(
         decoded(&mut c, "n1"),
@@ -2354,4 +2370,184 @@ fn a_rollback_to_a_savepoint_keeps_encode_rows_hold_on_the_next_migration() {
     wait_until_blocked(&mut c, pid);
     exec(&mut host, "COMMIT");
     assert_eq!(migration.join().unwrap(), 1);
+}
+
+/// `t8` of red team 15's S1: a `bytes` column first, so a version-1 payload whose `b1` is one
+/// zero byte still parses with version 2's layout, whose null bitmap grew a byte — as `b1` empty.
+fn s1_layouts(grown: bool) -> Value {
+    let mut columns = vec![
+        json!({"name": "b1", "type": "bytes", "nullable": true}),
+        json!({"name": "id", "type": "string", "nullable": false}),
+        json!({"name": "pid", "type": "string", "nullable": false}),
+    ];
+    columns.extend(
+        (1..=5).map(|i| json!({"name": format!("a{i}"), "type": "string", "nullable": true})),
+    );
+    if grown {
+        columns.push(json!({"name": "c", "type": "string", "nullable": true}));
+    }
+    json!({ "t8": columns })
+}
+
+/// Host code that hands `decode_row` a payload read by another statement (the S1 variants).
+const S1_HOST_CODE: &str = r#"
+CREATE FUNCTION public.dec_v(p bytea) RETURNS jsonb LANGUAGE plpgsql VOLATILE
+  AS $$BEGIN RETURN syncular.decode_row('t8', p); END$$;
+CREATE TABLE public.audit (p bytea, decoded jsonb);
+CREATE FUNCTION public.audit_trg() RETURNS trigger LANGUAGE plpgsql
+  AS $$BEGIN NEW.decoded := syncular.decode_row('t8', NEW.p); RETURN NEW; END$$;
+CREATE TRIGGER audit_dec BEFORE INSERT ON public.audit FOR EACH ROW
+  EXECUTE FUNCTION public.audit_trg();
+"#;
+
+/// A database with `t8` registered at version 1, row `r1` stored (`b1` one zero byte), and the
+/// host code of [`S1_HOST_CODE`].
+fn s1_setup(name: &str) -> (TestDb, Client) {
+    let db = TestDb::new(name);
+    let mut c = db.connect();
+    exec(
+        &mut c,
+        &app_table_sql(
+            "public.ev_t8",
+            "b1 bytea, id text, pid text, a1 text, a2 text, a3 text, a4 text, a5 text,",
+        ),
+    );
+    exec(
+        &mut c,
+        "SELECT syncular.register_table('t8', 'public.ev_t8')",
+    );
+    migrate(&mut c, 1, &s1_layouts(false), &json!([]));
+    exec(&mut c, S1_HOST_CODE);
+    exec(
+        &mut c,
+        r#"INSERT INTO public.ev_t8 (_sync_partition, _sync_row_id, _sync_server_version,
+                                     _sync_scopes, _sync_payload)
+           VALUES ('part-1', 'r1', 1, '{"pid":"p"}',
+                   syncular.encode_row('t8', '{"b1":"AA==","id":"r1","pid":"p","a1":"x","a2":null,"a3":null,"a4":null,"a5":null}'))"#,
+    );
+    (db, c)
+}
+
+/// `decode` run by `reader` (the first column of its rows), then its transaction ended.
+fn s1_decode(reader: &mut Client, decode: &str) -> Result<Vec<String>, SqlError> {
+    let out = reader
+        .simple_query(decode)
+        .map(|m| {
+            m.iter()
+                .filter_map(|m| match m {
+                    postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        })
+        .map_err(|e| sql_error(&e));
+    let _ = reader.batch_execute("ROLLBACK");
+    out
+}
+
+/// Red team 15, S1: a payload a statement read before a migration committed reached
+/// `decode_row` (default version) after it through host code running under a newer snapshot —
+/// a VOLATILE function, a trigger, a DO loop, a cursor's FETCH or a holdable cursor's COMMIT —
+/// and was decoded with the new layout (`b1` read as empty). The migration now takes `ACCESS
+/// EXCLUSIVE` on each table it re-encodes, so it waits for every transaction that read it;
+/// such a reader meets the migration in flight (`SY041`), never the new layout.
+#[test]
+fn a_payload_read_before_a_migration_is_never_decoded_with_its_new_layout() {
+    let slow =
+        "(SELECT _sync_payload AS p, pg_catalog.pg_sleep(2) AS z FROM public.ev_t8 OFFSET 0) s";
+    // (name, statements run before the migration starts, the statement that decodes after it).
+    let variants: Vec<(&str, String, String)> = vec![
+        ("volatile function", String::new(), format!("SELECT public.dec_v(p)::text FROM {slow}")),
+        (
+            "trigger",
+            String::new(),
+            format!("WITH i AS (INSERT INTO public.audit (p) SELECT p FROM {slow} RETURNING decoded)
+                     SELECT decoded::text FROM i"),
+        ),
+        (
+            "DO loop",
+            String::new(),
+            "DO $$DECLARE r record; BEGIN
+               FOR r IN SELECT _sync_payload FROM public.ev_t8 LOOP
+                 PERFORM pg_catalog.pg_sleep(2);
+                 RAISE EXCEPTION 'decoded: %', syncular.decode_row('t8', r._sync_payload);
+               END LOOP; END$$"
+                .into(),
+        ),
+        (
+            "cursor",
+            "BEGIN; DECLARE c CURSOR FOR SELECT public.dec_v(_sync_payload)::text FROM public.ev_t8"
+                .into(),
+            "FETCH ALL FROM c".into(),
+        ),
+        (
+            "holdable cursor",
+            "BEGIN; DECLARE c CURSOR WITH HOLD FOR
+               SELECT public.dec_v(_sync_payload)::text FROM public.ev_t8"
+                .into(),
+            "COMMIT; FETCH ALL FROM c".into(),
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (i, (name, before, decode)) in variants.into_iter().enumerate() {
+        let (db, mut c) = s1_setup(&format!("ev_s1_{i}"));
+        let mut reader = db.connect();
+        let reader_pid = backend_pid(&mut reader);
+        let mut observer = db.connect();
+        let mut migrator = db.connect();
+        let migrator_pid = backend_pid(&mut migrator);
+        let migrate = move || {
+            std::thread::spawn(move || {
+                let mut tx = migrator.transaction().unwrap();
+                tx.query_one(
+                    "SELECT syncular.migrate_schema(2, $1)",
+                    &[&s1_layouts(true)],
+                )
+                .unwrap();
+                tx.commit().unwrap();
+            })
+        };
+        let (decoding, migration) = if before.is_empty() {
+            // One statement reads the row, sleeps, then decodes: the migration starts while it
+            // sleeps.
+            let decoding = std::thread::spawn(move || s1_decode(&mut reader, &decode));
+            while !one::<bool>(
+                &mut observer,
+                "SELECT coalesce((SELECT wait_event = 'PgSleep' FROM pg_stat_activity
+                                   WHERE pid = $1), false)",
+                &[&reader_pid],
+            ) {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            (decoding, migrate())
+        } else {
+            // The cursor's transaction read the table: the migration waits for it (the build
+            // before the fix committed instead); then the cursor decodes.
+            exec(&mut reader, &before);
+            let migration = migrate();
+            while !migration.is_finished() && !is_blocked(&mut observer, migrator_pid) {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            (
+                std::thread::spawn(move || s1_decode(&mut reader, &decode)),
+                migration,
+            )
+        };
+        let out = decoding.join().unwrap();
+        migration.join().unwrap();
+        match out {
+            Err(e) if e.state == "SY041" => {}
+            other => wrong.push(format!("{name}: {other:?}")),
+        }
+        let now: String = one(
+            &mut c,
+            "SELECT syncular.decode_row('t8', _sync_payload)->>'b1' FROM public.ev_t8",
+            &[],
+        );
+        assert_eq!(now, "AA==", "{name}: the re-encoded row");
+    }
+    assert!(
+        wrong.is_empty(),
+        "decoded after the migration committed: {wrong:#?}"
+    );
 }
