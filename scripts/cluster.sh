@@ -9,6 +9,8 @@
 #                                       on PRIMARY_PORT (pg_basebackup -R: a hot standby streaming
 #                                       from it), start it on PORT, wait until it accepts connections
 # Listens on 127.0.0.1 only; trust authentication (a throwaway test cluster, nothing else).
+# With SYNCULAR_CLUSTER_FEED_DB set, a new cluster preloads the library and runs the change feed
+# for that database (syncular.feed_database; docs/API.md "Change feed"), which the caller creates.
 # With SYNCULAR_CLUSTER_MEMORY_KB set, every server process runs under that address-space limit
 # (ulimit -v), so an allocation beyond it fails inside the server (the argument-cap test).
 set -euo pipefail
@@ -29,8 +31,12 @@ port = $port
 unix_socket_directories = '$dir'
 fsync = off
 max_connections = 100
-shared_preload_libraries = ''
+shared_preload_libraries = '${SYNCULAR_CLUSTER_FEED_DB:+syncular}'
 CONF
+      if [ -n "${SYNCULAR_CLUSTER_FEED_DB:-}" ]; then
+        printf "syncular.feed_database = '%s'\nmax_prepared_transactions = 2\n" \
+          "$SYNCULAR_CLUSTER_FEED_DB" >>"$dir/postgresql.conf"
+      fi
     fi
     # A port taken by any other process (the machine's own client connections use 32768-60999,
     # which is why the scripts' defaults lie below it) is named here rather than left to

@@ -55,8 +55,8 @@ suite() {
   # Released install scripts, so older versions can be installed and updated (upgrade tests).
   cp sql/released/syncular--*.sql "$("$pg_config" --sharedir)/extension/"
   local cluster="$work/cluster" limited="$work/cluster-limited" standby="$work/cluster-standby"
-  local promote="$work/cluster-promote"
-  CLUSTERS+=("$major:$standby" "$major:$promote" "$major:$cluster" "$major:$limited")
+  local promote="$work/cluster-promote" feed="$work/cluster-feed"
+  CLUSTERS+=("$major:$standby" "$major:$promote" "$major:$cluster" "$major:$limited" "$major:$feed")
   scripts/cluster.sh fresh "$cluster" "$port"
   # Hot standbys of it, streaming from base backups: pulls served by a read replica, and one that
   # a test promotes, made anew before each run of the suite (tests/multisession/tests/standby.rs).
@@ -69,6 +69,12 @@ suite() {
   # backend there.
   SYNCULAR_CLUSTER_MEMORY_KB=1572864 scripts/cluster.sh fresh "$limited" "$((port + 1))"
   export SYNCULAR_TEST_PG_LIMITED="host=127.0.0.1 port=$((port + 1)) user=postgres"
+  # A cluster that preloads the library and runs the change feed for one database
+  # (tests/multisession/tests/feed.rs).
+  SYNCULAR_CLUSTER_FEED_DB=syncular_feed scripts/cluster.sh fresh "$feed" "$((port + 4))"
+  "$(pg_bindir "$major")/psql" -X -q -h 127.0.0.1 -p "$((port + 4))" -U postgres -d postgres \
+    -c "CREATE DATABASE syncular_feed"
+  export SYNCULAR_TEST_PG_FEED="host=127.0.0.1 port=$((port + 4)) user=postgres"
   SYNCULAR_TEST_PG="host=127.0.0.1 port=$port user=postgres" \
     cargo test --manifest-path tests/multisession/Cargo.toml -- --test-threads=4 2>&1 | tee -a "$LOG"
 

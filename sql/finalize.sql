@@ -176,6 +176,9 @@ COMMENT ON FUNCTION syncular.push_finish(text, text, text, jsonb) IS
 -- Change notifications (docs/API.md, "Change notifications")
 COMMENT ON FUNCTION syncular.notify_channel() IS
   'The channel (random per install) the commits of this database are notified on with syncular.notify_commits = on; syncular_host only. A notification is a wake-up: read the partition head (max_commit_seq) before acting on it.';
+-- The change feed (docs/API.md, "Change feed")
+COMMENT ON FUNCTION syncular.feed_status() IS
+  'The change feed''s state for this database: running (a worker announces each interval''s new partition heads on the notify_channel()), the worker''s pid (every feed notification''s sender: drop any other), the database and interval settings; syncular_host.';
 
 -- Administration (docs/API.md §Administration)
 COMMENT ON FUNCTION syncular.adopt_legacy_tables(name, name) IS

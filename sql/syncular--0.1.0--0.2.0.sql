@@ -448,6 +448,15 @@ REVOKE ALL ON FUNCTION syncular.apply_pull(jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION syncular.apply_pull(jsonb) IS
   'Applies on the primary the writes a pull served by a hot standby returned (its document''s "writes"): the registry touch and the client record, monotonic and idempotent (a late or repeated apply never moves a cursor back or overwrites a newer record).';
 
+-- 0.2.0: the change feed's state (docs/API.md, "Change feed").
+CREATE FUNCTION syncular.feed_status() RETURNS jsonb
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', 'feed_status_wrapper';
+REVOKE ALL ON FUNCTION syncular.feed_status() FROM PUBLIC;
+COMMENT ON FUNCTION syncular.feed_status() IS
+  'The change feed''s state for this database: running (a worker announces each interval''s new partition heads on the notify_channel()), the worker''s pid (every feed notification''s sender: drop any other), the database and interval settings; syncular_host.';
+
 -- 0.2.0: distribution on Citus (docs/SCALING.md), an operator action.
 CREATE FUNCTION syncular.distribute() RETURNS jsonb
 VOLATILE PARALLEL UNSAFE SECURITY INVOKER

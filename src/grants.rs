@@ -61,6 +61,7 @@ const HOST: &[&str] = &[
     "push_commit(text, text, text, text, bigint, bigint, jsonb, text[], text[], smallint[], bigint[], bytea[], jsonb, jsonb)",
     "push_finish(text, text, text, jsonb)",
     "notify_channel()",
+    "feed_status()",
 ];
 
 /// `HOST` plus migrations, registration, fences, checkpoints, retention, operator retries and

@@ -58,6 +58,7 @@ mod commit;
 mod db;
 mod distribute;
 mod error;
+mod feed;
 mod fence;
 mod gate;
 mod grants;
@@ -96,6 +97,7 @@ static ALLOCATOR: alloc::SoftFail = alloc::SoftFail;
 pub extern "C-unwind" fn _PG_init() {
     alloc::init();
     notify::init();
+    feed::init();
 }
 
 // Tables first: the functions' composite return types need them.

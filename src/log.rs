@@ -262,6 +262,7 @@ fn append_commit(partition: Option<&str>, commit: Option<JsonbArg>) -> i64 {
             let seq = db::with_spi(|client| append(client, partition, commit))?;
             push_guard::appended(seq);
             notify::appended(partition, seq);
+            crate::feed::appended(partition, seq);
             Ok(seq)
         })
     })

@@ -59,7 +59,7 @@ fn channel_table() -> Option<pg_sys::Oid> {
 /// This install's channel, or `None` before the update that creates it. Must run with the
 /// extension owner's rights (the table is the owner's alone): `append_commit` and the appending
 /// step of `push_commit`/`push_finish` are, and so is [`notify_channel`].
-fn channel() -> Result<Option<String>> {
+pub(crate) fn channel() -> Result<Option<String>> {
     let Some(table) = channel_table() else {
         return Ok(None);
     };

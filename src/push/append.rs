@@ -158,6 +158,7 @@ pub fn append(
     let seq = log::append(client, partition, &commit)?;
     push_guard::appended_push(header.key, seq);
     notify::appended(partition, seq);
+    crate::feed::appended(partition, seq);
     Ok(Appended { seq, returned })
 }
 

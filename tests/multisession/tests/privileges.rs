@@ -14,6 +14,7 @@ const INVOKER: &[&str] = &[
     "_native_fence_triggers",
     "adopt_legacy_tables",
     "distribute",
+    "feed_status",
     "get_row_scopes",
     "migrate_schema",
     "push_commit",

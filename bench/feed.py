@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""The change feed (issue 31; docs/DESIGN.md §Change feed), measured.
+
+Run through bench/feed.sh: one cluster preloading the library, `syncular.feed_database =
+'feed_db'`. Four pushers (`push_commit` of one upsert, each to its own partition, autocommit,
+`synchronous_commit = off`) run for BENCH_SECONDS with 0, 1, 10 and 50 listening host processes
+(one connection each, LISTENing on `notify_channel()` and draining every notification), in three
+modes:
+- **off**: nothing announced (database `plain_db`, which the feed does not serve);
+- **notify**: `syncular.notify_commits = on` in the pushers: one NOTIFY per commit (`plain_db`);
+- **feed**: the change feed (`feed_db`), nothing set in the pushers.
+Reported: push_commit commits a second, relative to *off* with the same listeners; and the delay
+from a probe's commit (one more session pushing to partition `probe` every 20 ms) to the moment a
+listener hears that head — median and p99 — in the two modes that announce.
+"""
+import json
+import multiprocessing as mp
+import os
+import select
+import statistics
+import time
+
+import psycopg
+
+CLUSTER = os.environ.get("BENCH_CLUSTER", "host=127.0.0.1 port=25449 user=postgres")
+SECONDS = float(os.environ.get("BENCH_SECONDS", "10"))
+PUSHERS = int(os.environ.get("BENCH_PUSHERS", "4"))
+LISTENERS = [int(x) for x in os.environ.get("BENCH_LISTENERS", "0,1,10,50").split(",")]
+NOW = 1_750_000_000_000
+LAYOUT = [{"name": "id", "type": "string", "nullable": False},
+          {"name": "project_id", "type": "string", "nullable": False}]
+PUSH_SCHEMA = {"tasks": {"columns": LAYOUT, "primaryKey": "id",
+                         "scopes": [{"variable": "project_id", "column": "project_id"}]}}
+PUSH = """SELECT (syncular.push_commit(%s, 'c1', %s, 'a1', %s, 1, '{"project_id":["p1"]}',
+                  ARRAY['tasks'], ARRAY[%s], ARRAY[1]::int2[], ARRAY[NULL::int8],
+                  ARRAY[syncular.encode_row('tasks', %s::jsonb)]))->>'commitSeq'"""
+
+
+def conn(db, **kw):
+    return psycopg.connect(f"{CLUSTER} dbname={db}", autocommit=True, **kw)
+
+
+def setup(db):
+    with conn("postgres") as c:
+        c.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+        c.execute(f"CREATE DATABASE {db}")
+    with conn(db) as c:
+        c.execute("CREATE EXTENSION syncular")
+        c.execute("""CREATE TABLE public.tasks (
+            _sync_partition text COLLATE "C" NOT NULL, _sync_row_id text NOT NULL,
+            id text, project_id text, _sync_server_version bigint NOT NULL,
+            _sync_scopes jsonb NOT NULL, _sync_payload bytea NOT NULL, _sync_column_versions bytea,
+            PRIMARY KEY (_sync_partition, _sync_row_id))""")
+        c.execute("SELECT syncular.register_table('tasks', 'public.tasks')")
+        c.execute("BEGIN")
+        c.execute("SELECT syncular.migrate_schema(1, %s)", (json.dumps({"tasks": LAYOUT}),))
+        c.execute("COMMIT")
+        c.execute("SELECT syncular.set_push_schema(1, %s)", (json.dumps(PUSH_SCHEMA),))
+
+
+def push_once(c, partition, n):
+    row = json.dumps({"id": f"r{n % 1000}", "project_id": "p1"})
+    return int(c.execute(PUSH, (partition, f"k{time.time_ns()}-{n}", NOW, f"r{n % 1000}", row)).fetchone()[0])
+
+
+def pusher(db, partition, notify, start, stop, out):
+    with conn(db) as c:
+        c.execute("SET synchronous_commit = off")
+        if notify:
+            c.execute("SET syncular.notify_commits = on")
+        n = 0
+        while time.time() < start:
+            time.sleep(0.001)
+        while time.time() < stop:
+            push_once(c, partition, n)
+            n += 1
+        out.put(n)
+
+
+def listener(db, start, stop, ready, heard):
+    """Drains every notification; records when it first hears each probe head."""
+    with conn(db) as c:
+        channel = c.execute("SELECT syncular.notify_channel()").fetchone()[0]
+        c.execute(f'LISTEN "{channel}"')
+        ready.put(1)
+        pg = c.pgconn
+        seen = {}
+        while time.time() < stop + 1.0:
+            r, _, _ = select.select([pg.socket], [], [], 0.05)
+            if not r:
+                continue
+            pg.consume_input()
+            while (n := pg.notifies()) is not None:
+                t = time.time()
+                payload = json.loads(n.extra.decode())
+                heads = payload.get("heads") or (
+                    {payload["partition"]: payload["commitSeq"]} if "partition" in payload else {})
+                seq = heads.get("probe")
+                if seq is not None and seq not in seen:
+                    seen[seq] = t
+        heard.put(seen)
+
+
+def probe(db, notify, start, stop, out):
+    with conn(db) as c:
+        c.execute("SET synchronous_commit = off")
+        if notify:
+            c.execute("SET syncular.notify_commits = on")
+        committed = {}
+        n = 0
+        while time.time() < start:
+            time.sleep(0.001)
+        while time.time() < stop - 0.5:
+            seq = push_once(c, "probe", n)
+            committed[seq] = time.time()
+            n += 1
+            time.sleep(0.02)
+        out.put(committed)
+
+
+def run(mode, listeners):
+    db = "feed_db" if mode == "feed" else "plain_db"
+    notify = mode == "notify"
+    start = time.time() + 2.0 + listeners * 0.05
+    stop = start + SECONDS
+    counts, heard, ready, probes = mp.Queue(), mp.Queue(), mp.Queue(), mp.Queue()
+    procs = [mp.Process(target=listener, args=(db, start, stop, ready, heard)) for _ in range(listeners)]
+    for p in procs:
+        p.start()
+    for _ in range(listeners):
+        ready.get()
+    procs += [mp.Process(target=pusher, args=(db, f"part{i}", notify, start, stop, counts)) for i in range(PUSHERS)]
+    procs.append(mp.Process(target=probe, args=(db, notify, start, stop, probes)))
+    for p in procs[listeners:]:
+        p.start()
+    commits = sum(counts.get() for _ in range(PUSHERS))
+    committed = probes.get()
+    delays = []
+    for _ in range(listeners):
+        seen = heard.get()
+        delays += [(seen[s] - t) * 1000 for s, t in committed.items() if s in seen]
+    for p in procs:
+        p.join()
+    tps = commits / SECONDS
+    delay = None
+    if delays and mode != "off":
+        delays.sort()
+        delay = (statistics.median(delays), delays[min(len(delays) - 1, int(len(delays) * 0.99))])
+    return tps, delay
+
+
+def main():
+    setup("feed_db")
+    setup("plain_db")
+    with conn("feed_db") as c:
+        status = c.execute("SELECT syncular.feed_status()").fetchone()[0]
+    rows = []
+    for listeners in LISTENERS:
+        base = None
+        for mode in ("off", "notify", "feed"):
+            tps, delay = run(mode, listeners)
+            base = base or tps
+            rows.append((listeners, mode, tps, tps / base, delay))
+            d = f"{delay[0]:.1f} / {delay[1]:.1f}" if delay else "—"
+            print(f"listeners {listeners:>2} {mode:>6}: {tps:7.0f} commits/s  ({tps / base:.2f}× off)  delay ms median/p99 {d}", flush=True)
+    print("\n| listening host processes | mode | push_commit commits/s | vs off | delay median / p99 (ms) |")
+    print("|---|---|---|---|---|")
+    for listeners, mode, tps, rel, delay in rows:
+        d = f"{delay[0]:.1f} / {delay[1]:.1f}" if delay else "—"
+        print(f"| {listeners} | {mode} | {tps:.0f} | {rel:.2f}× | {d} |")
+    print(f"\nfeed: {json.dumps(status)}; {PUSHERS} pushers, {SECONDS:.0f} s per row, synchronous_commit = off")
+
+
+if __name__ == "__main__":
+    main()
