@@ -50,6 +50,7 @@ export class StorageConstraintError extends Error {
 
 interface DriverError {
   readonly code?: unknown;
+  readonly errno?: unknown;
   readonly message?: unknown;
   readonly detail?: unknown;
 }
@@ -58,21 +59,37 @@ function asDriverError(error: unknown): DriverError | undefined {
   return typeof error === 'object' && error !== null ? (error as DriverError) : undefined;
 }
 
+const SQLSTATE = /^[0-9A-Z]{5}$/;
+
+/**
+ * The SQLSTATE of a database error, wherever the driver put it: node-postgres (and pglite,
+ * postgres.js) in `code`; Bun.SQL's `PostgresError` in `errno`, its `code` being
+ * "ERR_POSTGRES_SERVER_ERROR". Undefined for anything else.
+ */
+export function sqlstate(error: unknown): string | undefined {
+  const e = asDriverError(error);
+  if (e === undefined) return undefined;
+  for (const candidate of [e.code, e.errno]) {
+    if (typeof candidate === 'string' && SQLSTATE.test(candidate)) return candidate;
+  }
+  return undefined;
+}
+
 /** SQLSTATE class 23 (integrity constraint violation). */
 export function isConstraintViolation(error: unknown): boolean {
-  const code = asDriverError(error)?.code;
-  return typeof code === 'string' && /^23[0-9A-Z]{3}$/.test(code);
+  return sqlstate(error)?.startsWith('23') === true;
 }
 
 /** The extension's refusal, or undefined for any other error. */
 export function syncularRefusal(
   error: unknown,
 ): { sqlstate: string; code: string; detail: string | undefined } | undefined {
-  const e = asDriverError(error);
-  if (e === undefined || typeof e.code !== 'string' || !e.code.startsWith('SY')) return undefined;
+  const state = sqlstate(error);
+  if (state === undefined || !state.startsWith('SY')) return undefined;
+  const e = asDriverError(error) as DriverError;
   return {
-    sqlstate: e.code,
-    code: typeof e.message === 'string' ? e.message : e.code,
+    sqlstate: state,
+    code: typeof e.message === 'string' ? e.message : state,
     detail: typeof e.detail === 'string' ? e.detail : undefined,
   };
 }
