@@ -278,6 +278,40 @@ function firstScope(filter: ScopeMap | null | undefined): { variable: string | u
   return { variable, values: variable === undefined ? [] : (filter?.[variable] ?? []) };
 }
 
+/**
+ * `migrate_schema`'s refusal of a layout change that is not an append of nullable columns
+ * (`SY000`, `details.argument` = `layouts.<table>[i]…`) gets upstream's sentence as its message,
+ * which hosts and upstream's readiness check match (`… must be nullable`); code and details stay.
+ */
+function appendOnlyWording(error: unknown, schema: CompiledSchema): void {
+  const e = error as { code?: unknown; details?: { argument?: unknown; reason?: unknown }; message?: unknown };
+  if (!(error instanceof Error) || e.code !== 'sync.storage.invalid_argument') return;
+  const argument = e.details?.argument;
+  const reason = e.details?.reason;
+  if (typeof argument !== 'string' || !argument.startsWith('layouts.')) return;
+  for (const table of schema.tables.values()) {
+    const path = `layouts.${table.name}`;
+    if (!argument.startsWith(path)) continue;
+    const position = /^\[(\d+)\]/.exec(argument.slice(path.length));
+    const column = position === null ? undefined : table.columns[Number(position[1])];
+    const name = JSON.stringify(table.name);
+    if (reason === 'removed' && argument === path) {
+      error.message = `table ${name}: the schema removed columns — only appending nullable columns is supported; indexes may be created, replaced, or dropped independently`;
+      return;
+    }
+    if (column === undefined) continue;
+    if (reason === 'not_nullable' && argument === `${path}[${position?.[1]}].nullable`) {
+      error.message = `table ${name}: added column ${JSON.stringify(column.name)} must be nullable — existing rows have no value to backfill`;
+      return;
+    }
+    if (reason === 'changed' && argument === `${path}[${position?.[1]}]`) {
+      const now = { name: column.name, type: column.type, nullable: column.nullable };
+      error.message = `table ${name}: column ${position?.[1]} changed (now ${JSON.stringify(now)}) — only appending nullable columns is supported`;
+      return;
+    }
+  }
+}
+
 // ---- shared calls (pool or transaction) ------------------------------------------------------
 
 async function getRowOn(
@@ -749,6 +783,7 @@ export class SyncularServerStorage implements ServerStorage {
       try {
         await this.#db.transaction((session) => this.#migrateOn(session, schema, tables, layouts, declared));
       } catch (error) {
+        appendOnlyWording(error, schema);
         if (sqlstate(error) === '42501') {
           throw new Error(
             `ensureSchema: the database is not at schema version ${schema.version} and migrating it needs a role in syncular_admin that may create the app tables (docs/TYPESCRIPT.md, Roles): ${(error as Error).message}`,

@@ -113,3 +113,23 @@ test('a layout change that is not an append of nullable columns is refused', asy
   const state = await fx.admin.query('SELECT syncular.schema_state() AS s');
   assert.equal(state.rows[0].s.schemaVersion, 2, 'the migration rolled back whole');
 });
+
+test("an appended NOT NULL column is refused by the migration, in upstream's words", async () => {
+  const V3 = schema(3, [t('items', [...moreColumns, { name: 'required_new', type: 'string', nullable: false }], true), t('docs', base, true)]);
+  // Upstream's readiness check (storage_migration phase) and its hosts match this sentence.
+  await assert.rejects(storageOn(fx.migrator).ensureSchema(V3), (error: Error & { code?: string; details?: unknown }) => {
+    assert.equal(
+      error.message,
+      'table "items": added column "required_new" must be nullable — existing rows have no value to backfill',
+    );
+    assert.equal(error.code, 'sync.storage.invalid_argument');
+    assert.deepEqual(error.details, { argument: 'layouts.items[10].nullable', reason: 'not_nullable' });
+    return true;
+  });
+  const removed = schema(3, [t('items', base, true), t('docs', base, true)]);
+  await assert.rejects(storageOn(fx.migrator).ensureSchema(removed), {
+    message: 'table "items": the schema removed columns — only appending nullable columns is supported; indexes may be created, replaced, or dropped independently',
+  });
+  const state = await fx.admin.query('SELECT syncular.schema_state() AS s');
+  assert.equal(state.rows[0].s.schemaVersion, 2, 'nothing was migrated');
+});
