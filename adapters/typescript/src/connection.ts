@@ -142,7 +142,9 @@ export class Connection implements Runner {
         }
       });
     }
-    // Upstream's executor owns BEGIN/COMMIT: hold its callback open until `end`.
+    // Upstream's executor owns BEGIN/COMMIT: hold its callback open until `end`. Its BEGIN and
+    // COMMIT/ROLLBACK are reported like the adapter's own (they are round trips this causes).
+    this.observe?.('BEGIN');
     let finish!: (commit: boolean) => void;
     const decided = new Promise<boolean>((resolve) => {
       finish = resolve;
@@ -171,6 +173,7 @@ export class Connection implements Runner {
     }
     return sessionOn(client, async (commit) => {
       await tail;
+      this.observe?.(commit ? 'COMMIT' : 'ROLLBACK');
       finish(commit);
       await done;
     });

@@ -1,7 +1,9 @@
 // Error classes and the mapping from the extension's refusals (SQLSTATE class SY, message = the
 // code, DETAIL = a JSON object) to the classes upstream's server code checks with `instanceof`.
-// A host passes upstream's own classes (`errors` option); these local classes have the same
-// constructor shapes and are the defaults.
+// Upstream's own classes are used when they can be had (`errors` option, else the installed
+// `@syncular/server`; its `StorageConstraintError` through an exported producer, upstream.ts);
+// these local classes have the same constructor shapes and are the fallback.
+import { constraintErrorFromProducer } from './upstream.js';
 
 /** Upstream's `StorageQueryError` shape: `new StorageQueryError(code)`, `.code`. */
 export type StorageQueryErrorClass = new (code: never) => Error;
@@ -10,11 +12,29 @@ export type SyncErrorClass = new (code: string, message?: string, details?: stri
 /** Upstream's `StorageConstraintError` shape: `new StorageConstraintError(cause, opIndex?)`. */
 export type StorageConstraintErrorClass = new (cause: unknown, opIndex?: number) => Error;
 
+/**
+ * The classes upstream's code checks with `instanceof`. `@syncular/server` exports the first two;
+ * its `StorageConstraintError` is obtained from `PostgresServerStorage` (compiled with
+ * `compileSchema`) when not given, so passing the module itself (`import * as upstream from
+ * '@syncular/server'`, `errors: upstream`) supplies all three.
+ */
 export interface ErrorClasses {
   readonly StorageQueryError?: StorageQueryErrorClass;
   readonly SyncError?: SyncErrorClass;
   readonly StorageConstraintError?: StorageConstraintErrorClass;
+  /** Upstream's exported `PostgresServerStorage`, the producer of its `StorageConstraintError`. */
+  readonly PostgresServerStorage?: unknown;
+  /** Upstream's exported `compileSchema` (the producer's schema is compiled with it). */
+  readonly compileSchema?: unknown;
 }
+
+/**
+ * Where the `StorageConstraintError` in use came from: given in `errors`, exported by the installed
+ * `@syncular/server`, produced by upstream's `PostgresServerStorage` (`probed`), or this package's
+ * own class (`local`: upstream's push then fails the request on a constraint violation instead of
+ * rejecting the commit).
+ */
+export type ConstraintErrorSource = 'injected' | 'exported' | 'probed' | 'local';
 
 /** A `sync.storage.*` refusal. `details` is the extension's DETAIL object, when it sent one. */
 export class StorageQueryError extends Error {
@@ -50,6 +70,7 @@ export class StorageConstraintError extends Error {
 
 interface DriverError {
   readonly code?: unknown;
+  readonly errno?: unknown;
   readonly message?: unknown;
   readonly detail?: unknown;
 }
@@ -58,21 +79,37 @@ function asDriverError(error: unknown): DriverError | undefined {
   return typeof error === 'object' && error !== null ? (error as DriverError) : undefined;
 }
 
+const SQLSTATE = /^[0-9A-Z]{5}$/;
+
+/**
+ * The SQLSTATE of a database error, wherever the driver put it: node-postgres (and pglite,
+ * postgres.js) in `code`; Bun.SQL's `PostgresError` in `errno`, its `code` being
+ * "ERR_POSTGRES_SERVER_ERROR". Undefined for anything else.
+ */
+export function sqlstate(error: unknown): string | undefined {
+  const e = asDriverError(error);
+  if (e === undefined) return undefined;
+  for (const candidate of [e.code, e.errno]) {
+    if (typeof candidate === 'string' && SQLSTATE.test(candidate)) return candidate;
+  }
+  return undefined;
+}
+
 /** SQLSTATE class 23 (integrity constraint violation). */
 export function isConstraintViolation(error: unknown): boolean {
-  const code = asDriverError(error)?.code;
-  return typeof code === 'string' && /^23[0-9A-Z]{3}$/.test(code);
+  return sqlstate(error)?.startsWith('23') === true;
 }
 
 /** The extension's refusal, or undefined for any other error. */
 export function syncularRefusal(
   error: unknown,
 ): { sqlstate: string; code: string; detail: string | undefined } | undefined {
-  const e = asDriverError(error);
-  if (e === undefined || typeof e.code !== 'string' || !e.code.startsWith('SY')) return undefined;
+  const state = sqlstate(error);
+  if (state === undefined || !state.startsWith('SY')) return undefined;
+  const e = asDriverError(error) as DriverError;
   return {
-    sqlstate: e.code,
-    code: typeof e.message === 'string' ? e.message : e.code,
+    sqlstate: state,
+    code: typeof e.message === 'string' ? e.message : state,
     detail: typeof e.detail === 'string' ? e.detail : undefined,
   };
 }
@@ -82,30 +119,49 @@ export class ErrorMapper {
   storageQuery: StorageQueryErrorClass;
   sync: SyncErrorClass;
   constraint: StorageConstraintErrorClass;
-  /** Settles once upstream's classes were looked up (when none were injected). */
+  constraintSource: ConstraintErrorSource;
+  /** Settles once upstream's classes were looked up (those not injected). */
   readonly ready: Promise<void>;
 
   constructor(classes: ErrorClasses | undefined) {
     this.storageQuery = classes?.StorageQueryError ?? (StorageQueryError as StorageQueryErrorClass);
     this.sync = classes?.SyncError ?? SyncError;
     this.constraint = classes?.StorageConstraintError ?? StorageConstraintError;
-    // Nothing injected: use the classes @syncular/server exports, when it is installed (the
-    // optional peer), so its `instanceof` checks hold without configuration.
-    this.ready = classes === undefined ? this.#fromUpstream() : Promise.resolve();
+    this.constraintSource = classes?.StorageConstraintError !== undefined ? 'injected' : 'local';
+    this.ready = this.#resolve(classes ?? {});
   }
 
-  async #fromUpstream(): Promise<void> {
-    const name = '@syncular/server';
-    try {
-      const upstream = (await import(name)) as Record<string, unknown>;
-      const pick = <T>(key: string): T | undefined =>
-        typeof upstream[key] === 'function' ? (upstream[key] as T) : undefined;
-      this.storageQuery = pick<StorageQueryErrorClass>('StorageQueryError') ?? this.storageQuery;
-      this.sync = pick<SyncErrorClass>('SyncError') ?? this.sync;
-      this.constraint = pick<StorageConstraintErrorClass>('StorageConstraintError') ?? this.constraint;
-    } catch {
-      // Not installed: the local classes stay.
+  /** Each class not injected: from `errors`' producer, else from the installed @syncular/server. */
+  async #resolve(classes: ErrorClasses): Promise<void> {
+    if (this.constraintSource === 'local' && classes.PostgresServerStorage !== undefined) {
+      const probed = await constraintErrorFromProducer(classes.PostgresServerStorage, classes.compileSchema);
+      if (probed !== undefined) [this.constraint, this.constraintSource] = [probed, 'probed'];
     }
+    const complete =
+      classes.StorageQueryError !== undefined && classes.SyncError !== undefined && this.constraintSource !== 'local';
+    if (complete) return;
+    let upstream: Record<string, unknown>;
+    try {
+      // The optional peer, resolved from this package's own location as the host installed it.
+      const name = '@syncular/server';
+      upstream = (await import(name)) as Record<string, unknown>;
+    } catch {
+      return; // Not installed: the local classes stay.
+    }
+    const pick = <T>(key: string): T | undefined =>
+      typeof upstream[key] === 'function' ? (upstream[key] as T) : undefined;
+    if (classes.StorageQueryError === undefined) {
+      this.storageQuery = pick<StorageQueryErrorClass>('StorageQueryError') ?? this.storageQuery;
+    }
+    if (classes.SyncError === undefined) this.sync = pick<SyncErrorClass>('SyncError') ?? this.sync;
+    if (this.constraintSource !== 'local') return;
+    const exported = pick<StorageConstraintErrorClass>('StorageConstraintError');
+    if (exported !== undefined) {
+      [this.constraint, this.constraintSource] = [exported, 'exported'];
+      return;
+    }
+    const probed = await constraintErrorFromProducer(upstream.PostgresServerStorage, upstream.compileSchema);
+    if (probed !== undefined) [this.constraint, this.constraintSource] = [probed, 'probed'];
   }
 
   /** `new StorageQueryError(code)` with the extension's DETAIL attached as `details`. */

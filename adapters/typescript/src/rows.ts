@@ -24,6 +24,18 @@ export function quoteLiteral(text: string): string {
   return `'${text.replaceAll("'", "''")}'`;
 }
 
+/**
+ * A list of strings as one text parameter: a PostgreSQL array literal, cast in SQL with
+ * `$n::text::text[]`. Every driver sends a string as it is, while a JavaScript array parameter
+ * reaches the server as whatever the driver makes of it (node-postgres an array literal; Bun.SQL
+ * up to 1.3 `String(array)`, "a,b", which PostgreSQL refuses with 22P02). Each element is
+ * double-quoted, backslashes and quotes escaped, so commas, braces, quotes, spaces and the word
+ * NULL stay elements of the list.
+ */
+export function textArray(values: readonly string[]): string {
+  return `{${values.map((v) => `"${v.replaceAll('\\', '\\\\').replaceAll('"', '\\"')}"`).join(',')}}`;
+}
+
 /** The PostgreSQL type of an app column (docs/API.md §App-table template). */
 export function columnSqlType(type: ColumnType): string {
   switch (type) {
@@ -66,9 +78,9 @@ export class AppTable {
     this.#rowScopes = `SELECT ${quoteIdent(META.version)} AS server_version, ${quoteIdent(META.scopes)} AS scopes FROM ${this.relation} WHERE ${key}`;
     // $1 partition, $2 row ids, $3 table name: the rows and their tombstones in one read.
     this.#prefetch = `SELECT k.id AS lookup_id, r.${quoteIdent(META.rowId)} AS row_id, r.${quoteIdent(META.version)} AS server_version, r.${quoteIdent(META.scopes)} AS scopes, r.${quoteIdent(META.payload)} AS payload, r.${quoteIdent(META.columnVersions)} AS column_versions, t.commit_seq AS tombstone_seq
-  FROM unnest($2::text[]) AS k(id)
+  FROM unnest($2::text::text[]) AS k(id)
   LEFT JOIN ${this.relation} r ON r.${quoteIdent(META.partition)}=$1 AND r.${quoteIdent(META.rowId)}=k.id
-  LEFT JOIN syncular.tombstone_seqs($1, $3, $2::text[]) t ON t.row_id=k.id`;
+  LEFT JOIN syncular.tombstone_seqs($1, $3, $2::text::text[]) t ON t.row_id=k.id`;
     this.#upsert = this.#buildUpsert();
     // $1 partition, $2 row id, $3 table name. The DELETE runs whether or not it is referenced.
     this.#delete = `WITH deleted AS (DELETE FROM ${this.relation} WHERE ${key})
@@ -93,7 +105,7 @@ SELECT syncular.delete_row_meta($1, $3, $2)`;
     return this.#rowScopes;
   }
 
-  /** Params: [partition, rowIds text[], table]. */
+  /** Params: [partition, rowIds (`textArray`), table]. */
   prefetchSql(): string {
     return this.#prefetch;
   }

@@ -3,7 +3,7 @@
 // written by `rows.ts`. Results are converted to upstream's shapes: int8 → number, base64 →
 // Uint8Array, optional keys absent (never null).
 import { Connection, type Isolation, type Runner, type Session, type StorageSource } from './connection.js';
-import { ErrorMapper, isConstraintViolation, type ErrorClasses } from './errors.js';
+import { ErrorMapper, isConstraintViolation, sqlstate, type ErrorClasses } from './errors.js';
 import {
   AppTable,
   layoutsOf,
@@ -11,6 +11,7 @@ import {
   physicalIndexName,
   pushSchemaOf,
   quoteIdent,
+  textArray,
 } from './rows.js';
 import type {
   AuthoritativeQueryRequest,
@@ -277,6 +278,40 @@ function firstScope(filter: ScopeMap | null | undefined): { variable: string | u
   return { variable, values: variable === undefined ? [] : (filter?.[variable] ?? []) };
 }
 
+/**
+ * `migrate_schema`'s refusal of a layout change that is not an append of nullable columns
+ * (`SY000`, `details.argument` = `layouts.<table>[i]…`) gets upstream's sentence as its message,
+ * which hosts and upstream's readiness check match (`… must be nullable`); code and details stay.
+ */
+function appendOnlyWording(error: unknown, schema: CompiledSchema): void {
+  const e = error as { code?: unknown; details?: { argument?: unknown; reason?: unknown }; message?: unknown };
+  if (!(error instanceof Error) || e.code !== 'sync.storage.invalid_argument') return;
+  const argument = e.details?.argument;
+  const reason = e.details?.reason;
+  if (typeof argument !== 'string' || !argument.startsWith('layouts.')) return;
+  for (const table of schema.tables.values()) {
+    const path = `layouts.${table.name}`;
+    if (!argument.startsWith(path)) continue;
+    const position = /^\[(\d+)\]/.exec(argument.slice(path.length));
+    const column = position === null ? undefined : table.columns[Number(position[1])];
+    const name = JSON.stringify(table.name);
+    if (reason === 'removed' && argument === path) {
+      error.message = `table ${name}: the schema removed columns — only appending nullable columns is supported; indexes may be created, replaced, or dropped independently`;
+      return;
+    }
+    if (column === undefined) continue;
+    if (reason === 'not_nullable' && argument === `${path}[${position?.[1]}].nullable`) {
+      error.message = `table ${name}: added column ${JSON.stringify(column.name)} must be nullable — existing rows have no value to backfill`;
+      return;
+    }
+    if (reason === 'changed' && argument === `${path}[${position?.[1]}]`) {
+      const now = { name: column.name, type: column.type, nullable: column.nullable };
+      error.message = `table ${name}: column ${position?.[1]} changed (now ${JSON.stringify(now)}) — only appending nullable columns is supported`;
+      return;
+    }
+  }
+}
+
 // ---- shared calls (pool or transaction) ------------------------------------------------------
 
 async function getRowOn(
@@ -501,7 +536,7 @@ class SyncularTransaction implements StorageTransaction {
     if (ids.length === 0) return;
     const { rows } = await this.#session.query<RowRecord & { lookup_id: string; tombstone_seq: unknown }>(
       this.#storage.appTable(table).prefetchSql(),
-      [this.#partition, ids, table],
+      [this.#partition, textArray(ids), table],
     );
     for (const record of rows) {
       const key = `${table}\u0000${record.lookup_id}`;
@@ -608,11 +643,11 @@ class SyncularTransaction implements StorageTransaction {
 
   async setBlobRefs(table: string, rowId: string, blobIds: readonly string[]): Promise<void> {
     this.#assertOpen();
-    await this.#session.query('SELECT syncular.set_blob_refs($1, $2, $3, $4::text[])', [
+    await this.#session.query('SELECT syncular.set_blob_refs($1, $2, $3, $4::text::text[])', [
       this.#partition,
       table,
       rowId,
-      [...blobIds],
+      textArray(blobIds),
     ]);
   }
 
@@ -748,7 +783,8 @@ export class SyncularServerStorage implements ServerStorage {
       try {
         await this.#db.transaction((session) => this.#migrateOn(session, schema, tables, layouts, declared));
       } catch (error) {
-        if ((error as { code?: unknown }).code === '42501') {
+        appendOnlyWording(error, schema);
+        if (sqlstate(error) === '42501') {
           throw new Error(
             `ensureSchema: the database is not at schema version ${schema.version} and migrating it needs a role in syncular_admin that may create the app tables (docs/TYPESCRIPT.md, Roles): ${(error as Error).message}`,
             { cause: error },
@@ -774,8 +810,8 @@ export class SyncularServerStorage implements ServerStorage {
          FROM pg_catalog.pg_class c
          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
          JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-        WHERE n.nspname = $1 AND c.relname = ANY($2::text[]) AND c.relkind IN ('r', 'p')`,
-      [this.#appSchema, [...names]],
+        WHERE n.nspname = $1 AND c.relname = ANY($2::text::text[]) AND c.relkind IN ('r', 'p')`,
+      [this.#appSchema, textArray(names)],
     );
     const out = new Map<string, Map<string, { type: string; notNull: boolean }>>();
     for (const row of rows) {
@@ -848,9 +884,9 @@ export class SyncularServerStorage implements ServerStorage {
          JOIN pg_catalog.pg_class t ON t.oid = x.indrelid
          JOIN pg_catalog.pg_class i ON i.oid = x.indexrelid
          JOIN pg_catalog.pg_namespace n ON n.oid = t.relnamespace
-        WHERE n.nspname = $1 AND t.relname = ANY($2::text[]) AND i.relname LIKE 'sync\\_ix\\_%'
+        WHERE n.nspname = $1 AND t.relname = ANY($2::text::text[]) AND i.relname LIKE 'sync\\_ix\\_%'
           AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_constraint k WHERE k.conindid = x.indexrelid)`,
-      [this.#appSchema, [...tables.keys()]],
+      [this.#appSchema, textArray([...tables.keys()])],
     );
     const backfills: { table: AppTable; columns: string[] }[] = [];
     for (const table of tables.values()) {
@@ -994,12 +1030,12 @@ export class SyncularServerStorage implements ServerStorage {
     sources: readonly string[],
     nowMs: number,
   ): Promise<'activated' | 'stale' | 'unverifiable'> {
-    const state = await this.#value('SELECT syncular.activate_checkpoint($1, $2, $3, $4, $5::text[], $6)', [
+    const state = await this.#value('SELECT syncular.activate_checkpoint($1, $2, $3, $4, $5::text::text[], $6)', [
       partition,
       name,
       ownerEpoch,
       watermark,
-      [...sources],
+      textArray(sources),
       nowMs,
     ]);
     return state as 'activated' | 'stale' | 'unverifiable';
@@ -1007,7 +1043,7 @@ export class SyncularServerStorage implements ServerStorage {
 
   async sourceCoverageSeq(partition: string, tables: readonly string[]): Promise<number> {
     if (tables.length === 0) return 0;
-    return num(await this.#value('SELECT syncular.source_coverage_seq($1, $2::text[])', [partition, [...tables]]));
+    return num(await this.#value('SELECT syncular.source_coverage_seq($1, $2::text::text[])', [partition, textArray(tables)]));
   }
 
   async hasSourceChangesAbove(
@@ -1015,7 +1051,7 @@ export class SyncularServerStorage implements ServerStorage {
     tables: readonly string[],
     seq: number,
   ): Promise<'clean' | 'changed' | 'unverifiable'> {
-    const state = await this.#value('SELECT syncular.has_source_changes_above($1, $2::text[], $3)', [partition, [...tables], seq]);
+    const state = await this.#value('SELECT syncular.has_source_changes_above($1, $2::text::text[], $3)', [partition, textArray(tables), seq]);
     return state as 'clean' | 'changed' | 'unverifiable';
   }
 
@@ -1031,10 +1067,10 @@ export class SyncularServerStorage implements ServerStorage {
 
   async claimReactions(partition: string, query: ReactionClaimQuery): Promise<StoredReaction[]> {
     if (query.types.length === 0 || query.limit <= 0) return [];
-    const list = await this.#list<unknown>('SELECT syncular.claim_reactions($1, $2, $3::text[], $4, $5, $6)', [
+    const list = await this.#list<unknown>('SELECT syncular.claim_reactions($1, $2, $3::text::text[], $4, $5, $6)', [
       partition,
       query.leaseOwner,
-      [...query.types],
+      textArray(query.types),
       query.nowMs,
       query.leaseDurationMs,
       query.limit,
@@ -1092,11 +1128,11 @@ export class SyncularServerStorage implements ServerStorage {
 
   async listReactions(partition: string, query: ReactionListQuery): Promise<StoredReaction[]> {
     if (query.limit <= 0) return [];
-    const list = await this.#list<unknown>('SELECT syncular.list_reactions($1, $2, $3::text[], $4::text[])', [
+    const list = await this.#list<unknown>('SELECT syncular.list_reactions($1, $2, $3::text::text[], $4::text::text[])', [
       partition,
       query.limit,
-      query.statuses !== undefined && query.statuses.length > 0 ? [...query.statuses] : null,
-      query.types !== undefined && query.types.length > 0 ? [...query.types] : null,
+      query.statuses !== undefined && query.statuses.length > 0 ? textArray(query.statuses) : null,
+      query.types !== undefined && query.types.length > 0 ? textArray(query.types) : null,
     ]);
     return list.map(toReaction);
   }

@@ -6,8 +6,8 @@ import { readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, before, test } from 'node:test';
-import { SyncularServerStorage } from '../src/index.js';
-import { encode, freshDatabase, NOW, TITLED_TASKS, type Fixture } from './helpers.js';
+
+import { encode, freshDatabase, NOW, storageOn, TITLED_TASKS, type Fixture } from './helpers.js';
 import { pushCommit } from './push-driver.js';
 
 const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', '..');
@@ -73,9 +73,9 @@ test('a 0.24 database adopted, then served by the adapter', async () => {
   }
 
   // Once, as syncular_admin: the codec's push schema at the adopted version.
-  await new SyncularServerStorage(fx.migrator, { appSchema: 'legacy' }).setPushSchema(TITLED_TASKS);
+  await storageOn(fx.migrator, { appSchema: 'legacy' }).setPushSchema(TITLED_TASKS);
 
-  const storage = new SyncularServerStorage(fx.server, { appSchema: 'legacy' });
+  const storage = storageOn(fx.server, { appSchema: 'legacy' });
   await storage.ensureSchema(TITLED_TASKS);
   assert.equal(await storage.getMaxCommitSeq('acme'), 1);
   assert.equal((await storage.getRow('acme', 'tasks', 't1'))?.serverVersion, 1);

@@ -1,10 +1,12 @@
 // Test fixtures: a fresh database with the extension per test file, the two roles a deployment
 // uses (a migrator in syncular_admin that owns the app tables, a server in syncular_host that
 // serves), a compiled schema written as upstream's compiler emits it, and statement counting.
+// The storages under test reach the database through the executor SYNCULAR_TS_EXECUTOR names
+// (`sourceFor`); the fixtures' own setup and inspection always use node-postgres.
 import pg from 'pg';
 import { randomUUID } from 'node:crypto';
-import { SyncularServerStorage, type SyncularServerStorageOptions } from '../src/index.js';
-import type { CompiledSchema, CompiledTable, RowColumn } from '../src/types.js';
+import { SyncularServerStorage, type StorageSource, type SyncularServerStorageOptions } from '../src/index.js';
+import type { CompiledSchema, CompiledTable, PgExecutor, PgQueryable, RowColumn } from '../src/types.js';
 
 /** libpq-style base URL of the cluster; the tests create their own databases in it. */
 export const BASE_URL = process.env.SYNCULAR_TS_PG ?? 'postgres://postgres@127.0.0.1:25439/postgres';
@@ -15,6 +17,88 @@ export function urlFor(database: string, user = 'postgres', base = BASE_URL): st
   url.pathname = `/${database}`;
   url.username = user;
   return url.toString();
+}
+
+/**
+ * How the storages under test reach the database (scripts/adapter-ts.sh runs the suite once each):
+ * - `pg-pool`: a node-postgres `Pool` (named prepared statements), the recommended source;
+ * - `pg-executor`: upstream's `PgExecutor` over node-postgres, as its README's `pgPoolExecutor`;
+ * - `bun-sql`: upstream's `PgExecutor` over Bun.SQL, as its README's `bunSqlExecutor` and its
+ *   real-PostgreSQL tests (`unsafe(text, params)`; the suite then runs under `bun test`).
+ */
+export const EXECUTOR = (process.env.SYNCULAR_TS_EXECUTOR ?? 'pg-pool') as 'pg-pool' | 'pg-executor' | 'bun-sql';
+if (!['pg-pool', 'pg-executor', 'bun-sql'].includes(EXECUTOR)) throw new Error(`unknown SYNCULAR_TS_EXECUTOR ${EXECUTOR}`);
+
+/** Upstream README's node-postgres executor. */
+export function pgPoolExecutor(pool: pg.Pool): PgExecutor {
+  const over = (c: pg.Pool | pg.PoolClient): PgQueryable => ({
+    query: (async (text: string, params?: readonly unknown[]) => c.query(text, params ? [...params] : [])) as PgQueryable['query'],
+  });
+  return {
+    query: over(pool).query,
+    async transaction<T>(fn: (client: PgQueryable) => Promise<T>): Promise<T> {
+      const client = await pool.connect();
+      try {
+        await client.query('BEGIN');
+        const result = await fn(over(client));
+        await client.query('COMMIT');
+        return result;
+      } catch (error) {
+        await client.query('ROLLBACK');
+        throw error;
+      } finally {
+        client.release();
+      }
+    },
+    close: () => pool.end(),
+  };
+}
+
+/** The part of Bun.SQL the executor uses (typed here: the package does not depend on bun-types). */
+interface BunSql {
+  unsafe(text: string, params?: unknown[]): Promise<Record<string, unknown>[]>;
+  begin<T>(fn: (tx: BunSql) => Promise<T>): Promise<T>;
+  end(): Promise<void>;
+}
+
+/** Upstream's `bunSqlExecutor` (its README and its real-PostgreSQL tests), verbatim in shape. */
+export function bunSqlExecutor(sql: BunSql): PgExecutor {
+  const over = (h: BunSql): PgQueryable => ({
+    query: (async (text: string, params?: readonly unknown[]) => {
+      const rows = await h.unsafe(text, params ? [...params] : []);
+      return { rows, rowCount: rows.length };
+    }) as PgQueryable['query'],
+  });
+  return {
+    query: over(sql).query,
+    transaction: (fn) => sql.begin((tx) => fn(over(tx))),
+    close: () => sql.end(),
+  };
+}
+
+const bunHandles: BunSql[] = [];
+
+/** The source of a storage under test: the pool itself or an executor over the same role. */
+export function sourceFor(pool: pg.Pool): StorageSource {
+  switch (EXECUTOR) {
+    case 'pg-pool':
+      return pool;
+    case 'pg-executor':
+      return pgPoolExecutor(pool);
+    case 'bun-sql': {
+      const Bun = (globalThis as { Bun?: { SQL: new (url: string, options: { max: number }) => BunSql } }).Bun;
+      if (Bun === undefined) throw new Error('SYNCULAR_TS_EXECUTOR=bun-sql needs the Bun runtime (bun test)');
+      const options = (pool as unknown as { options: { connectionString: string; max?: number } }).options;
+      const sql = new Bun.SQL(options.connectionString, { max: options.max ?? 10 });
+      bunHandles.push(sql);
+      return bunSqlExecutor(sql);
+    }
+  }
+}
+
+/** A storage under test on `pool`'s role and database, through the suite's executor. */
+export function storageOn(pool: pg.Pool, options: SyncularServerStorageOptions = {}): SyncularServerStorage {
+  return new SyncularServerStorage(sourceFor(pool), options);
 }
 
 export interface Fixture {
@@ -60,7 +144,7 @@ export async function freshDatabase(name: string): Promise<Fixture> {
     migrator,
     server,
     async close() {
-      await Promise.all([admin.end(), migrator.end(), server.end()]);
+      await Promise.all([admin.end(), migrator.end(), server.end(), ...bunHandles.splice(0).map((sql) => sql.end())]);
     },
   };
 }
@@ -121,7 +205,7 @@ export function countingStorage(
   options: SyncularServerStorageOptions = {},
 ): { storage: SyncularServerStorage; counter: StatementCounter } {
   const counter = new StatementCounter();
-  const storage = new SyncularServerStorage(source, { ...options, onStatement: (text) => counter.record(text) });
+  const storage = storageOn(source, { ...options, onStatement: (text) => counter.record(text) });
   return { storage, counter };
 }
 

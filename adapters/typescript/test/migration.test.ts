@@ -3,9 +3,9 @@
 // retired; and a second migrator that lost the race skipping its DDL.
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
-import { SyncularServerStorage } from '../src/index.js';
+
 import type { CompiledSchema, CompiledTable, RowColumn } from '../src/types.js';
-import { encode, freshDatabase, NOW, type Fixture } from './helpers.js';
+import { encode, freshDatabase, NOW, storageOn, type Fixture } from './helpers.js';
 import { pushCommit } from './push-driver.js';
 
 let fx: Fixture;
@@ -50,10 +50,10 @@ async function indexes(table: string): Promise<string[]> {
 }
 
 test('a version bump: payloads re-encoded, indexes rebuilt, materialization backfilled, a table retired', async () => {
-  const v1 = new SyncularServerStorage(fx.migrator);
+  const v1 = storageOn(fx.migrator);
   await v1.ensureSchema(V1);
   assert.deepEqual(await indexes('items'), ['sync_ix_by_title']);
-  const server1 = new SyncularServerStorage(fx.server);
+  const server1 = storageOn(fx.server);
   await server1.ensureSchema(V1);
   const item = await encode(fx.server, 'items', { id: 'i1', project_id: 'p', title: 'first' });
   const doc = await encode(fx.server, 'docs', { id: 'd1', project_id: 'p', title: 'a doc' });
@@ -71,7 +71,7 @@ test('a version bump: payloads re-encoded, indexes rebuilt, materialization back
   assert.equal(out.outcome, 'applied');
 
   // Two migrators race; the loser's migrate_schema answers the new version and it skips its DDL.
-  const [a, b] = [new SyncularServerStorage(fx.migrator), new SyncularServerStorage(fx.migrator)];
+  const [a, b] = [storageOn(fx.migrator), storageOn(fx.migrator)];
   await Promise.all([a.ensureSchema(V2), b.ensureSchema(V2)]);
 
   assert.deepEqual(await indexes('items'), ['sync_ix_by_c0'], 'the declared set replaces the old one');
@@ -83,7 +83,7 @@ test('a version bump: payloads re-encoded, indexes rebuilt, materialization back
   assert.equal(old.rows[0].r, null);
   assert.deepEqual((old.rows[0].t as { table: string }[]).map((x) => x.table).sort(), ['docs', 'items']);
 
-  const server2 = new SyncularServerStorage(fx.server);
+  const server2 = storageOn(fx.server);
   await server2.ensureSchema(V2);
   const stored = await server2.getRow('m', 'items', 'i1');
   assert.equal(stored?.serverVersion, 1);
@@ -105,11 +105,31 @@ test('a layout change that is not an append of nullable columns is refused', asy
     t('docs', base, true),
   ]);
   // migrate_schema refuses it (upstream's append-only rule): the retyped column named.
-  await assert.rejects(new SyncularServerStorage(fx.migrator).ensureSchema(V3), (error: { code?: string; details?: unknown }) => {
+  await assert.rejects(storageOn(fx.migrator).ensureSchema(V3), (error: { code?: string; details?: unknown }) => {
     assert.equal(error.code, 'sync.storage.invalid_argument');
     assert.deepEqual(error.details, { argument: 'layouts.items[3]', reason: 'changed' });
     return true;
   });
   const state = await fx.admin.query('SELECT syncular.schema_state() AS s');
   assert.equal(state.rows[0].s.schemaVersion, 2, 'the migration rolled back whole');
+});
+
+test("an appended NOT NULL column is refused by the migration, in upstream's words", async () => {
+  const V3 = schema(3, [t('items', [...moreColumns, { name: 'required_new', type: 'string', nullable: false }], true), t('docs', base, true)]);
+  // Upstream's readiness check (storage_migration phase) and its hosts match this sentence.
+  await assert.rejects(storageOn(fx.migrator).ensureSchema(V3), (error: Error & { code?: string; details?: unknown }) => {
+    assert.equal(
+      error.message,
+      'table "items": added column "required_new" must be nullable — existing rows have no value to backfill',
+    );
+    assert.equal(error.code, 'sync.storage.invalid_argument');
+    assert.deepEqual(error.details, { argument: 'layouts.items[10].nullable', reason: 'not_nullable' });
+    return true;
+  });
+  const removed = schema(3, [t('items', base, true), t('docs', base, true)]);
+  await assert.rejects(storageOn(fx.migrator).ensureSchema(removed), {
+    message: 'table "items": the schema removed columns — only appending nullable columns is supported; indexes may be created, replaced, or dropped independently',
+  });
+  const state = await fx.admin.query('SELECT syncular.schema_state() AS s');
+  assert.equal(state.rows[0].s.schemaVersion, 2, 'nothing was migrated');
 });
