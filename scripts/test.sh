@@ -6,11 +6,13 @@
 #  1. unit tests and in-backend #[pg_test]s: `cargo pgrx test pgNN` (runs as `postgres`);
 #  2. the scenario suite (several real sessions, committed transactions, locks): installs the
 #     extension, starts a throwaway cluster as `postgres` (a hot standby of it, and a second one
-#     under a memory limit for the argument caps), and runs tests/multisession against them;
+#     under a memory limit for the argument caps, a third preloading the library with the change
+#     feed), and runs tests/multisession against them;
 #  3. the walk-through scripts/demo.sql as a pg_regress test (tests/regress/expected/demo.out);
 #  4. the scenario suite again on installs updated from 0.1.0;
 # and once, on 15: 5. the client examples; 6. the TypeScript storage adapter's tests
-# (adapters/typescript: npm ci, tsc --strict, node --test; scripts/adapter-ts.sh); 7. where a
+# (adapters/typescript: npm ci, tsc --strict, the suite over node-postgres, upstream's node-postgres
+# executor and upstream's Bun.SQL executor under bun; scripts/adapter-ts.sh); 7. where a
 # Citus is installed, the Citus suite (scripts/citus.sh, tests/multisession/tests/citus.rs),
 # else one line saying it was skipped.
 # SYNCULAR_TEST_MAJORS="15" (or "18") limits the run to some majors.
