@@ -2,7 +2,7 @@
 """The change feed (issue 31; docs/DESIGN.md §Change feed), measured.
 
 Run through bench/feed.sh: one cluster preloading the library, `syncular.feed_database =
-'feed_db'`. Four pushers (`push_commit` of one upsert, each to its own partition, autocommit,
+'feed_db'`. Four pushers (`push_commit` of one new row, each to its own partition, autocommit,
 `synchronous_commit = off`) run for BENCH_SECONDS with 0, 1, 10 and 50 listening host processes
 (one connection each, LISTENing on `notify_channel()` and draining every notification), in three
 modes:
@@ -33,7 +33,7 @@ PUSH_SCHEMA = {"tasks": {"columns": LAYOUT, "primaryKey": "id",
                          "scopes": [{"variable": "project_id", "column": "project_id"}]}}
 PUSH = """SELECT (syncular.push_commit(%s, 'c1', %s, 'a1', %s, 1, '{"project_id":["p1"]}',
                   ARRAY['tasks'], ARRAY[%s], ARRAY[1]::int2[], ARRAY[NULL::int8],
-                  ARRAY[syncular.encode_row('tasks', %s::jsonb)]))->>'commitSeq'"""
+                  ARRAY[syncular.encode_row('tasks', %s::jsonb, true)]))->>'commitSeq'"""
 
 
 def conn(db, **kw):
@@ -59,8 +59,10 @@ def setup(db):
 
 
 def push_once(c, partition, n):
-    row = json.dumps({"id": f"r{n % 1000}", "project_id": "p1"})
-    return int(c.execute(PUSH, (partition, f"k{time.time_ns()}-{n}", NOW, f"r{n % 1000}", row)).fetchone()[0])
+    # A new row each time: a create needs no base version.
+    row_id = f"r{time.time_ns()}-{n}"
+    row = json.dumps({"id": row_id, "project_id": "p1"})
+    return int(c.execute(PUSH, (partition, f"k{row_id}", NOW, row_id, row)).fetchone()[0])
 
 
 def pusher(db, partition, notify, start, stop, out):
