@@ -31,14 +31,6 @@ static mut PRELOADED: bool = false;
 /// Defines the settings; when preloaded, the shared memory and (with a database named) the
 /// worker. Called once per process when the library loads.
 pub fn init() {
-    GucRegistry::define_string_guc(
-        c"syncular.feed_database",
-        c"The database whose commits the change feed announces (needs shared_preload_libraries = 'syncular').",
-        c"Empty: no feed. A background worker connects to it and notifies each interval's new partition heads on the channel syncular.notify_channel() names.",
-        &FEED_DATABASE,
-        GucContext::Postmaster,
-        GucFlags::default(),
-    );
     GucRegistry::define_int_guc(
         c"syncular.feed_interval_ms",
         c"The change feed's coalescing interval: at most one announcement per interval.",
@@ -52,8 +44,18 @@ pub fn init() {
     // SAFETY: read in `_PG_init`, single-threaded; PostgreSQL sets it while it loads
     // shared_preload_libraries in the postmaster.
     if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        // A library loaded after startup may not define a postmaster setting (PostgreSQL ends
+        // the backend: FATAL), and has no shared memory: no feed, `feed_status` says so.
         return;
     }
+    GucRegistry::define_string_guc(
+        c"syncular.feed_database",
+        c"The database whose commits the change feed announces (needs shared_preload_libraries = 'syncular').",
+        c"Empty: no feed. A background worker connects to it and notifies each interval's new partition heads on the channel syncular.notify_channel() names.",
+        &FEED_DATABASE,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
     mailbox::init();
     // SAFETY: the postmaster, single-threaded, before it forks anything.
     unsafe { PRELOADED = true };
