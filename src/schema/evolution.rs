@@ -228,6 +228,7 @@ pub fn rewrite(
     let mut counts = Map::new();
     let mut rewritten = Vec::new();
     let keys = (RandomState::new(), RandomState::new());
+    let mut opened = Vec::new();
     for g in grown {
         crate::interrupts::check();
         let Some(relation) = tables::open_for_migration(client, &g.table)? else {
@@ -236,6 +237,11 @@ pub fn rewrite(
         if relation.distributed() {
             return Err(relation.not_below_sql());
         }
+        opened.push((g, relation));
+    }
+    // All at once: a reader of two of them never holds one while the migration waits for it.
+    tables::lock_all_for_rewrite(&opened.iter().map(|(_, r)| r).collect::<Vec<_>>(), caller)?;
+    for (g, relation) in &opened {
         let unreadable = |version: i64, why: String| {
             Error::invalid_argument(&format!("layouts.{}", g.table), "shape").with_hint(format!(
                 "table {}: the layouts of schema version {version} are not row-codec layouts \
@@ -248,7 +254,6 @@ pub fn rewrite(
         let old = codec_layout(columns(stored.get(&g.table))).map_err(|w| unreadable(from, w))?;
         let new = codec_layout(columns(layouts.get(&g.table))).map_err(|w| unreadable(to, w))?;
         let table = g.table.as_str();
-        relation.lock_for_rewrite(caller)?;
         let mut written = Digest::new(&keys);
         let count = relation.rewrite_payloads(caller, &mut |partition, row_id, payload| {
             let out = reencode(&old, &new, payload).map_err(|e| {

@@ -356,6 +356,31 @@ impl AppRelation {
         self.lock(caller, "ACCESS EXCLUSIVE")
     }
 
+    /// The relations a `LOCK TABLE` of [`Self::lock_for_rewrite`] locks: the relation, and every
+    /// partition of a partitioned one (listed without a lock; one attached meanwhile is locked
+    /// by that `LOCK TABLE` itself).
+    fn lock_targets(&self) -> error::Result<Vec<pg_sys::Oid>> {
+        if !self.partitioned {
+            return Ok(vec![self.oid]);
+        }
+        // pg_partition_tree and its catalog reads: no host object in the plan.
+        db::with_spi(|c| {
+            let rows = db::read(
+                c,
+                "SELECT t.relid::pg_catalog.oid FROM pg_catalog.pg_partition_tree($1::pg_catalog.regclass) t",
+                &[DatumWithOid::from(self.oid)],
+            )?;
+            let mut oids = Vec::new();
+            for row in rows {
+                crate::interrupts::check();
+                if let Some(oid) = row.get::<pg_sys::Oid>(1)? {
+                    oids.push(oid);
+                }
+            }
+            Ok(oids)
+        })
+    }
+
     fn lock(&self, caller: pg_sys::Oid, mode: &'static str) -> error::Result<()> {
         let sql = format!("LOCK TABLE {} IN {mode} MODE", self.rows);
         db::with_spi(|c| self.run_rewrite(caller, || db::write_dynamic(c, &sql, &[]).map(drop)))
@@ -744,4 +769,47 @@ pub fn stage_legacy_rows(
     );
     // One statement, run once: not kept as a plan (the stage is dropped right after).
     sandbox::host_code(owner, || Ok(pgrx::spi::Spi::run(&sql)?))
+}
+
+/// Locks every relation a migration re-encodes `ACCESS EXCLUSIVE` at once, never waiting while
+/// it holds one of them: taken one after the other, a reader holding the second while it waits
+/// for the first (one `pull` over both, in the other order) deadlocked with the migration (red
+/// team 16, B4). Each round tries every lock without waiting; on a busy one it gives back what
+/// it took, waits for that one alone, gives it back too, and tries again. Then each relation's
+/// `LOCK TABLE` as the migrating caller, which checks the caller's privilege and no longer waits.
+pub fn lock_all_for_rewrite(relations: &[&AppRelation], caller: pg_sys::Oid) -> error::Result<()> {
+    let mode = pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE;
+    let mut targets = Vec::new();
+    for relation in relations {
+        targets.extend(relation.lock_targets()?);
+    }
+    loop {
+        crate::interrupts::check();
+        let mut taken = Vec::new();
+        let mut busy = None;
+        for &oid in &targets {
+            // SAFETY: a lock on a relation OID for this transaction; released below only if
+            // this round took it and nothing read the relation since.
+            if unsafe { pg_sys::ConditionalLockRelationOid(oid, mode) } {
+                taken.push(oid);
+            } else {
+                busy = Some(oid);
+                break;
+            }
+        }
+        let Some(busy) = busy else { break };
+        // SAFETY: each lock released was taken by this round (one count of it; a lock the
+        // transaction held before keeps its own count), and the wait holds none of them.
+        unsafe {
+            for oid in taken {
+                pg_sys::UnlockRelationOid(oid, mode);
+            }
+            pg_sys::LockRelationOid(busy, mode);
+            pg_sys::UnlockRelationOid(busy, mode);
+        }
+    }
+    for relation in relations {
+        relation.lock_for_rewrite(caller)?;
+    }
+    Ok(())
 }

@@ -2551,3 +2551,49 @@ fn a_payload_read_before_a_migration_is_never_decoded_with_its_new_layout() {
         "decoded after the migration committed: {wrong:#?}"
     );
 }
+
+/// Red team 16, B4: a migration re-encoding two tables locked them one after the other, and a
+/// reader holding the second while it went on to read the first (one `pull` over both in the
+/// other order) deadlocked with it — PostgreSQL aborted one of the two, sometimes the migration.
+/// The migration now takes every such lock at once, never waiting while it holds one: the reader
+/// reads the first table while the migration waits for the second, commits, and the migration
+/// goes through.
+#[test]
+fn a_reader_of_two_re_encoded_tables_never_deadlocks_a_migration() {
+    let (db, mut c) = two_tables("ev_b4");
+    let mut reader = db.connect();
+    exec(
+        &mut reader,
+        "SET lock_timeout = '20s'; BEGIN; SELECT count(*) FROM public.ev_b;",
+    );
+    let mut migrator = db.connect();
+    let migrator_pid = backend_pid(&mut migrator);
+    let migration = std::thread::spawn(move || {
+        let mut tx = migrator.transaction().map_err(|e| sql_error(&e))?;
+        tx.query_one(
+            "SELECT syncular.migrate_schema(2, $1)",
+            &[&ab_layouts(true)],
+        )
+        .map_err(|e| sql_error(&e))?;
+        tx.commit().map_err(|e| sql_error(&e))
+    });
+    wait_until_blocked(&mut c, migrator_pid);
+    // Waiting for `b`, the migration holds no lock on `a`.
+    let read: Result<i64, SqlError> = reader
+        .query_one("SELECT count(*) FROM public.ev_a", &[])
+        .map(|r| r.get(0))
+        .map_err(|e| sql_error(&e));
+    exec(&mut reader, "COMMIT");
+    assert_eq!(read.unwrap(), 1, "the reader read the first table");
+    migration.join().unwrap().unwrap();
+    let state: Value = one(&mut c, "SELECT syncular.schema_state()", &[]);
+    assert_eq!(state["schemaVersion"], json!(2), "{state}");
+    for t in ["a", "b"] {
+        let row: Value = one(
+            &mut c,
+            &format!("SELECT syncular.decode_row('{t}', _sync_payload) FROM public.ev_{t}"),
+            &[],
+        );
+        assert_eq!(row, json!({"id": "r1", "p": "p1", "x": null}), "{t}");
+    }
+}
