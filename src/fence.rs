@@ -46,7 +46,7 @@ pub fn requirement(partition: &str) -> error::Result<Option<i64>> {
         (fence?, floor?)
     };
     let fence = match fence {
-        Lookup::Here(value) => value,
+        Lookup::Here(value, _) => value,
         // On Citus, a call on a node without the partition's shard (the coordinator): through
         // Citus, which routes the read to the shard's node (docs/SCALING.md). The fence trigger
         // itself always fires where the shard is, and reads it there.
@@ -60,7 +60,7 @@ pub fn requirement(partition: &str) -> error::Result<Option<i64>> {
         })?,
     };
     let floor = match floor {
-        Lookup::Here(value) => value,
+        Lookup::Here(value, _) => value,
         Lookup::Elsewhere => db::with_spi(|client| {
             db::first::<i64>(db::read(
                 client,

@@ -96,8 +96,10 @@ pub unsafe fn open(table: SyncTable, lock: pg_sys::LOCKMODE) -> Result<pg_sys::R
 
 /// Where [`bigint_by_key`] found the row's relation.
 pub enum Lookup {
-    /// Read on this node: the column's value, `None` when there is no such row.
-    Here(Option<i64>),
+    /// Read on this node: the column's value, `None` when there is no such row; with the
+    /// transaction that wrote the row version read (`FrozenTransactionId` once frozen; invalid
+    /// without a row).
+    Here(Option<i64>, pg_sys::TransactionId),
     /// A Citus table whose shard for the key is on another node (docs/SCALING.md): read it
     /// through SQL.
     Elsewhere,
@@ -162,17 +164,20 @@ pub unsafe fn bigint_by_key(
         );
         let scan = pg_sys::systable_beginscan(relation, index_id, true, snapshot, 1, &mut scan_key);
         let tuple = pg_sys::systable_getnext(scan);
-        let value = if tuple.is_null() {
-            None
+        let (value, writer) = if tuple.is_null() {
+            (None, pg_sys::InvalidTransactionId)
         } else {
             let mut is_null = false;
             let datum =
                 pg_sys::heap_getattr(tuple, attnum.into(), (*relation).rd_att, &mut is_null);
-            (!is_null).then(|| i64::from_datum(datum, false).unwrap_or_default())
+            (
+                (!is_null).then(|| i64::from_datum(datum, false).unwrap_or_default()),
+                port::heap_tuple_header_get_xmin((*tuple).t_data),
+            )
         };
         pg_sys::systable_endscan(scan);
         pg_sys::table_close(relation, lock);
-        Ok(Lookup::Here(value))
+        Ok(Lookup::Here(value, writer))
     }
 }
 

@@ -156,6 +156,40 @@ pub fn namespace_usage(namespace: pg_sys::Oid, role: pg_sys::Oid) -> bool {
     result == pg_sys::AclResult::ACLCHECK_OK
 }
 
+/// This backend's local transaction id, `MyProc->lxid` on PostgreSQL 15, `MyProc->vxid.lxid`
+/// from 17 on (`src/include/storage/proc.h`): a new one for every transaction the backend runs.
+pub fn local_transaction_id() -> pg_sys::LocalTransactionId {
+    // SAFETY: `MyProc` is this backend's own slot of the proc array, set before any SQL runs;
+    // only this backend writes its local transaction id.
+    unsafe {
+        #[cfg(feature = "pg15")]
+        {
+            (*pg_sys::MyProc).lxid
+        }
+        #[cfg(feature = "pg18")]
+        {
+            (*pg_sys::MyProc).vxid.lxid
+        }
+    }
+}
+
+/// `HeapTupleHeaderGetXmin(tup)` (`src/include/access/htup_details.h`): the inserting
+/// transaction, `FrozenTransactionId` once frozen.
+///
+/// # Safety
+/// `header` points to a valid heap tuple header.
+pub unsafe fn heap_tuple_header_get_xmin(header: pg_sys::HeapTupleHeader) -> pg_sys::TransactionId {
+    // SAFETY: the caller passes a valid tuple header.
+    unsafe {
+        let frozen = pg_sys::HEAP_XMIN_FROZEN as u16;
+        if (*header).t_infomask & frozen == frozen {
+            pg_sys::FrozenTransactionId
+        } else {
+            (*header).t_choice.t_heap.t_xmin
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

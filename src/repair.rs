@@ -123,6 +123,7 @@ fn repair_schema_marker(
                         SET schema_version = $1, required_writer_version = $2 WHERE id = 1",
                     &[DatumWithOid::from(version), DatumWithOid::from(floor)],
                 )?;
+                crate::schema::marker::written_here();
                 let before = json!({"schemaVersion": old_version, "writerFloor": old_floor});
                 let after = json!({"schemaVersion": version, "writerFloor": floor});
                 audit(

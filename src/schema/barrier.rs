@@ -13,7 +13,7 @@ use crate::codec::ColumnType;
 use crate::db;
 use crate::error::{self, Code, Error, Result};
 use crate::gate::{self, SchemaState};
-use crate::schema::{evolution, push_schema};
+use crate::schema::{evolution, marker, push_schema};
 use crate::tables;
 use crate::txn_local;
 use pgrx::datum::DatumWithOid;
@@ -435,6 +435,7 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
             rewritten =
                 evolution::rewrite(client, &grown, &old_layouts, &a.layouts, a.version, caller)?;
         }
+        marker::written_here();
     }
     record_previous(stored, state.stored_layouts.as_deref(), rewritten);
     Ok(stored)

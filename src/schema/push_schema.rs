@@ -704,7 +704,7 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
         // A version ahead of the stored one has no layouts yet, and its push schema may still
         // be replaced: a row encoded with it would be of a layout no migration records (red
         // team 9, R9-4). The marker read is the settled one, whatever the caller's snapshot.
-        Some(v) => match ahead_of_marker(v, settled) {
+        Some(v) => match ahead_of_marker(v, settled.version) {
             Some(marker) => {
                 return Err(tables::unknown_table(tbl).with_hint(format!(
                     "schema version {v} is ahead of the stored schema version {marker}: its push \
@@ -715,7 +715,7 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
             }
             None => v,
         },
-        None => match settled {
+        None => match settled.version {
             Some(marker) => marker,
             None => {
                 if let Written::Disagree(other, top) = written_columns(client, tbl)? {
@@ -751,6 +751,19 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
             "the stored schema version is {version}, which this statement's or transaction's \
              snapshot does not see yet (it began before the migration): run it again, or encode \
              in a new transaction"
+        )));
+    }
+    // And so must every older snapshot this backend still holds — an outer statement, a
+    // cursor, a STABLE function's caller — through which a payload may have been read after
+    // the read's own lock was given back, or before the table was ever locked (red team 16,
+    // B1 and B2).
+    if !given && !crate::schema::marker::seen_by_every_snapshot(client, &settled)? {
+        return Err(tables::unknown_table(tbl).with_hint(format!(
+            "the stored schema version is {version}, and this backend still holds a snapshot \
+             taken before that migration committed (an outer statement or DO block, an open \
+             cursor, the caller of a function): a payload read through it is of the earlier \
+             version — run the call again in a new statement or transaction, or pass the \
+             schema_version the payload was read at"
         )));
     }
     if let Some(seen) = seen.filter(|m| given && *m < version) {

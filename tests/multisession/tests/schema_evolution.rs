@@ -51,11 +51,37 @@ fn setup(name: &str) -> (TestDb, Client) {
     setup_with(name, true)
 }
 
+/// What a statement racing a migration sleeps on, instead of a fixed time (a migration first
+/// waits for the cluster's older transactions, which other tests run), a minute at most:
+/// `public.until_committed(v)` until schema version `v` committed, `public.until_blocked()`
+/// until a `migrate_schema` of this database waits for a lock.
+const UNTIL_MIGRATION: &str = r#"
+CREATE FUNCTION public.until_committed(v bigint) RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+  FOR i IN 1..3000 LOOP
+    EXIT WHEN (SELECT m.schema_version FROM syncular.sync_schema_meta m WHERE m.id = 1) >= v;
+    PERFORM pg_catalog.pg_sleep(0.02);
+  END LOOP;
+END$$;
+CREATE FUNCTION public.until_blocked() RETURNS void LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+  FOR i IN 1..3000 LOOP
+    -- pg_stat_activity is read once per transaction unless its snapshot is cleared.
+    PERFORM pg_catalog.pg_stat_clear_snapshot();
+    EXIT WHEN EXISTS (SELECT FROM pg_catalog.pg_stat_activity a
+                       WHERE a.datname = pg_catalog.current_database()
+                         AND a.wait_event_type = 'Lock' AND a.query LIKE '%migrate_schema%');
+    PERFORM pg_catalog.pg_sleep(0.02);
+  END LOOP;
+END$$;
+"#;
+
 /// [`setup`], migrated to version 1 or (`migrated` false) never migrated: the push schema of
 /// version 1 stored and the two rows pushed at version 1 before any `migrate_schema`.
 fn setup_with(name: &str, migrated: bool) -> (TestDb, Client) {
     let db = TestDb::new(name);
     let mut c = db.connect();
+    exec(&mut c, UNTIL_MIGRATION);
     exec(
         &mut c,
         &app_table_sql(
@@ -2021,7 +2047,7 @@ fn a_given_version_is_never_read_as_it_was_while_ahead() {
         statement
             .query_one(
                 "SELECT syncular.encode_row('notes', $1, false, 2)
-                   FROM (SELECT pg_catalog.pg_sleep(2)) AS z",
+                   FROM (SELECT public.until_committed(2)) AS z",
                 &[&with_body(note("n9", "T9"), json!("B9"))],
             )
             .map(|r| r.get::<_, Vec<u8>>(0))
@@ -2323,7 +2349,7 @@ fn a_statement_older_than_the_migration_never_decodes_with_the_new_layout() {
         reader
             .query_one(
                 "SELECT syncular.decode_row('notes', s.p)::text
-                   FROM (SELECT _sync_payload AS p, pg_catalog.pg_sleep(3) AS z
+                   FROM (SELECT _sync_payload AS p, public.until_blocked() AS z
                            FROM public.ev_notes WHERE _sync_row_id = 'n1') AS s",
                 &[],
             )
@@ -2405,6 +2431,7 @@ CREATE TRIGGER audit_dec BEFORE INSERT ON public.audit FOR EACH ROW
 fn s1_setup(name: &str) -> (TestDb, Client) {
     let db = TestDb::new(name);
     let mut c = db.connect();
+    exec(&mut c, UNTIL_MIGRATION);
     exec(
         &mut c,
         &app_table_sql(
@@ -2454,7 +2481,7 @@ fn s1_decode(reader: &mut Client, decode: &str) -> Result<Vec<String>, SqlError>
 #[test]
 fn a_payload_read_before_a_migration_is_never_decoded_with_its_new_layout() {
     let slow =
-        "(SELECT _sync_payload AS p, pg_catalog.pg_sleep(2) AS z FROM public.ev_t8 OFFSET 0) s";
+        "(SELECT _sync_payload AS p, public.until_blocked() AS z FROM public.ev_t8 OFFSET 0) s";
     // (name, statements run before the migration starts, the statement that decodes after it).
     let variants: Vec<(&str, String, String)> = vec![
         ("volatile function", String::new(), format!("SELECT public.dec_v(p)::text FROM {slow}")),
@@ -2469,7 +2496,7 @@ fn a_payload_read_before_a_migration_is_never_decoded_with_its_new_layout() {
             String::new(),
             "DO $$DECLARE r record; BEGIN
                FOR r IN SELECT _sync_payload FROM public.ev_t8 LOOP
-                 PERFORM pg_catalog.pg_sleep(2);
+                 PERFORM public.until_blocked();
                  RAISE EXCEPTION 'decoded: %', syncular.decode_row('t8', r._sync_payload);
                END LOOP; END$$"
                 .into(),
@@ -2550,6 +2577,158 @@ fn a_payload_read_before_a_migration_is_never_decoded_with_its_new_layout() {
         wrong.is_empty(),
         "decoded after the migration committed: {wrong:#?}"
     );
+}
+
+/// Host code for red team 16's B2: a STABLE function that first reads `t8` on its second call
+/// (the first sleeps while the migration commits, when `wait`), under its caller's snapshot.
+const LATE_READ: &str = r#"
+CREATE FUNCTION public.late_read(i int, wait boolean) RETURNS bytea LANGUAGE plpgsql STABLE
+  AS $$DECLARE p bytea; BEGIN
+    IF i = 1 THEN IF wait THEN PERFORM public.until_committed(2); END IF; RETURN NULL; END IF;
+    SELECT _sync_payload INTO p FROM public.ev_t8 WHERE _sync_row_id = 'r1'; RETURN p; END$$;
+CREATE FUNCTION public.dec_late(p bytea) RETURNS text LANGUAGE plpgsql VOLATILE
+  AS $$BEGIN IF p IS NULL THEN RETURN 'none'; END IF;
+    RETURN syncular.decode_row('t8', p)->>'b1'; END$$;
+"#;
+
+/// Red team 16, B1 and B2: a payload read through a snapshot older than a migration while this
+/// transaction held no lock on the table — in a PL/pgSQL `EXCEPTION` block whose subtransaction
+/// rolled back (its lock went with it), or by a STABLE function reading the table for the first
+/// time after the migration committed, under its caller's snapshot (a statement over several
+/// rows, or a cursor) — reached `decode_row` (default version) under a fresh snapshot, and was
+/// decoded with the new layout (`b1` read as empty). A default-version call now also asks
+/// whether every snapshot the backend holds sees the migration (`SY041` when not proven); the
+/// next transaction decodes the re-encoded row.
+#[test]
+fn a_payload_read_through_an_older_snapshot_without_a_lock_is_never_decoded_with_the_new_layout() {
+    // (name, statements run before the migration (empty: the decoding statement starts it
+    // while it sleeps), the statement that decodes).
+    let variants: [(&str, &str, &str); 3] = [
+        (
+            "exception block",
+            "",
+            "DO $$DECLARE p bytea; BEGIN
+               BEGIN
+                 SELECT _sync_payload INTO p FROM public.ev_t8 WHERE _sync_row_id = 'r1';
+                 RAISE EXCEPTION 'roll the subtransaction back';
+               EXCEPTION WHEN raise_exception THEN NULL;
+               END;
+               PERFORM public.until_committed(2);
+               RAISE EXCEPTION 'decoded: %', syncular.decode_row('t8', p);
+             END$$",
+        ),
+        (
+            "late first read in one statement",
+            "",
+            "SELECT public.dec_late(public.late_read(i, true))
+               FROM pg_catalog.generate_series(1, 2) i",
+        ),
+        (
+            "late first read through a cursor",
+            "BEGIN; DECLARE c CURSOR FOR SELECT public.dec_late(public.late_read(i, false))
+               FROM pg_catalog.generate_series(1, 2) i; FETCH 1 FROM c",
+            "FETCH 1 FROM c",
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (i, (name, before, decode)) in variants.into_iter().enumerate() {
+        let (db, mut c) = s1_setup(&format!("ev_b12_{i}"));
+        exec(&mut c, LATE_READ);
+        let mut reader = db.connect();
+        let reader_pid = backend_pid(&mut reader);
+        let mut observer = db.connect();
+        let mut migrator = db.connect();
+        let mut migrate = move || {
+            let mut tx = migrator.transaction().unwrap();
+            tx.query_one(
+                "SELECT syncular.migrate_schema(2, $1)",
+                &[&s1_layouts(true)],
+            )
+            .unwrap();
+            tx.commit().unwrap();
+        };
+        let out = if before.is_empty() {
+            let decode = decode.to_owned();
+            let decoding = std::thread::spawn(move || (s1_decode(&mut reader, &decode), reader));
+            let sleeping = |observer: &mut Client| {
+                one::<bool>(
+                    observer,
+                    "SELECT coalesce((SELECT wait_event = 'PgSleep' FROM pg_stat_activity
+                                       WHERE pid = $1), false)",
+                    &[&reader_pid],
+                )
+            };
+            while !sleeping(&mut observer) {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            // The reader holds no lock on the table: the migration commits, and the reader
+            // goes on once it has.
+            migrate();
+            decoding.join().unwrap()
+        } else {
+            exec(&mut reader, before);
+            // The cursor has not read the table yet: nothing holds the migration back.
+            migrate();
+            (s1_decode(&mut reader, decode), reader)
+        };
+        let (out, mut reader) = out;
+        match out {
+            Err(e) if e.state == "SY041" => {}
+            other => wrong.push(format!("{name}: {other:?}")),
+        }
+        // The next transaction of the same backend decodes the re-encoded row.
+        let now: String = one(
+            &mut reader,
+            "SELECT syncular.decode_row('t8', _sync_payload)->>'b1' FROM public.ev_t8",
+            &[],
+        );
+        assert_eq!(now, "AA==", "{name}: the re-encoded row");
+    }
+    assert!(
+        wrong.is_empty(),
+        "decoded after the migration committed: {wrong:#?}"
+    );
+}
+
+/// The check of every held snapshot refuses only a snapshot that predates the migration: a
+/// transaction older than the migration, still running (in this or another database), leaves
+/// every backend's `xmin` below the migration, and the snapshots a portal holds are then asked
+/// one by one — a fresh statement's, an open cursor's declared after the migration. A cursor
+/// declared before it is refused; so is a statement through it.
+#[test]
+fn an_older_transaction_still_running_never_refuses_a_newer_snapshot() {
+    let (db, mut c) = s1_setup("ev_b12_older");
+    exec(&mut c, LATE_READ);
+    let mut older = db.connect();
+    exec(
+        &mut older,
+        "BEGIN; CREATE TEMP TABLE older (x int); SELECT pg_catalog.txid_current();",
+    );
+    let mut early = db.connect();
+    exec(
+        &mut early,
+        "BEGIN; DECLARE early CURSOR FOR SELECT public.dec_late(public.late_read(i, false))
+           FROM pg_catalog.generate_series(1, 2) i; FETCH 1 FROM early",
+    );
+    migrate(&mut c, 2, &s1_layouts(true), &json!([]));
+    let decode = "SELECT syncular.decode_row('t8', _sync_payload)->>'b1' FROM public.ev_t8";
+    let mut host = db.connect();
+    let fresh: String = one(&mut host, decode, &[]);
+    assert_eq!(fresh, "AA==", "a statement after the migration");
+    exec(
+        &mut host,
+        "BEGIN; DECLARE late CURSOR FOR SELECT public.dec_late(public.late_read(i, false))
+           FROM pg_catalog.generate_series(1, 2) i; FETCH 1 FROM late",
+    );
+    let through_late = s1_decode(&mut host, "FETCH 1 FROM late");
+    assert_eq!(through_late.unwrap(), vec!["AA==".to_string()]);
+    let through_early = s1_decode(&mut early, "FETCH 1 FROM early");
+    assert_eq!(
+        through_early.map_err(|e| e.state),
+        Err("SY041".to_string()),
+        "a cursor declared before the migration"
+    );
+    exec(&mut older, "ROLLBACK");
 }
 
 /// Red team 16, B4: a migration re-encoding two tables locked them one after the other, and a
