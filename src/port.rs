@@ -190,6 +190,72 @@ pub unsafe fn heap_tuple_header_get_xmin(header: pg_sys::HeapTupleHeader) -> pg_
     }
 }
 
+/// Visits every snapshot registered in this backend — snapmgr.c's `RegisteredSnapshots`, a
+/// pairing heap ordered by `xmin` that PostgreSQL does not export (`src/include/lib/pairingheap.h`):
+/// one snapshot is registered here, its node followed up `prev_or_parent` (the previous sibling,
+/// or the parent of a first child) to the root, then every node below it. Stops, returning
+/// false, when `visit` does.
+///
+/// # Safety
+/// Inside a transaction; `visit` neither registers nor unregisters a snapshot.
+pub unsafe fn each_registered_snapshot(mut visit: impl FnMut(pg_sys::Snapshot) -> bool) -> bool {
+    // SAFETY: the snapshot registered here is a node of the heap until it is unregistered below
+    // (an error in between leaves it to the resource owner's cleanup); every node of the heap is
+    // the `ph_node` field of a registered `SnapshotData`, so the container is found by that
+    // field's offset; the heap is not changed while it is walked.
+    unsafe {
+        let mine = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let offset = std::mem::offset_of!(pg_sys::SnapshotData, ph_node);
+        let mut root: *mut pg_sys::pairingheap_node = &raw mut (*mine).ph_node;
+        while !(*root).prev_or_parent.is_null() {
+            root = (*root).prev_or_parent;
+        }
+        let mut pending = vec![root];
+        let mut all = true;
+        let mut seen = 0usize;
+        while let Some(node) = pending.pop() {
+            seen += 1;
+            if seen.is_multiple_of(1024) {
+                crate::interrupts::check();
+            }
+            if !visit(node.cast::<u8>().sub(offset).cast::<pg_sys::SnapshotData>()) {
+                all = false;
+                break;
+            }
+            for next in [(*node).first_child, (*node).next_sibling] {
+                if !next.is_null() {
+                    pending.push(next);
+                }
+            }
+        }
+        pg_sys::UnregisterSnapshot(mine);
+        all
+    }
+}
+
+/// Whether PostgreSQL tells the oldest snapshot of the active stack ([`oldest_active_snapshot`]).
+pub const OLDEST_ACTIVE_SNAPSHOT_KNOWN: bool = cfg!(feature = "pg15");
+
+/// The oldest snapshot on this backend's active stack, where PostgreSQL tells it:
+/// `GetOldestSnapshot()` on PostgreSQL 15 returns the bottom of the active stack while one is set
+/// and `old_snapshot_threshold` is off (with it on, it compares by LSN and may answer a registered
+/// one instead); PostgreSQL 18 removed it and keeps the stack private: `None`.
+pub fn oldest_active_snapshot() -> Option<pg_sys::Snapshot> {
+    #[cfg(feature = "pg15")]
+    {
+        // SAFETY: reads of this backend's snapshot manager state.
+        unsafe {
+            (pg_sys::old_snapshot_threshold < 0 && pg_sys::ActiveSnapshotSet())
+                .then(|| pg_sys::GetOldestSnapshot())
+                .filter(|s| !s.is_null())
+        }
+    }
+    #[cfg(feature = "pg18")]
+    {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -340,6 +340,12 @@ fn not_empty(table: &str, why: &str) -> Error {
 }
 
 fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Result<i64> {
+    // Before any lock, where PostgreSQL keeps the active stack private (18): so that which
+    // snapshots see this migration can be told from their `xmin` (src/schema/marker.rs, red
+    // teams 16 and 17).
+    if !crate::port::OLDEST_ACTIVE_SNAPSHOT_KNOWN {
+        marker::wait_for_older_transactions();
+    }
     // L0: waits for every partition lock holder and allocator; blocks them until we end.
     db::write(
         client,

@@ -88,23 +88,39 @@ pub fn settled_version(hold: bool) -> Result<std::result::Result<Settled, InFlig
     }
 }
 
-/// Whether every snapshot this backend holds sees `settled`'s migration (red team 16, B1 and
-/// B2). The checks of [`marker_of_statement`] and [`marker_seen`] ask the statement's snapshot
-/// and a fresh one; a payload may also have been read through an older snapshot still held —
-/// an outer statement (a `DO` block, a loop, the caller of a STABLE function), a cursor — after
-/// the read's lock was given back (a rolled-back subtransaction) or before the table was locked
-/// at all (a function's first read). First what is cheap and usually conclusive: a migration
-/// below this backend's `xmin` (every transaction below it had ended when each snapshot it
-/// holds was taken), or seen committed by an earlier transaction of this backend (whose
-/// snapshots all came after). Else each snapshot a portal holds is asked — the running one,
-/// the unnamed one of the client's statement, every cursor: a statement's outermost snapshot
-/// is its portal's, older than any pushed inside it. Not asked: bytes a client (or a `WITH
-/// HOLD` cursor) carried out of the statement that read them, and the migrating transaction's
-/// own reads (docs/SECURITY.md rule 19).
-pub fn seen_by_every_snapshot(client: &SpiClient<'_>, settled: &Settled) -> Result<bool> {
+/// What [`seen_by_every_snapshot`] found.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Seen {
+    /// Every snapshot this backend holds sees the migration.
+    Yes,
+    /// One does not.
+    No,
+    /// Not proven: PostgreSQL 18 does not show the active stack below its top.
+    Unproven,
+}
+
+/// Whether every snapshot this backend holds sees `settled`'s migration (red teams 16 and 17).
+/// The checks of [`marker_of_statement`] and [`marker_seen`] ask the statement's snapshot and a
+/// fresh one; a payload may also have been read through an older snapshot still held — an
+/// outer statement (a `DO` block, a loop, an `INSERT … SELECT`, the caller of a STABLE
+/// function), a cursor, a deferred trigger's query, a function run while a statement is
+/// planned — after the read's lock was given back (a rolled-back subtransaction) or before the
+/// table was locked at all (a first read after the migration). First what is cheap and usually
+/// conclusive: a migration below this backend's `xmin` (every transaction below it had ended
+/// when each snapshot it holds was taken), or seen committed by an earlier transaction of this
+/// backend (whose snapshots all came after). Else every snapshot PostgreSQL lets us see is
+/// asked: the active one, the running and the client's portal's, every registered one (each
+/// running executor's, each cursor's), and on PostgreSQL 15 the bottom of the active stack —
+/// exact. PostgreSQL 18 keeps the active stack below its top private: there the bottom is known
+/// only while the client's statement runs holding a snapshot of its own; otherwise, past the
+/// cheap tests, the answer is "not proven" (docs/SECURITY.md rule 19; a migration first waits a
+/// little for older transactions, [`wait_for_older_transactions`], so that the cheap tests
+/// settle nearly every call). Not asked: bytes a client (or a `WITH HOLD` cursor)
+/// carried out of the statement that read them, and the migrating transaction's own reads.
+pub fn seen_by_every_snapshot(settled: &Settled) -> Seen {
     let writer = settled.writer;
     if writer.into_inner() < pg_sys::TransactionId::FIRST_NORMAL.into_inner() {
-        return Ok(true);
+        return Seen::Yes;
     }
     // SAFETY: reads of this transaction's state and of this backend's own proc slot; each
     // portal is looked up by name in this backend's portal table and read at once, its
@@ -112,12 +128,12 @@ pub fn seen_by_every_snapshot(client: &SpiClient<'_>, settled: &Settled) -> Resu
     // asked only when not below `TransactionXmin`, as `XidInMVCCSnapshot` requires.
     unsafe {
         if pg_sys::TransactionIdIsCurrentTransactionId(writer) {
-            return Ok(true);
+            return Seen::Yes;
         }
         let now = port::local_transaction_id();
         let (seen, when) = SEEN_COMMITTED.with(Cell::get);
         if seen == writer && when != now {
-            return Ok(true);
+            return Seen::Yes;
         }
         if seen != writer {
             // The latest snapshot read the marker row this writer wrote, and it is not ours:
@@ -129,39 +145,102 @@ pub fn seen_by_every_snapshot(client: &SpiClient<'_>, settled: &Settled) -> Resu
             || pg_sys::TransactionIdPrecedes(writer, oldest)
             || pg_sys::TransactionIdPrecedes(writer, pg_sys::TransactionXmin)
         {
-            return Ok(true);
+            return Seen::Yes;
         }
+        // The catalog's own snapshot reads no payload, and may be older than the rest.
+        pg_sys::InvalidateCatalogSnapshot();
         let misses = |snapshot: pg_sys::Snapshot| {
-            !snapshot.is_null()
-                && (*snapshot).snapshot_type == pg_sys::SnapshotType::SNAPSHOT_MVCC
-                && pg_sys::XidInMVCCSnapshot(writer, snapshot)
-        };
-        let portal_misses = |portal: pg_sys::Portal| {
-            !portal.is_null()
-                && (misses((*portal).portalSnapshot)
-                    || misses((*portal).holdSnapshot)
-                    || (!(*portal).queryDesc.is_null() && misses((*(*portal).queryDesc).snapshot)))
-        };
-        if (pg_sys::ActiveSnapshotSet() && misses(pg_sys::GetActiveSnapshot()))
-            || portal_misses(pg_sys::ActivePortal)
-            || portal_misses(pg_sys::GetPortalByName(c"".as_ptr()))
-        {
-            return Ok(false);
-        }
-        let cursors = db::write(client, "SELECT c.name FROM pg_catalog.pg_cursors c", &[])?;
-        for row in cursors {
-            crate::interrupts::check();
-            let Some(name) = row.get::<String>(1)? else {
-                continue;
-            };
-            let Ok(name) = std::ffi::CString::new(name) else {
-                continue;
-            };
-            if portal_misses(pg_sys::GetPortalByName(name.as_ptr())) {
-                return Ok(false);
+            if snapshot.is_null()
+                || (*snapshot).snapshot_type != pg_sys::SnapshotType::SNAPSHOT_MVCC
+            {
+                return false;
             }
+            pg_sys::XidInMVCCSnapshot(writer, snapshot)
+        };
+        // The active snapshot, the running portal's and the client statement's (a utility
+        // statement's — a `DO` block, a `CALL` — is on the active stack only), then every
+        // registered one: each running executor's, each cursor's, a REPEATABLE READ
+        // transaction's.
+        let client = pg_sys::GetPortalByName(c"".as_ptr());
+        let portals = [pg_sys::ActivePortal, client];
+        let active = pg_sys::ActiveSnapshotSet().then(|| pg_sys::GetActiveSnapshot());
+        if active.is_some_and(misses)
+            || portals.into_iter().any(|portal| {
+                !portal.is_null()
+                    && (misses((*portal).portalSnapshot)
+                        || misses((*portal).holdSnapshot)
+                        || (!(*portal).queryDesc.is_null()
+                            && misses((*(*portal).queryDesc).snapshot)))
+            })
+            || !port::each_registered_snapshot(|snapshot| !misses(snapshot))
+        {
+            return Seen::No;
         }
-        Ok(true)
+        // Below the top, the active stack is PostgreSQL's own: on 15 its oldest is asked. On 18
+        // it cannot be, and snapshots live there that nothing else holds (one pushed to plan a
+        // statement, to fire deferred triggers, by a plain DML statement): no test of `xmin`s
+        // tells them apart (red team 17: the transaction's own id holds every snapshot's `xmin`
+        // at one value). What is known there: while the client's statement (the unnamed
+        // portal) runs holding a snapshot of its own — a query's, a DO block's or CALL's, a
+        // data-modifying one's — that snapshot is the bottom of the stack, and whatever is
+        // pushed above it is newer or registered (asked above). Else: "not proven".
+        match port::oldest_active_snapshot() {
+            Some(oldest_active) if misses(oldest_active) => Seen::No,
+            Some(_) => Seen::Yes,
+            None if !client.is_null()
+                && (*client).status == pg_sys::PortalStatus::PORTAL_ACTIVE
+                && !((*client).portalSnapshot.is_null()
+                    && (*client).holdSnapshot.is_null()
+                    && (*client).queryDesc.is_null()) =>
+            {
+                Seen::Yes
+            }
+            None => Seen::Unproven,
+        }
+    }
+}
+
+/// How long a migration waits at most, before its first lock, for the transactions older than
+/// it to end ([`wait_for_older_transactions`]).
+const OLDER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Called by a migration before its first lock on PostgreSQL 18: takes this transaction's id and waits until no
+/// transaction with a lower one still runs — in any database: transaction ids and snapshots are
+/// the cluster's —, [`OLDER_WAIT`] at most. Once none does, every snapshot taken after the
+/// migration commits has its `xmin` above the migration, so the cheap test of
+/// [`seen_by_every_snapshot`] settles every call that does not hold an older snapshot; one
+/// still running after the wait (an idle session in a transaction, a long batch) only makes a
+/// backend's first default-version codec call answer "not proven" on PostgreSQL 18 until it
+/// ends or that backend runs the call again. Before any lock of ours: nothing of the app's
+/// waits for us meanwhile (but what this transaction's own earlier statements locked).
+pub fn wait_for_older_transactions() {
+    let started = std::time::Instant::now();
+    // SAFETY: this transaction's id (assigned here if it has none yet); a fresh snapshot's
+    // running transaction ids (`xip[0..xcnt]`) read while it is valid, before the next is
+    // taken; the wait is on this backend's own latch.
+    unsafe {
+        let ours = pg_sys::GetTopTransactionId();
+        loop {
+            crate::interrupts::check();
+            let snapshot = pg_sys::GetLatestSnapshot();
+            let running = std::slice::from_raw_parts(
+                (*snapshot).xip,
+                usize::try_from((*snapshot).xcnt).unwrap_or(0),
+            );
+            let older = running
+                .iter()
+                .any(|xid| pg_sys::TransactionIdPrecedes(*xid, ours));
+            if !older || started.elapsed() >= OLDER_WAIT {
+                return;
+            }
+            pg_sys::WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                1,
+                pg_sys::PG_WAIT_EXTENSION,
+            );
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+        }
     }
 }
 

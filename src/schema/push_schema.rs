@@ -757,13 +757,27 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
     // cursor, a STABLE function's caller — through which a payload may have been read after
     // the read's own lock was given back, or before the table was ever locked (red team 16,
     // B1 and B2).
-    if !given && !crate::schema::marker::seen_by_every_snapshot(client, &settled)? {
+    let every = if given {
+        crate::schema::marker::Seen::Yes
+    } else {
+        crate::schema::marker::seen_by_every_snapshot(&settled)
+    };
+    if every == crate::schema::marker::Seen::No {
         return Err(tables::unknown_table(tbl).with_hint(format!(
             "the stored schema version is {version}, and this backend still holds a snapshot \
              taken before that migration committed (an outer statement or DO block, an open \
-             cursor, the caller of a function): a payload read through it is of the earlier \
-             version — run the call again in a new statement or transaction, or pass the \
-             schema_version the payload was read at"
+             cursor, the caller of a function, a deferred trigger's query): a payload read \
+             through it is of the earlier version — run the call again in a new statement or \
+             transaction, or pass the schema_version the payload was read at"
+        )));
+    }
+    if every == crate::schema::marker::Seen::Unproven {
+        return Err(tables::unknown_table(tbl).with_hint(format!(
+            "the stored schema version is {version}, and a transaction older than that \
+             migration was still running when this statement's snapshots were taken: whether \
+             one of them predates the migration cannot be told on PostgreSQL 18, which keeps a \
+             backend's stack of snapshots private — run the call again in a new transaction \
+             (this backend has now seen the migration committed), or pass schema_version"
         )));
     }
     if let Some(seen) = seen.filter(|m| given && *m < version) {

@@ -221,6 +221,41 @@ pub fn one<T: for<'a> postgres::types::FromSql<'a>>(
         .get(0)
 }
 
+/// Whether `e` is the row codec's "cannot be told on PostgreSQL 18" answer (`SY041`, docs/API.md
+/// `decode_row`): a backend's first default-version call after a migration that another
+/// backend committed, while a transaction older than the migration ran — in this suite, any
+/// other test's.
+pub fn codec_unproven(e: &postgres::Error) -> bool {
+    let e = sql_error(e);
+    e.state == "SY041"
+        && e.hint
+            .as_deref()
+            .is_some_and(|h| h.contains("cannot be told on PostgreSQL 18"))
+}
+
+/// [`one`] for a row-codec call at its default version by a backend other than the one that
+/// migrated: run again once if it answers [`codec_unproven`], as a host does.
+#[track_caller]
+pub fn one_after_migration<T: for<'a> postgres::types::FromSql<'a>>(
+    c: &mut Client,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> T {
+    match c.query_one(sql, params) {
+        Err(e) if codec_unproven(&e) => one(c, sql, params),
+        other => other.unwrap_or_else(|e| panic!("{sql}: {e:?}")).get(0),
+    }
+}
+
+/// The server's major version.
+pub fn server_major(c: &mut Client) -> i32 {
+    one::<i32>(
+        c,
+        "SELECT current_setting('server_version_num')::int / 10000",
+        &[],
+    )
+}
+
 /// The first column of every row of `sql`, in the order it returns them.
 #[track_caller]
 pub fn column<T: for<'a> postgres::types::FromSql<'a>>(
