@@ -14,7 +14,7 @@ use serde_json::json;
 
 /// The tables keyed by `partition`, distributed by it and colocated with `sync_partitions`
 /// (first in the list), so one partition's rows of every table live on one node.
-const DISTRIBUTED: [&str; 13] = [
+const DISTRIBUTED: [&str; 12] = [
     "sync_partitions",
     "sync_commits",
     "sync_partition_registry",
@@ -26,12 +26,17 @@ const DISTRIBUTED: [&str; 13] = [
     "sync_clients",
     "sync_blob_refs",
     "sync_tombstones",
-    "sync_backfill_checkpoints",
     "sync_writer_fence",
 ];
 
-/// The global tables, replicated to every node as reference tables.
-const REFERENCE: [&str; 6] = [
+/// The global tables, replicated to every node as reference tables. The checkpoints are keyed
+/// by partition but read whole: the serve gate's pending set has upstream's whole-server
+/// semantics (a pending checkpoint of any partition refuses every partition, src/gate.rs), read
+/// inside every push and pull — distributed, that was a query over every shard in each call
+/// (docs/BENCHMARKS.md "Citus"); replicated, a local read on the call's node. Written rarely
+/// (declare, claim, advance, activate), by the operator through the coordinator.
+const REFERENCE: [&str; 7] = [
+    "sync_backfill_checkpoints",
     "sync_schema_meta",
     "sync_app_tables",
     "sync_repairs",

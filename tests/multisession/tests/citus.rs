@@ -827,3 +827,43 @@ fn retention_through_the_coordinator_prunes_the_partitions_shards() {
         "a cursor behind the horizon: {behind}"
     );
 }
+
+/// The checkpoints are a reference table (docs/SCALING.md): the serve gate reads the pending ones
+/// of every partition inside each push and pull, which over a distributed table was a query over
+/// every shard (docs/BENCHMARKS.md "Citus"); replicated, every node reads them locally, and a
+/// pending checkpoint declared through the coordinator still holds the gate of a push delegated
+/// to any worker until it is activated.
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn the_checkpoints_are_replicated_and_hold_the_gate_of_a_delegated_push() {
+    let mut c = coordinator();
+    tasks(&mut c);
+    let method: String = one(
+        &mut c,
+        "SELECT partmethod::text FROM pg_dist_partition
+          WHERE logicalrelid = 'syncular.sync_backfill_checkpoints'::regclass",
+        &[],
+    );
+    assert_eq!(method, "n", "a reference table");
+    let p = format!("gate-{}", std::process::id());
+    exec(
+        &mut c,
+        &format!("SELECT syncular.declare_checkpoint('{p}', 'titles', 1, 1000)"),
+    );
+    let other = format!("gated-{}", std::process::id());
+    let refused = c
+        .query_one(PUSH, &[&other, &"k1", &"r1"])
+        .map_err(|e| sql_error(&e))
+        .unwrap_err();
+    assert_eq!(refused.state, "SY002", "{refused:?}");
+    exec(
+        &mut c,
+        &format!(
+            "SELECT syncular.claim_checkpoint('{p}', 'titles', 1, 1001);
+             SELECT syncular.advance_checkpoint('{p}', 'titles', 1, 5, 10, 1002);
+             SELECT syncular.activate_checkpoint('{p}', 'titles', 1, 5, ARRAY['tasks'], 1003);"
+        ),
+    );
+    let out: serde_json::Value = one(&mut c, PUSH, &[&other, &"k1", &"r1"]);
+    assert_eq!(out["outcome"], "applied", "{out}");
+}
