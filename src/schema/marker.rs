@@ -99,7 +99,8 @@ pub enum Seen {
     Unproven,
 }
 
-/// Whether every snapshot this backend holds sees `settled`'s migration (red teams 16 and 17).
+/// Whether every snapshot this backend holds sees `settled`'s migration (red teams 16 and 17;
+/// red team 18's two known gaps: docs/SECURITY.md rule 19).
 /// The checks of [`marker_of_statement`] and [`marker_seen`] ask the statement's snapshot and a
 /// fresh one; a payload may also have been read through an older snapshot still held — an
 /// outer statement (a `DO` block, a loop, an `INSERT … SELECT`, the caller of a STABLE
@@ -183,7 +184,9 @@ pub fn seen_by_every_snapshot(settled: &Settled) -> Seen {
         // at one value). What is known there: while the client's statement (the unnamed
         // portal) runs holding a snapshot of its own — a query's, a DO block's or CALL's, a
         // data-modifying one's — that snapshot is the bottom of the stack, and whatever is
-        // pushed above it is newer or registered (asked above). Else: "not proven".
+        // pushed above it is newer or registered (asked above) — unless the unnamed portal is
+        // itself run nested, fetched through a refcursor from inside a named protocol portal
+        // (red team 18, F1: a known gap, docs/SECURITY.md rule 19). Else: "not proven".
         match port::oldest_active_snapshot() {
             Some(oldest_active) if misses(oldest_active) => Seen::No,
             Some(_) => Seen::Yes,
