@@ -92,12 +92,14 @@ mod txn_local;
 static ALLOCATOR: alloc::SoftFail = alloc::SoftFail;
 
 /// Runs once per backend when the library loads: takes the allocator's reserve, defines the
-/// extension's settings.
+/// extension's settings, installs the executor hook the row codec's snapshot check reads
+/// (docs/SECURITY.md rule 19).
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     alloc::init();
     notify::init();
     feed::init();
+    schema::executor_snapshots::install();
 }
 
 // Tables first: the functions' composite return types need them.

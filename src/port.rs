@@ -173,6 +173,17 @@ pub fn local_transaction_id() -> pg_sys::LocalTransactionId {
     }
 }
 
+/// [`local_transaction_id`], or invalid (0) in a process without a proc slot (the postmaster,
+/// loading a preloaded library).
+pub fn local_transaction_id_if_any() -> pg_sys::LocalTransactionId {
+    // SAFETY: a read of the global `MyProc` pointer itself.
+    if unsafe { pg_sys::MyProc.is_null() } {
+        0
+    } else {
+        local_transaction_id()
+    }
+}
+
 /// `HeapTupleHeaderGetXmin(tup)` (`src/include/access/htup_details.h`): the inserting
 /// transaction, `FrozenTransactionId` once frozen.
 ///

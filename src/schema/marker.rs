@@ -6,6 +6,7 @@ use crate::db;
 use crate::error::Result;
 use crate::heap;
 use crate::port;
+use crate::schema::executor_snapshots;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use std::cell::Cell;
@@ -99,25 +100,24 @@ pub enum Seen {
     Unproven,
 }
 
-/// Whether every snapshot this backend holds sees `settled`'s migration (red teams 16 and 17;
-/// red team 18's two known gaps: docs/SECURITY.md rule 19).
-/// The checks of [`marker_of_statement`] and [`marker_seen`] ask the statement's snapshot and a
-/// fresh one; a payload may also have been read through an older snapshot still held — an
-/// outer statement (a `DO` block, a loop, an `INSERT … SELECT`, the caller of a STABLE
-/// function), a cursor, a deferred trigger's query, a function run while a statement is
-/// planned — after the read's lock was given back (a rolled-back subtransaction) or before the
-/// table was locked at all (a first read after the migration). First what is cheap and usually
-/// conclusive: a migration below this backend's `xmin` (every transaction below it had ended
-/// when each snapshot it holds was taken), or seen committed by an earlier transaction of this
-/// backend (whose snapshots all came after). Else every snapshot PostgreSQL lets us see is
-/// asked: the active one, the running and the client's portal's, every registered one (each
-/// running executor's, each cursor's), and on PostgreSQL 15 the bottom of the active stack —
-/// exact. PostgreSQL 18 keeps the active stack below its top private: there the bottom is known
-/// only while the client's statement runs holding a snapshot of its own; otherwise, past the
-/// cheap tests, the answer is "not proven" (docs/SECURITY.md rule 19; a migration first waits a
-/// little for older transactions, [`wait_for_older_transactions`], so that the cheap tests
-/// settle nearly every call). Not asked: bytes a client (or a `WITH HOLD` cursor)
-/// carried out of the statement that read them, and the migrating transaction's own reads.
+/// Whether every snapshot this transaction read through sees `settled`'s migration (red teams
+/// 16 to 18, docs/SECURITY.md rule 19). The checks of [`marker_of_statement`] and
+/// [`marker_seen`] ask the statement's snapshot and a fresh one; a payload may also have been
+/// read through an older snapshot — an outer statement (a `DO` block, a loop, an `INSERT …
+/// SELECT`, the caller of a STABLE function), a cursor, a deferred trigger's query, a function
+/// run while a statement is planned — after the read's lock was given back (a rolled-back
+/// subtransaction) or before the table was locked at all (a first read after the migration).
+/// First what is cheap and conclusive: the migration is this transaction's own, or an earlier
+/// transaction of this backend saw it committed (every snapshot of this one came after). Then,
+/// where every executor of this transaction ran with the library loaded, the earliest snapshot
+/// any of them started with ([`executor_snapshots`]) — exact, whether or not that snapshot is
+/// still held. Only in the transaction that loaded the library, what is still held is asked:
+/// the backend's `xmin`, the active snapshot, the running and the client's portal's, every
+/// registered one, and on PostgreSQL 15 the bottom of the active stack; on 18, past those, the
+/// answer is "not proven" unless the client's statement holds the bottom of the stack (a
+/// migration first waits a little for older transactions, [`wait_for_older_transactions`], so
+/// that this is rare). Not asked: bytes a client (or a `WITH HOLD` cursor) carried out of the
+/// transaction that read them, and the migrating transaction's own reads.
 pub fn seen_by_every_snapshot(settled: &Settled) -> Seen {
     let writer = settled.writer;
     if writer.into_inner() < pg_sys::TransactionId::FIRST_NORMAL.into_inner() {
@@ -141,6 +141,18 @@ pub fn seen_by_every_snapshot(settled: &Settled) -> Seen {
             // it has committed by now.
             SEEN_COMMITTED.with(|c| c.set((writer, now)));
         }
+        // Every executor of this transaction ran with the hook: the earliest snapshot any of
+        // them read through is known, held or not (`executor_snapshots`), exactly.
+        if executor_snapshots::covered() {
+            return match executor_snapshots::earliest_sees(writer) {
+                executor_snapshots::Earliest::Sees => Seen::Yes,
+                executor_snapshots::Earliest::Misses => Seen::No,
+                executor_snapshots::Earliest::Unknown => Seen::Unproven,
+            };
+        }
+        // This transaction loaded the library: what ran before it was not seen, and only the
+        // snapshots still held can be asked (red team 18's F1 and F2 are possible here, and
+        // only here: docs/SECURITY.md rule 19).
         let oldest = (*pg_sys::MyProc).xmin;
         if oldest == pg_sys::InvalidTransactionId
             || pg_sys::TransactionIdPrecedes(writer, oldest)

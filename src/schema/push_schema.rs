@@ -753,10 +753,10 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
              in a new transaction"
         )));
     }
-    // And so must every older snapshot this backend still holds — an outer statement, a
-    // cursor, a STABLE function's caller — through which a payload may have been read after
-    // the read's own lock was given back, or before the table was ever locked (red team 16,
-    // B1 and B2).
+    // And so must every older snapshot this transaction read through — an outer statement, a
+    // cursor, a STABLE function's caller, a plan — through which a payload may have been read
+    // after the read's own lock was given back, or before the table was ever locked (red teams
+    // 16 to 18; src/schema/executor_snapshots.rs).
     let every = if given {
         crate::schema::marker::Seen::Yes
     } else {
@@ -764,20 +764,20 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
     };
     if every == crate::schema::marker::Seen::No {
         return Err(tables::unknown_table(tbl).with_hint(format!(
-            "the stored schema version is {version}, and this backend still holds a snapshot \
-             taken before that migration committed (an outer statement or DO block, an open \
-             cursor, the caller of a function, a deferred trigger's query): a payload read \
-             through it is of the earlier version — run the call again in a new statement or \
-             transaction, or pass the schema_version the payload was read at"
+            "the stored schema version is {version}, and this transaction read through a \
+             snapshot taken before that migration committed (an outer statement or DO block, a \
+             cursor, the caller of a function, a deferred trigger's query, a plan, an earlier \
+             statement): a payload read through it is of the earlier version — run it again in \
+             a new transaction, or pass the schema_version the payload was read at"
         )));
     }
     if every == crate::schema::marker::Seen::Unproven {
         return Err(tables::unknown_table(tbl).with_hint(format!(
-            "the stored schema version is {version}, and a transaction older than that \
-             migration was still running when this statement's snapshots were taken: whether \
-             one of them predates the migration cannot be told on PostgreSQL 18, which keeps a \
-             backend's stack of snapshots private — run the call again in a new transaction \
-             (this backend has now seen the migration committed), or pass schema_version"
+            "the stored schema version is {version}, and whether a snapshot this transaction \
+             read through predates that migration cannot be told (in the transaction that \
+             loaded the library, on PostgreSQL 18, which keeps a backend's stack of snapshots \
+             private: preload it, session_preload_libraries) — run the call again in a new \
+             transaction, or pass schema_version"
         )));
     }
     if let Some(seen) = seen.filter(|m| given && *m < version) {

@@ -1,0 +1,266 @@
+//! The earliest snapshot any executor of this transaction read with: what
+//! [`super::marker::seen_by_every_snapshot`] asks about a migration (docs/SECURITY.md rule 19,
+//! red team 18).
+//!
+//! Every read of a table through SQL — a query, a cursor's fetch, a function's statement, a
+//! trigger's, a statement run while another is planned — runs an executor, started with the
+//! snapshot it reads through (`QueryDesc.snapshot`). An `ExecutorStart` hook keeps a copy of the
+//! earliest such snapshot of the current transaction, so the check needs no snapshot still to be
+//! held when it runs: a cursor closed inside the decoding statement (red team 18, F2) or a
+//! snapshot on PostgreSQL 18's private active stack (F1) was recorded when it was read through.
+//!
+//! "Earliest" is well defined without a clock: a snapshot's `xmax` is the latest completed
+//! transaction id plus one when it was taken, which only grows, so a smaller `xmax` was taken
+//! earlier; of two with one `xmax`, the later one's running set is a subset of the earlier one's
+//! (no transaction below `xmax` can start afterwards), so the larger set was taken earlier or
+//! sees exactly the same. And whatever an earlier snapshot sees committed, every later one does:
+//! if the earliest sees a migration, all of them do.
+//!
+//! Only a transaction that began after the hook was installed is covered: the library loads at
+//! the first call of one of its functions (or at connection start where it is preloaded:
+//! docs/API.md §decode_row), and the executors that ran before it in that transaction were not
+//! seen ([`covered`]).
+
+use crate::port;
+use pgrx::{pg_guard, pg_sys};
+use std::cell::{Cell, RefCell};
+use std::ffi::c_int;
+
+/// A copy of a snapshot's visibility data: enough to ask `XidInMVCCSnapshot` again.
+#[derive(Default)]
+struct Copy {
+    /// The local transaction the snapshot was read through in.
+    transaction: pg_sys::LocalTransactionId,
+    xmin: pg_sys::TransactionId,
+    xmax: pg_sys::TransactionId,
+    xip: Vec<pg_sys::TransactionId>,
+    subxip: Vec<pg_sys::TransactionId>,
+    suboverflowed: bool,
+    taken_during_recovery: bool,
+}
+
+thread_local! {
+    /// The earliest snapshot an executor of [`Copy::transaction`] started with.
+    static EARLIEST: RefCell<Copy> = RefCell::new(Copy::default());
+    /// Two snapshots of one transaction that cannot be ordered (a standby's with overflowed
+    /// subtransactions): the transaction's answer is "not proven".
+    static UNORDERED: Cell<pg_sys::LocalTransactionId> = const { Cell::new(0) };
+    /// The local transaction in which the hook was installed (invalid: before any transaction,
+    /// at preload); set once, by [`install`].
+    static INSTALLED_IN: Cell<Option<pg_sys::LocalTransactionId>> = const { Cell::new(None) };
+}
+
+/// The `ExecutorStart_hook` installed before ours, called by ours.
+static mut PREVIOUS: pg_sys::ExecutorStart_hook_type = None;
+
+/// Installs the hook (from `_PG_init`, once per process that loads the library).
+pub fn install() {
+    INSTALLED_IN.with(|c| c.set(Some(port::local_transaction_id_if_any())));
+    // SAFETY: `_PG_init` runs once per process, single-threaded, before any executor of ours
+    // starts; the hook installed before ours is kept and called by ours.
+    unsafe {
+        PREVIOUS = pg_sys::ExecutorStart_hook;
+        pg_sys::ExecutorStart_hook = Some(record_then_start);
+    }
+}
+
+/// Whether every executor of the current transaction ran with the hook installed.
+pub fn covered() -> bool {
+    INSTALLED_IN
+        .with(Cell::get)
+        .is_some_and(|at| at != port::local_transaction_id())
+}
+
+/// The hook (`void (*)(QueryDesc *, int)` on PostgreSQL 15 and 18,
+/// `src/include/executor/executor.h`): records the descriptor's snapshot, then starts the
+/// executor as the hook before ours, or PostgreSQL, would.
+#[pg_guard]
+unsafe extern "C-unwind" fn record_then_start(query: *mut pg_sys::QueryDesc, eflags: c_int) {
+    // SAFETY: PostgreSQL passes a valid descriptor, whose snapshot (when set) is valid while the
+    // executor runs; the hook before ours takes the same arguments.
+    unsafe {
+        record((*query).snapshot);
+        match PREVIOUS {
+            Some(previous) => previous(query, eflags),
+            None => pg_sys::standard_ExecutorStart(query, eflags),
+        }
+    }
+}
+
+/// Keeps a copy of `snapshot` when it is the earliest an executor of this transaction started
+/// with.
+///
+/// # Safety
+/// `snapshot` is null or a valid snapshot.
+unsafe fn record(snapshot: pg_sys::Snapshot) {
+    // SAFETY: a valid snapshot's `xip` has `xcnt` ids and its `subxip` `subxcnt`.
+    unsafe {
+        if snapshot.is_null() || (*snapshot).snapshot_type != pg_sys::SnapshotType::SNAPSHOT_MVCC {
+            return;
+        }
+        let now = port::local_transaction_id();
+        let s = &*snapshot;
+        EARLIEST.with(|earliest| {
+            let mut earliest = earliest.borrow_mut();
+            if earliest.transaction == now {
+                match earlier(s, &earliest) {
+                    Some(false) => return,
+                    Some(true) => {}
+                    None => {
+                        UNORDERED.with(|c| c.set(now));
+                        return;
+                    }
+                }
+            }
+            earliest.transaction = now;
+            earliest.xmin = s.xmin;
+            earliest.xmax = s.xmax;
+            earliest.xip.clear();
+            earliest.xip.extend_from_slice(ids(s.xip, s.xcnt));
+            earliest.subxip.clear();
+            earliest.subxip.extend_from_slice(ids(s.subxip, s.subxcnt));
+            earliest.suboverflowed = s.suboverflowed;
+            earliest.taken_during_recovery = s.takenDuringRecovery;
+        });
+    }
+}
+
+/// Whether `s` was taken before `kept` (`None`: they cannot be ordered).
+fn earlier(s: &pg_sys::SnapshotData, kept: &Copy) -> Option<bool> {
+    if s.xmax != kept.xmax {
+        // SAFETY: a comparison of two transaction ids.
+        return Some(unsafe { pg_sys::TransactionIdPrecedes(s.xmax, kept.xmax) });
+    }
+    // One `xmax`: the running set only shrinks. On a primary the top-level set is complete; on a
+    // standby every running id is in `subxip`, complete unless it overflowed.
+    if s.takenDuringRecovery != kept.taken_during_recovery {
+        return None;
+    }
+    if s.takenDuringRecovery {
+        if s.suboverflowed || kept.suboverflowed {
+            return None;
+        }
+        return Some(count(s.subxcnt) > kept.subxip.len());
+    }
+    Some(count(s.xcnt) > kept.xip.len())
+}
+
+fn count(n: impl TryInto<usize>) -> usize {
+    n.try_into().unwrap_or(0)
+}
+
+/// # Safety
+/// `ids` points to `n` transaction ids (or `n` is zero).
+unsafe fn ids<'a>(
+    ids: *mut pg_sys::TransactionId,
+    n: impl TryInto<usize>,
+) -> &'a [pg_sys::TransactionId] {
+    let n = count(n);
+    if ids.is_null() || n == 0 {
+        return &[];
+    }
+    // SAFETY: the caller's `n` ids.
+    unsafe { std::slice::from_raw_parts(ids, n) }
+}
+
+/// What the earliest snapshot an executor of this transaction started with says of `writer`.
+pub enum Earliest {
+    /// It sees `writer` committed (or no executor has run: nothing was read through SQL).
+    Sees,
+    /// It was taken before `writer` committed.
+    Misses,
+    /// Two of this transaction's snapshots could not be ordered.
+    Unknown,
+}
+
+/// Asks the earliest snapshot of this transaction whether it sees `writer`, a committed
+/// transaction not below `TransactionXmin` (`XidInMVCCSnapshot`'s condition).
+pub fn earliest_sees(writer: pg_sys::TransactionId) -> Earliest {
+    let now = port::local_transaction_id();
+    if UNORDERED.with(Cell::get) == now {
+        return Earliest::Unknown;
+    }
+    EARLIEST.with(|earliest| {
+        let earliest = earliest.borrow();
+        if earliest.transaction != now {
+            return Earliest::Sees;
+        }
+        // With overflowed subtransactions `XidInMVCCSnapshot` asks `pg_subtrans`, which is kept
+        // only from `TransactionXmin` on: a copy older than that cannot be asked about an id
+        // below it.
+        // SAFETY: comparisons of transaction ids, and a read of this backend's `TransactionXmin`.
+        let subtrans_unsafe = unsafe {
+            let floor = pg_sys::TransactionXmin;
+            earliest.suboverflowed
+                && !pg_sys::TransactionIdPrecedes(writer, earliest.xmin)
+                && pg_sys::TransactionIdPrecedes(writer, earliest.xmax)
+                && (floor.into_inner() < pg_sys::TransactionId::FIRST_NORMAL.into_inner()
+                    || pg_sys::TransactionIdPrecedes(writer, floor))
+        };
+        if subtrans_unsafe {
+            return Earliest::Unknown;
+        }
+        // SAFETY: a snapshot built over this copy's arrays, which outlive the call; only the
+        // fields `XidInMVCCSnapshot` reads are set, the rest zero (no resource owner, no heap
+        // node: it is never registered).
+        let misses = unsafe {
+            let mut snapshot: pg_sys::SnapshotData = std::mem::zeroed();
+            snapshot.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_MVCC;
+            snapshot.xmin = earliest.xmin;
+            snapshot.xmax = earliest.xmax;
+            snapshot.xip = earliest.xip.as_ptr().cast_mut();
+            snapshot.xcnt = earliest.xip.len() as u32;
+            snapshot.subxip = earliest.subxip.as_ptr().cast_mut();
+            snapshot.subxcnt = earliest.subxip.len() as i32;
+            snapshot.suboverflowed = earliest.suboverflowed;
+            snapshot.takenDuringRecovery = earliest.taken_during_recovery;
+            pg_sys::XidInMVCCSnapshot(writer, &raw mut snapshot)
+        };
+        if misses {
+            Earliest::Misses
+        } else {
+            Earliest::Sees
+        }
+    })
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::*;
+    use pgrx::prelude::*;
+
+    fn snapshot(xmax: u32, xip: &mut [pg_sys::TransactionId]) -> pg_sys::SnapshotData {
+        // SAFETY: a plain C struct; the fields the ordering reads are set below.
+        let mut s: pg_sys::SnapshotData = unsafe { std::mem::zeroed() };
+        s.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_MVCC;
+        s.xmin = pg_sys::TransactionId::from(100);
+        s.xmax = pg_sys::TransactionId::from(xmax);
+        s.xip = xip.as_mut_ptr();
+        s.xcnt = xip.len() as u32;
+        s
+    }
+
+    fn kept(xmax: u32, running: usize, recovery: bool) -> Copy {
+        Copy {
+            xmax: pg_sys::TransactionId::from(xmax),
+            xip: vec![pg_sys::TransactionId::from(100); running],
+            taken_during_recovery: recovery,
+            ..Copy::default()
+        }
+    }
+
+    /// A smaller `xmax` was taken earlier; at one `xmax`, the larger running set; a standby's
+    /// snapshot and a primary's are never ordered.
+    #[pg_test]
+    fn snapshots_are_ordered_by_xmax_then_by_the_running_set() {
+        let mut two = [100u32, 101].map(pg_sys::TransactionId::from);
+        let mut one = [100u32].map(pg_sys::TransactionId::from);
+        assert_eq!(earlier(&snapshot(150, &mut one), &kept(200, 0, false)), Some(true));
+        assert_eq!(earlier(&snapshot(250, &mut two), &kept(200, 0, false)), Some(false));
+        assert_eq!(earlier(&snapshot(200, &mut two), &kept(200, 1, false)), Some(true));
+        assert_eq!(earlier(&snapshot(200, &mut one), &kept(200, 1, false)), Some(false));
+        assert_eq!(earlier(&snapshot(200, &mut one), &kept(200, 2, false)), Some(false));
+        assert_eq!(earlier(&snapshot(200, &mut one), &kept(200, 1, true)), None);
+    }
+}
