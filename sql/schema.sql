@@ -235,7 +235,13 @@ CREATE TABLE syncular.sync_schema_meta (
   id                      integer PRIMARY KEY CHECK (id = 1),
   schema_version          bigint  NOT NULL,
   layouts                 text    NOT NULL DEFAULT '{}',
-  required_writer_version bigint  NOT NULL DEFAULT 0
+  required_writer_version bigint  NOT NULL DEFAULT 0,
+  -- The top-level transaction (its full id, pg_current_xact_id()) that last set the marker:
+  -- migrate_schema and repair_schema_marker write it. The row codec asks whether every snapshot
+  -- a transaction read through sees it (src/schema/marker.rs), which the row version's xmin
+  -- cannot tell once the row is frozen (docs/SECURITY.md rule 19, red team 19). NULL: set by an
+  -- older version, or copied by adopt_legacy_tables.
+  written_by              bigint
 );
 
 -- 15. App-table registry: logical table name -> the host's relation. `relation` (its OID; a

@@ -184,6 +184,19 @@ pub fn local_transaction_id_if_any() -> pg_sys::LocalTransactionId {
     }
 }
 
+/// `FullTransactionIdFromAllowableAt(nextFullXid, xid)` (`src/include/access/transam.h` of
+/// PostgreSQL 18; 15 does the same in `procarray.c`'s `FullXidRelativeTo`): the full id of
+/// `xid`, a normal id that precedes `next` by less than 2^31.
+pub fn widen_transaction_id(next: u64, xid: pg_sys::TransactionId) -> u64 {
+    let low = u64::from(xid.into_inner());
+    let epoch = next >> 32;
+    if low <= next & 0xFFFF_FFFF {
+        (epoch << 32) | low
+    } else {
+        (epoch.saturating_sub(1) << 32) | low
+    }
+}
+
 /// `HeapTupleHeaderGetXmin(tup)` (`src/include/access/htup_details.h`): the inserting
 /// transaction, `FrozenTransactionId` once frozen.
 ///
@@ -270,6 +283,19 @@ pub fn oldest_active_snapshot() -> Option<pg_sys::Snapshot> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_transaction_id_widens_into_the_epoch_of_next_or_the_one_before() {
+        let next = (7u64 << 32) | 1000;
+        let xid = |x: u32| pg_sys::TransactionId::from(x);
+        assert_eq!(widen_transaction_id(next, xid(999)), (7 << 32) | 999);
+        assert_eq!(widen_transaction_id(next, xid(1000)), (7 << 32) | 1000);
+        assert_eq!(
+            widen_transaction_id(next, xid(4_000_000_000)),
+            (6 << 32) | 4_000_000_000
+        );
+        assert_eq!(widen_transaction_id(1000, xid(999)), 999);
+    }
 
     #[test]
     fn make_sqlstate_matches_postgres() {

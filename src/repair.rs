@@ -119,8 +119,16 @@ fn repair_schema_marker(
                 let floor = lowered("writer_floor", floor, old_floor)?;
                 db::write(
                     client,
-                    "UPDATE syncular.sync_schema_meta
-                        SET schema_version = $1, required_writer_version = $2 WHERE id = 1",
+                    if crate::schema::evolution::installed() {
+                        "UPDATE syncular.sync_schema_meta
+                            SET schema_version = $1, required_writer_version = $2,
+                                written_by = pg_catalog.pg_current_xact_id()::text::bigint
+                          WHERE id = 1"
+                    } else {
+                        // A 0.1.0 install not updated yet records no writer.
+                        "UPDATE syncular.sync_schema_meta
+                            SET schema_version = $1, required_writer_version = $2 WHERE id = 1"
+                    },
                     &[DatumWithOid::from(version), DatumWithOid::from(floor)],
                 )?;
                 crate::schema::marker::written_here();

@@ -414,14 +414,10 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
             // declare() also raises the partition fence to the declaration's version.
             checkpoint::declare(client, &d.partition, &d.name, version, started_ms)?;
         }
+        // The writer recorded (0.2.0's column; a 0.1.0 install not updated yet has none).
         db::write(
             client,
-            "INSERT INTO syncular.sync_schema_meta AS m (id, schema_version, layouts, required_writer_version)
-             VALUES (1, $1, $2, $1)
-             ON CONFLICT (id) DO UPDATE
-               SET schema_version = EXCLUDED.schema_version, layouts = EXCLUDED.layouts,
-                   required_writer_version =
-                     GREATEST(m.required_writer_version, EXCLUDED.required_writer_version)",
+            MARKER_SQL[usize::from(updated)],
             &[
                 DatumWithOid::from(a.version),
                 DatumWithOid::from(Value::Object(a.layouts.clone()).to_string()),
@@ -464,6 +460,25 @@ fn check_schema(
         })
     })
 }
+
+/// The marker's upsert: on a 0.1.0 install not updated yet, and with the writer recorded
+/// (`written_by`, the row codec's snapshot check: src/schema/marker.rs).
+const MARKER_SQL: [&str; 2] = [
+    "INSERT INTO syncular.sync_schema_meta AS m (id, schema_version, layouts, required_writer_version)
+     VALUES (1, $1, $2, $1)
+     ON CONFLICT (id) DO UPDATE
+       SET schema_version = EXCLUDED.schema_version, layouts = EXCLUDED.layouts,
+           required_writer_version =
+             GREATEST(m.required_writer_version, EXCLUDED.required_writer_version)",
+    "INSERT INTO syncular.sync_schema_meta AS m
+       (id, schema_version, layouts, required_writer_version, written_by)
+     VALUES (1, $1, $2, $1, pg_catalog.pg_current_xact_id()::text::bigint)
+     ON CONFLICT (id) DO UPDATE
+       SET schema_version = EXCLUDED.schema_version, layouts = EXCLUDED.layouts,
+           required_writer_version =
+             GREATEST(m.required_writer_version, EXCLUDED.required_writer_version),
+           written_by = EXCLUDED.written_by",
+];
 
 /// SECURITY INVOKER: re-encoding a registered table's rows runs its host code for the migrating
 /// role (src/tables/statements.rs, docs/SECURITY.md rule 19), so the call must know it; every

@@ -26,7 +26,7 @@ use pgrx::{pg_guard, pg_sys};
 use std::cell::{Cell, RefCell};
 use std::ffi::c_int;
 
-/// A copy of a snapshot's visibility data: enough to ask `XidInMVCCSnapshot` again.
+/// A copy of a snapshot's visibility data: enough to ask whether it sees a top-level transaction.
 #[derive(Default)]
 struct Copy {
     /// The local transaction the snapshot was read through in.
@@ -173,9 +173,11 @@ pub enum Earliest {
     Unknown,
 }
 
-/// Asks the earliest snapshot of this transaction whether it sees `writer`, a committed
-/// transaction not below `TransactionXmin` (`XidInMVCCSnapshot`'s condition).
-pub fn earliest_sees(writer: pg_sys::TransactionId) -> Earliest {
+/// Asks the earliest snapshot of this transaction whether it sees `writer`, the full id of a
+/// committed top-level transaction. Below the snapshot's `xmin` it does, at or above its `xmax`
+/// it does not, in between unless it was running then; compared as full ids, so a transaction
+/// long past (its row version frozen, its id wrapped around) is still told apart.
+pub fn earliest_sees(writer: u64) -> Earliest {
     let now = port::local_transaction_id();
     if UNORDERED.with(Cell::get) == now {
         return Earliest::Unknown;
@@ -185,38 +187,25 @@ pub fn earliest_sees(writer: pg_sys::TransactionId) -> Earliest {
         if earliest.transaction != now {
             return Earliest::Sees;
         }
-        // With overflowed subtransactions `XidInMVCCSnapshot` asks `pg_subtrans`, which is kept
-        // only from `TransactionXmin` on: a copy older than that cannot be asked about an id
-        // below it.
-        // SAFETY: comparisons of transaction ids, and a read of this backend's `TransactionXmin`.
-        let subtrans_unsafe = unsafe {
-            let floor = pg_sys::TransactionXmin;
-            earliest.suboverflowed
-                && !pg_sys::TransactionIdPrecedes(writer, earliest.xmin)
-                && pg_sys::TransactionIdPrecedes(writer, earliest.xmax)
-                && (floor.into_inner() < pg_sys::TransactionId::FIRST_NORMAL.into_inner()
-                    || pg_sys::TransactionIdPrecedes(writer, floor))
-        };
-        if subtrans_unsafe {
-            return Earliest::Unknown;
+        // SAFETY: a read of the shared next transaction id (under its lock).
+        let next = unsafe { pg_sys::ReadNextFullTransactionId() }.value;
+        if writer < port::widen_transaction_id(next, earliest.xmin) {
+            return Earliest::Sees;
         }
-        // SAFETY: a snapshot built over this copy's arrays, which outlive the call; only the
-        // fields `XidInMVCCSnapshot` reads are set, the rest zero (no resource owner, no heap
-        // node: it is never registered).
-        let misses = unsafe {
-            let mut snapshot: pg_sys::SnapshotData = std::mem::zeroed();
-            snapshot.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_MVCC;
-            snapshot.xmin = earliest.xmin;
-            snapshot.xmax = earliest.xmax;
-            snapshot.xip = earliest.xip.as_ptr().cast_mut();
-            snapshot.xcnt = earliest.xip.len() as u32;
-            snapshot.subxip = earliest.subxip.as_ptr().cast_mut();
-            snapshot.subxcnt = earliest.subxip.len() as i32;
-            snapshot.suboverflowed = earliest.suboverflowed;
-            snapshot.takenDuringRecovery = earliest.taken_during_recovery;
-            pg_sys::XidInMVCCSnapshot(writer, &raw mut snapshot)
+        if writer >= port::widen_transaction_id(next, earliest.xmax) {
+            return Earliest::Misses;
+        }
+        // On a standby every running id is in `subxip`, complete unless it overflowed.
+        let running = if earliest.taken_during_recovery {
+            if earliest.suboverflowed {
+                return Earliest::Unknown;
+            }
+            &earliest.subxip
+        } else {
+            &earliest.xip
         };
-        if misses {
+        let low = pg_sys::TransactionId::from(writer as u32);
+        if running.contains(&low) {
             Earliest::Misses
         } else {
             Earliest::Sees
@@ -256,11 +245,26 @@ mod tests {
     fn snapshots_are_ordered_by_xmax_then_by_the_running_set() {
         let mut two = [100u32, 101].map(pg_sys::TransactionId::from);
         let mut one = [100u32].map(pg_sys::TransactionId::from);
-        assert_eq!(earlier(&snapshot(150, &mut one), &kept(200, 0, false)), Some(true));
-        assert_eq!(earlier(&snapshot(250, &mut two), &kept(200, 0, false)), Some(false));
-        assert_eq!(earlier(&snapshot(200, &mut two), &kept(200, 1, false)), Some(true));
-        assert_eq!(earlier(&snapshot(200, &mut one), &kept(200, 1, false)), Some(false));
-        assert_eq!(earlier(&snapshot(200, &mut one), &kept(200, 2, false)), Some(false));
+        assert_eq!(
+            earlier(&snapshot(150, &mut one), &kept(200, 0, false)),
+            Some(true)
+        );
+        assert_eq!(
+            earlier(&snapshot(250, &mut two), &kept(200, 0, false)),
+            Some(false)
+        );
+        assert_eq!(
+            earlier(&snapshot(200, &mut two), &kept(200, 1, false)),
+            Some(true)
+        );
+        assert_eq!(
+            earlier(&snapshot(200, &mut one), &kept(200, 1, false)),
+            Some(false)
+        );
+        assert_eq!(
+            earlier(&snapshot(200, &mut one), &kept(200, 2, false)),
+            Some(false)
+        );
         assert_eq!(earlier(&snapshot(200, &mut one), &kept(200, 1, true)), None);
     }
 }

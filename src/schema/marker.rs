@@ -21,6 +21,10 @@ pub struct Settled {
     pub version: Option<i64>,
     /// Invalid when unknown: no marker, or read through Citus from another node.
     writer: pg_sys::TransactionId,
+    /// The full id of the top-level transaction that set the marker, as it recorded it
+    /// (`written_by`): unlike the row version's `xmin`, never frozen. `None` when a function of
+    /// an older version set it, or the install is not updated yet.
+    written_by: Option<u64>,
 }
 
 thread_local! {
@@ -84,8 +88,16 @@ pub fn settled_version(hold: bool) -> Result<std::result::Result<Settled, InFlig
                 return Ok(Err(InFlight));
             }
         }
-        let (version, writer) = marker_in(pg_sys::GetLatestSnapshot())?;
-        Ok(Ok(Settled { version, writer }))
+        let latest = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let read = marker_in(latest).and_then(|(version, writer)| {
+            Ok(Settled {
+                version,
+                writer,
+                written_by: written_by_in(latest)?,
+            })
+        });
+        pg_sys::UnregisterSnapshot(latest);
+        Ok(Ok(read?))
     }
 }
 
@@ -119,6 +131,21 @@ pub enum Seen {
 /// that this is rare). Not asked: bytes a client (or a `WITH HOLD` cursor) carried out of the
 /// transaction that read them, and the migrating transaction's own reads.
 pub fn seen_by_every_snapshot(settled: &Settled) -> Seen {
+    // Every executor of this transaction ran with the hook, and the marker names its writer:
+    // exact, whether or not the marker row was frozen since (red team 19) and whether or not
+    // the snapshots read through are still held (red team 18).
+    if let (true, Some(written_by)) = (executor_snapshots::covered(), settled.written_by) {
+        // SAFETY: this transaction's own top-level id, when it has one.
+        let ours = unsafe { pg_sys::GetTopFullTransactionIdIfAny() }.value;
+        if ours == written_by {
+            return Seen::Yes;
+        }
+        return match executor_snapshots::earliest_sees(written_by) {
+            executor_snapshots::Earliest::Sees => Seen::Yes,
+            executor_snapshots::Earliest::Misses => Seen::No,
+            executor_snapshots::Earliest::Unknown => Seen::Unproven,
+        };
+    }
     let writer = settled.writer;
     if writer.into_inner() < pg_sys::TransactionId::FIRST_NORMAL.into_inner() {
         return Seen::Yes;
@@ -141,18 +168,10 @@ pub fn seen_by_every_snapshot(settled: &Settled) -> Seen {
             // it has committed by now.
             SEEN_COMMITTED.with(|c| c.set((writer, now)));
         }
-        // Every executor of this transaction ran with the hook: the earliest snapshot any of
-        // them read through is known, held or not (`executor_snapshots`), exactly.
-        if executor_snapshots::covered() {
-            return match executor_snapshots::earliest_sees(writer) {
-                executor_snapshots::Earliest::Sees => Seen::Yes,
-                executor_snapshots::Earliest::Misses => Seen::No,
-                executor_snapshots::Earliest::Unknown => Seen::Unproven,
-            };
-        }
-        // This transaction loaded the library: what ran before it was not seen, and only the
-        // snapshots still held can be asked (red team 18's F1 and F2 are possible here, and
-        // only here: docs/SECURITY.md rule 19).
+        // This transaction loaded the library (what ran before it was not seen), or the marker
+        // does not name its writer (set by an older version): only the snapshots still held can
+        // be asked (red team 18's F1 and F2 are possible here, and only here: docs/SECURITY.md
+        // rule 19).
         let oldest = (*pg_sys::MyProc).xmin;
         if oldest == pg_sys::InvalidTransactionId
             || pg_sys::TransactionIdPrecedes(writer, oldest)
@@ -294,6 +313,29 @@ unsafe fn marker_in(snapshot: pg_sys::Snapshot) -> Result<(Option<i64>, pg_sys::
             }
         }
     }
+}
+
+/// The marker's `written_by` as `snapshot` sees it; `None` without one (or on an install not
+/// updated yet, whose table lacks the column, or where Citus keeps the table elsewhere).
+///
+/// # Safety
+/// `snapshot` is registered.
+unsafe fn written_by_in(snapshot: pg_sys::Snapshot) -> Result<Option<u64>> {
+    // SAFETY: the caller's registered snapshot; the key is the marker's int4 primary key.
+    let read = unsafe {
+        heap::bigint_by_key(
+            heap::SyncTable::SchemaMeta,
+            pg_sys::Datum::from(1i32),
+            None,
+            (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
+            c"written_by",
+            snapshot,
+        )
+    };
+    Ok(match read {
+        Ok(heap::Lookup::Here(Some(full), _)) => u64::try_from(full).ok(),
+        Ok(_) | Err(_) => None,
+    })
 }
 
 /// The stored schema version the calling statement's own snapshot sees (its active snapshot:

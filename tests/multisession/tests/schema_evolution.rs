@@ -2865,6 +2865,59 @@ fn a_transaction_that_read_before_a_migration_is_refused_the_default_version_aft
     assert_eq!(after, "AA==", "the next transaction");
 }
 
+/// Red team 19: a READ COMMITTED transaction read the version-1 payload in a savepoint it rolled
+/// back (its lock on the table went with it), a migration committed, the marker row was frozen
+/// (`VACUUM (FREEZE)` here; a plain VACUUM may freeze it too, and autovacuum runs one), and the
+/// transaction decoded the bytes it had kept at the default version: a frozen row version no
+/// longer names the transaction that wrote it, and the check answered "seen". The marker now
+/// records its writer (`written_by`), which freezing does not erase.
+#[test]
+fn a_frozen_marker_still_names_the_migration_a_transaction_read_before() {
+    let (db, mut c) = s1_setup("ev_b19_frozen");
+    let mut reader = db.connect();
+    exec(&mut reader, "SELECT syncular.notify_channel()");
+    exec(&mut reader, "BEGIN; SAVEPOINT s");
+    let payload: Vec<u8> = one(
+        &mut reader,
+        "SELECT _sync_payload FROM public.ev_t8 WHERE _sync_row_id = 'r1'",
+        &[],
+    );
+    exec(&mut reader, "ROLLBACK TO SAVEPOINT s");
+    migrate(&mut c, 2, &s1_layouts(true), &json!([]));
+    // Another test's transaction may hold the freeze horizon for a moment. (A frozen row
+    // version keeps its `xmin` column; the visibility map tells.)
+    exec(&mut c, "CREATE EXTENSION IF NOT EXISTS pg_visibility");
+    let frozen = (0..300).any(|_| {
+        exec(&mut c, "VACUUM (FREEZE) syncular.sync_schema_meta");
+        let done: bool = one(
+            &mut c,
+            "SELECT all_frozen FROM pg_visibility_map('syncular.sync_schema_meta', 0)",
+            &[],
+        );
+        if !done {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        done
+    });
+    assert!(frozen, "the marker row was never frozen");
+    let decode = "SELECT syncular.decode_row('t8', $1)->>'b1'";
+    match reader
+        .query_one(decode, &[&payload])
+        .map_err(|e| sql_error(&e))
+    {
+        Err(e) if e.state == "SY041" => {}
+        other => panic!("bytes read before the migration, the marker frozen: {other:?}"),
+    }
+    exec(&mut reader, "ROLLBACK");
+    let fresh: Vec<u8> = one(
+        &mut reader,
+        "SELECT _sync_payload FROM public.ev_t8 WHERE _sync_row_id = 'r1'",
+        &[],
+    );
+    let after: String = one(&mut reader, decode, &[&fresh]);
+    assert_eq!(after, "AA==", "the re-encoded row, in a new transaction");
+}
+
 /// Red team 16, B4: a migration re-encoding two tables locked them one after the other, and a
 /// reader holding the second while it went on to read the first (one `pull` over both in the
 /// other order) deadlocked with it — PostgreSQL aborted one of the two, sometimes the migration.
