@@ -184,6 +184,18 @@ pub fn local_transaction_id_if_any() -> pg_sys::LocalTransactionId {
     }
 }
 
+/// `TransactionIdPrecedes(id1, id2)` (`src/backend/access/transam/transam.c`): modulo-2^32
+/// order for normal ids, plain order when either is permanent. Ported so that the executor
+/// hook (src/schema/executor_snapshots.rs), run at every executor start, makes no FFI call.
+pub fn transaction_id_precedes(id1: pg_sys::TransactionId, id2: pg_sys::TransactionId) -> bool {
+    let (a, b) = (id1.into_inner(), id2.into_inner());
+    let normal = pg_sys::TransactionId::FIRST_NORMAL.into_inner();
+    if a < normal || b < normal {
+        return a < b;
+    }
+    (a.wrapping_sub(b) as i32) < 0
+}
+
 /// `FullTransactionIdFromAllowableAt(nextFullXid, xid)` (`src/include/access/transam.h` of
 /// PostgreSQL 18; 15 does the same in `procarray.c`'s `FullXidRelativeTo`): the full id of
 /// `xid`, a normal id that precedes `next` by less than 2^31.
@@ -283,6 +295,17 @@ pub fn oldest_active_snapshot() -> Option<pg_sys::Snapshot> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transaction_ids_precede_modulo_2_32() {
+        let xid = |x: u32| pg_sys::TransactionId::from(x);
+        assert!(transaction_id_precedes(xid(100), xid(200)));
+        assert!(!transaction_id_precedes(xid(200), xid(100)));
+        assert!(!transaction_id_precedes(xid(100), xid(100)));
+        assert!(transaction_id_precedes(xid(4_000_000_000), xid(100)));
+        assert!(transaction_id_precedes(xid(2), xid(100)));
+        assert!(!transaction_id_precedes(xid(100), xid(2)));
+    }
 
     #[test]
     fn a_transaction_id_widens_into_the_epoch_of_next_or_the_one_before() {

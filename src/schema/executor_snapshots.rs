@@ -128,8 +128,7 @@ unsafe fn record(snapshot: pg_sys::Snapshot) {
 /// Whether `s` was taken before `kept` (`None`: they cannot be ordered).
 fn earlier(s: &pg_sys::SnapshotData, kept: &Copy) -> Option<bool> {
     if s.xmax != kept.xmax {
-        // SAFETY: a comparison of two transaction ids.
-        return Some(unsafe { pg_sys::TransactionIdPrecedes(s.xmax, kept.xmax) });
+        return Some(port::transaction_id_precedes(s.xmax, kept.xmax));
     }
     // One `xmax`: the running set only shrinks. On a primary the top-level set is complete; on a
     // standby every running id is in `subxip`, complete unless it overflowed.
