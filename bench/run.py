@@ -737,9 +737,9 @@ PULL_SECTION = []
 REACTIONS_SECTION = []
 
 # Sections of docs/BENCHMARKS.md written by their own runs (bench/pull.py with BENCH_PULL_ONLY=1,
-# bench/adapter-ts.sh, the reactions run, bench/replica.sh): a full run keeps them, unless it
+# bench/adapter-ts.sh, the reactions run, bench/cpu.sh, bench/replica.sh): a full run keeps them, unless it
 # regenerated them.
-KEPT = ("## Pull", "## TypeScript adapter", "## Reactions", "## Read replicas")
+KEPT = ("## Pull", "## TypeScript adapter", "## Reactions", "## Server CPU (issue 28): the baseline, and where a push's time goes", "## Read replicas")
 
 
 def kept_sections(path, regenerated):
