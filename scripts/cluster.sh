@@ -31,7 +31,7 @@ port = $port
 unix_socket_directories = '$dir'
 fsync = off
 max_connections = 100
-shared_preload_libraries = '${SYNCULAR_CLUSTER_FEED_DB:+syncular}'
+shared_preload_libraries = '${SYNCULAR_CLUSTER_FEED_DB:+pg_stat_statements,syncular}'
 CONF
       if [ -n "${SYNCULAR_CLUSTER_FEED_DB:-}" ]; then
         printf "syncular.feed_database = '%s'\nmax_prepared_transactions = 2\n" \

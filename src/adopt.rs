@@ -465,6 +465,14 @@ fn copy(client: &SpiClient<'_>, source: &Source) -> Result<i64> {
             targets.join(", "),
         ))?
         .unwrap_or(0);
+        // The adopted marker names this transaction as its writer (the row codec's snapshot
+        // check, src/schema/marker.rs): a later id than the legacy host's, so only stricter.
+        if source.table == "sync_schema_meta" && crate::schema::evolution::installed() {
+            Spi::run(
+                "UPDATE syncular.sync_schema_meta
+                    SET written_by = pg_catalog.pg_current_xact_id()::text::bigint",
+            )?;
+        }
         Spi::run(&format!("DROP TABLE {STAGE}"))?;
         Ok(copied)
     })

@@ -2,11 +2,12 @@
 //! [`super::marker::seen_by_every_snapshot`] asks about a migration (docs/SECURITY.md rule 19,
 //! red team 18).
 //!
-//! Every read of a table through SQL — a query, a cursor's fetch, a function's statement, a
+//! A read of a table through SQL — a query, a cursor's fetch, a function's statement, a
 //! trigger's, a statement run while another is planned — runs an executor, started with the
-//! snapshot it reads through (`QueryDesc.snapshot`). An `ExecutorStart` hook keeps a copy of the
-//! earliest such snapshot of the current transaction, so the check needs no snapshot still to be
-//! held when it runs: a cursor closed inside the decoding statement (red team 18, F2) or a
+//! snapshot it reads through (`QueryDesc.snapshot`); a utility statement that reads one
+//! (`COPY table TO`) or runs statements (`DO`, `CALL`) runs under the active snapshot. An
+//! `ExecutorStart` hook and a `ProcessUtility` hook keep a copy of the earliest such snapshot of
+//! the current transaction, so the check needs no snapshot still to be held when it runs: a cursor closed inside the decoding statement (red team 18, F2) or a
 //! snapshot on PostgreSQL 18's private active stack (F1) was recorded when it was read through.
 //!
 //! "Earliest" is well defined without a clock: a snapshot's `xmax` is the latest completed
@@ -52,6 +53,8 @@ thread_local! {
 
 /// The `ExecutorStart_hook` installed before ours, called by ours.
 static mut PREVIOUS: pg_sys::ExecutorStart_hook_type = None;
+/// The `ProcessUtility_hook` installed before ours, called by ours.
+static mut PREVIOUS_UTILITY: pg_sys::ProcessUtility_hook_type = None;
 
 /// Installs the hook (from `_PG_init`, once per process that loads the library).
 pub fn install() {
@@ -61,6 +64,8 @@ pub fn install() {
     unsafe {
         PREVIOUS = pg_sys::ExecutorStart_hook;
         pg_sys::ExecutorStart_hook = Some(record_then_start);
+        PREVIOUS_UTILITY = pg_sys::ProcessUtility_hook;
+        pg_sys::ProcessUtility_hook = Some(record_then_utility);
     }
 }
 
@@ -71,20 +76,90 @@ pub fn covered() -> bool {
         .is_some_and(|at| at != port::local_transaction_id())
 }
 
-/// The hook (`void (*)(QueryDesc *, int)` on PostgreSQL 15 and 18,
+// PostgreSQL's own executor start and utility run, called as C calls them: an ERROR raised in
+// them (or in the hooks installed before ours) jumps straight over the hooks below, which hold
+// nothing that needs dropping — as over any C hook. Not through pgrx's guarded bindings: those
+// turn the ERROR into a Rust panic, and raised again by pgrx it would lose its SQLSTATE (a
+// custom one becomes XX000) and gain a backtrace in its DETAIL (src/error.rs).
+unsafe extern "C-unwind" {
+    #[link_name = "standard_ExecutorStart"]
+    fn standard_executor_start(query: *mut pg_sys::QueryDesc, eflags: c_int);
+    #[link_name = "standard_ProcessUtility"]
+    #[allow(clippy::too_many_arguments)]
+    fn standard_process_utility(
+        statement: *mut pg_sys::PlannedStmt,
+        text: *const std::ffi::c_char,
+        read_only_tree: bool,
+        context: pg_sys::ProcessUtilityContext::Type,
+        params: pg_sys::ParamListInfo,
+        environment: *mut pg_sys::QueryEnvironment,
+        destination: *mut pg_sys::DestReceiver,
+        completion: *mut pg_sys::QueryCompletion,
+    );
+}
+
+/// The executor hook (`void (*)(QueryDesc *, int)` on PostgreSQL 15 and 18,
 /// `src/include/executor/executor.h`): records the descriptor's snapshot, then starts the
-/// executor as the hook before ours, or PostgreSQL, would.
-#[pg_guard]
+/// executor as the hook before ours, or PostgreSQL, would. No `pg_guard`: nothing of ours is
+/// live when the executor starts (see above); the recording is guarded on its own.
 unsafe extern "C-unwind" fn record_then_start(query: *mut pg_sys::QueryDesc, eflags: c_int) {
     // SAFETY: PostgreSQL passes a valid descriptor, whose snapshot (when set) is valid while the
     // executor runs; the hook before ours takes the same arguments.
     unsafe {
-        record((*query).snapshot);
+        record_guarded((*query).snapshot);
         match PREVIOUS {
             Some(previous) => previous(query, eflags),
-            None => pg_sys::standard_ExecutorStart(query, eflags),
+            None => standard_executor_start(query, eflags),
         }
     }
+}
+
+/// The utility hook (`src/include/tcop/utility.h`, the same on PostgreSQL 15 and 18): records the
+/// active snapshot a utility statement runs under — `COPY table TO` reads the table through it
+/// with no executor (red team 19's review), a `DO` or `CALL` runs its body under it — then runs
+/// the statement as the hook before ours, or PostgreSQL, would. No `pg_guard`, as above: an
+/// ERROR anywhere in a `DO` block passes through here.
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C-unwind" fn record_then_utility(
+    statement: *mut pg_sys::PlannedStmt,
+    text: *const std::ffi::c_char,
+    read_only_tree: bool,
+    context: pg_sys::ProcessUtilityContext::Type,
+    params: pg_sys::ParamListInfo,
+    environment: *mut pg_sys::QueryEnvironment,
+    destination: *mut pg_sys::DestReceiver,
+    completion: *mut pg_sys::QueryCompletion,
+) {
+    // SAFETY: the active snapshot, when one is set, is valid while the statement runs (asked
+    // through pgrx's guarded bindings, which raise nothing here); the arguments go on as
+    // PostgreSQL passed them, to a hook that takes the same ones.
+    unsafe {
+        if pg_sys::ActiveSnapshotSet() {
+            record_guarded(pg_sys::GetActiveSnapshot());
+        }
+        let run = match PREVIOUS_UTILITY {
+            Some(previous) => previous,
+            None => standard_process_utility,
+        };
+        run(
+            statement,
+            text,
+            read_only_tree,
+            context,
+            params,
+            environment,
+            destination,
+            completion,
+        );
+    }
+}
+
+/// [`record`] behind pgrx's guard: a panic in it (none is expected: the allocator ends the
+/// session rather than fail) is raised as an ERROR from here.
+#[pg_guard]
+unsafe extern "C-unwind" fn record_guarded(snapshot: pg_sys::Snapshot) {
+    // SAFETY: the caller's snapshot is null or valid.
+    unsafe { record(snapshot) }
 }
 
 /// Keeps a copy of `snapshot` when it is the earliest an executor of this transaction started
@@ -127,6 +202,16 @@ unsafe fn record(snapshot: pg_sys::Snapshot) {
 
 /// Whether `s` was taken before `kept` (`None`: they cannot be ordered).
 fn earlier(s: &pg_sys::SnapshotData, kept: &Copy) -> Option<bool> {
+    // Ids compare modulo 2^32: a transaction spanning 2^30 of them (days at high rates) is not
+    // ordered, rather than ordered wrong.
+    if s.xmax
+        .into_inner()
+        .wrapping_sub(kept.xmax.into_inner())
+        .wrapping_add(1 << 30)
+        >= 1 << 31
+    {
+        return None;
+    }
     if s.xmax != kept.xmax {
         return Some(port::transaction_id_precedes(s.xmax, kept.xmax));
     }
@@ -164,8 +249,10 @@ unsafe fn ids<'a>(
 
 /// What the earliest snapshot an executor of this transaction started with says of `writer`.
 pub enum Earliest {
-    /// It sees `writer` committed (or no executor has run: nothing was read through SQL).
+    /// It sees `writer` committed.
     Sees,
+    /// No executor or utility statement of this transaction has run with a snapshot.
+    Unrecorded,
     /// It was taken before `writer` committed.
     Misses,
     /// Two of this transaction's snapshots could not be ordered.
@@ -184,7 +271,7 @@ pub fn earliest_sees(writer: u64) -> Earliest {
     EARLIEST.with(|earliest| {
         let earliest = earliest.borrow();
         if earliest.transaction != now {
-            return Earliest::Sees;
+            return Earliest::Unrecorded;
         }
         // SAFETY: a read of the shared next transaction id (under its lock).
         let next = unsafe { pg_sys::ReadNextFullTransactionId() }.value;

@@ -90,10 +90,16 @@ pub fn settled_version(hold: bool) -> Result<std::result::Result<Settled, InFlig
         }
         let latest = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
         let read = marker_in(latest).and_then(|(version, writer)| {
+            // 0.2.0's column: a 0.1.0 install not updated yet has none.
+            let written_by = if crate::schema::evolution::installed() {
+                written_by_in(latest)?
+            } else {
+                None
+            };
             Ok(Settled {
                 version,
                 writer,
-                written_by: written_by_in(latest)?,
+                written_by,
             })
         });
         pg_sys::UnregisterSnapshot(latest);
@@ -134,19 +140,37 @@ pub fn seen_by_every_snapshot(settled: &Settled) -> Seen {
     // Every executor of this transaction ran with the hook, and the marker names its writer:
     // exact, whether or not the marker row was frozen since (red team 19) and whether or not
     // the snapshots read through are still held (red team 18).
-    if let (true, Some(written_by)) = (executor_snapshots::covered(), settled.written_by) {
+    let written_by = settled
+        .written_by
+        .filter(|full| names_the_writer(*full, settled.writer));
+    if let Some(full) = written_by {
         // SAFETY: this transaction's own top-level id, when it has one.
-        let ours = unsafe { pg_sys::GetTopFullTransactionIdIfAny() }.value;
-        if ours == written_by {
+        if unsafe { pg_sys::GetTopFullTransactionIdIfAny() }.value == full {
             return Seen::Yes;
         }
-        return match executor_snapshots::earliest_sees(written_by) {
-            executor_snapshots::Earliest::Sees => Seen::Yes,
-            executor_snapshots::Earliest::Misses => Seen::No,
-            executor_snapshots::Earliest::Unknown => Seen::Unproven,
-        };
+        if executor_snapshots::covered() {
+            match executor_snapshots::earliest_sees(full) {
+                executor_snapshots::Earliest::Sees => return Seen::Yes,
+                executor_snapshots::Earliest::Misses => return Seen::No,
+                executor_snapshots::Earliest::Unknown => return Seen::Unproven,
+                // Nothing recorded (a read no hook saw?): the older checks.
+                executor_snapshots::Earliest::Unrecorded => {}
+            }
+        }
     }
-    let writer = settled.writer;
+    // A frozen row version no longer names its writer; `written_by` still does (red team 19).
+    let writer = match written_by {
+        Some(full) if settled.writer == pg_sys::FrozenTransactionId => {
+            // SAFETY: a read of the shared next transaction id.
+            let next = unsafe { pg_sys::ReadNextFullTransactionId() }.value;
+            if next - full >= 1 << 31 {
+                // Older than any snapshot that can still be asked.
+                return Seen::Yes;
+            }
+            pg_sys::TransactionId::from(full as u32)
+        }
+        _ => settled.writer,
+    };
     if writer.into_inner() < pg_sys::TransactionId::FIRST_NORMAL.into_inner() {
         return Seen::Yes;
     }
@@ -234,6 +258,36 @@ pub fn seen_by_every_snapshot(settled: &Settled) -> Seen {
     }
 }
 
+/// Whether the marker's `written_by` can be trusted to name the transaction that wrote the row
+/// version read (`xmin`): below the next id (a restore from another cluster carries a foreign
+/// one), and the same transaction as `xmin` — or `xmin` frozen, when only `written_by` tells. A
+/// row version written otherwise (by hand, by a restore) is asked by its `xmin`, as before.
+fn names_the_writer(full: u64, xmin: pg_sys::TransactionId) -> bool {
+    // SAFETY: reads of the shared next transaction id and of this backend's `TransactionXmin`;
+    // `pg_subtrans` is asked only about an id not below `TransactionXmin`, which it keeps.
+    unsafe {
+        if full >= pg_sys::ReadNextFullTransactionId().value {
+            return false;
+        }
+        if xmin == pg_sys::FrozenTransactionId {
+            return true;
+        }
+        let normal = pg_sys::TransactionId::FIRST_NORMAL.into_inner();
+        if xmin.into_inner() < normal {
+            return false;
+        }
+        let low = pg_sys::TransactionId::from(full as u32);
+        if xmin == low {
+            return true;
+        }
+        // A migration run in a subtransaction: its row version carries the subtransaction's id.
+        let floor = pg_sys::TransactionXmin;
+        floor.into_inner() >= normal
+            && !port::transaction_id_precedes(xmin, floor)
+            && pg_sys::SubTransGetTopmostTransaction(xmin) == low
+    }
+}
+
 /// How long a migration waits at most, before its first lock, for the transactions older than
 /// it to end ([`wait_for_older_transactions`]).
 const OLDER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -315,8 +369,8 @@ unsafe fn marker_in(snapshot: pg_sys::Snapshot) -> Result<(Option<i64>, pg_sys::
     }
 }
 
-/// The marker's `written_by` as `snapshot` sees it; `None` without one (or on an install not
-/// updated yet, whose table lacks the column, or where Citus keeps the table elsewhere).
+/// The marker's `written_by` as `snapshot` sees it; `None` without one (or where Citus keeps the
+/// table elsewhere).
 ///
 /// # Safety
 /// `snapshot` is registered.
@@ -332,9 +386,9 @@ unsafe fn written_by_in(snapshot: pg_sys::Snapshot) -> Result<Option<u64>> {
             snapshot,
         )
     };
-    Ok(match read {
-        Ok(heap::Lookup::Here(Some(full), _)) => u64::try_from(full).ok(),
-        Ok(_) | Err(_) => None,
+    Ok(match read? {
+        heap::Lookup::Here(Some(full), _) => u64::try_from(full).ok(),
+        _ => None,
     })
 }
 

@@ -248,3 +248,79 @@ fn a_restarted_worker_first_asks_every_listener_to_read_every_head() {
     let heard = listen_until(&mut l, new, |h| last(h, "after_restart") == Some(seq));
     assert_eq!(last(&heard, "after_restart"), Some(seq));
 }
+
+/// The preloaded library's executor and utility hooks call the hooks loaded before them (this
+/// cluster preloads pg_stat_statements first) behind a guard: an ERROR raised inside them — a
+/// permission check while the executor starts, a utility statement refused — is an ordinary
+/// error, the session goes on, and every transaction is covered (the row codec's snapshot
+/// check, docs/SECURITY.md rule 19): a transaction that read before a migration is refused the
+/// default version after it, in the connection's first transaction too.
+#[test]
+fn the_hooks_chain_to_the_ones_loaded_before_and_cover_every_transaction() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut c = fresh();
+    c.batch_execute(
+        "DROP ROLE IF EXISTS feed_stranger; CREATE ROLE feed_stranger;
+         CREATE TABLE IF NOT EXISTS public.feed_private (x int)",
+    )
+    .unwrap();
+    let pid: i32 = c.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    for refused in [
+        "SET ROLE feed_stranger; SELECT * FROM public.feed_private",
+        "SET ROLE feed_stranger; COPY public.feed_private TO STDOUT",
+    ] {
+        let e = c.batch_execute(refused).unwrap_err();
+        assert_eq!(
+            e.code().map(|s| s.code()),
+            Some("42501"),
+            "{refused}: {e:?}"
+        );
+        c.batch_execute("RESET ROLE").unwrap();
+    }
+    let same: i32 = c.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    assert_eq!(same, pid, "the same backend");
+    // Covered from the connection's first transaction: the library was loaded at its start.
+    let column = |name: &str, ty: &str, nullable: bool| json!({"name": name, "type": ty, "nullable": nullable});
+    let tasks = json!([
+        column("id", "string", false),
+        column("project_id", "string", true),
+        column("data", "bytes", true)
+    ]);
+    let docs = json!([
+        column("id", "string", false),
+        column("org_id", "string", true),
+        column("project_id", "string", true)
+    ]);
+    let scoped = |columns: &Value| {
+        json!({"columns": columns, "primaryKey": "id",
+                                          "scopes": [{"variable": "project_id", "column": "project_id"}]})
+    };
+    c.query_one(
+        "SELECT syncular.set_push_schema(1, $1)",
+        &[&json!({"tasks": scoped(&tasks), "docs": scoped(&docs)})],
+    )
+    .unwrap();
+    let encode = "SELECT syncular.encode_row('tasks',
+                  '{\"id\": \"a\", \"project_id\": null, \"data\": null}'::jsonb)";
+    let mut reader = connect();
+    reader
+        .batch_execute("BEGIN; SELECT count(*) FROM pg_catalog.pg_class")
+        .unwrap();
+    c.batch_execute("BEGIN").unwrap();
+    c.query_one(
+        "SELECT syncular.migrate_schema(1, $1)",
+        &[&json!({"tasks": tasks, "docs": docs})],
+    )
+    .unwrap();
+    c.batch_execute("COMMIT").unwrap();
+    let e = sql_error(&reader.query_one(encode, &[]).unwrap_err());
+    assert!(
+        e.state == "SY041"
+            && e.hint
+                .as_deref()
+                .is_some_and(|h| h.contains("taken before that migration")),
+        "a preloaded backend's first transaction, read before the migration: {e:?}"
+    );
+    reader.batch_execute("ROLLBACK").unwrap();
+    reader.query_one(encode, &[]).unwrap();
+}
