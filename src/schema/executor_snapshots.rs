@@ -259,11 +259,15 @@ pub enum Earliest {
     Unknown,
 }
 
-/// Asks the earliest snapshot of this transaction whether it sees `writer`, the full id of a
-/// committed top-level transaction. Below the snapshot's `xmin` it does, at or above its `xmax`
-/// it does not, in between unless it was running then; compared as full ids, so a transaction
-/// long past (its row version frozen, its id wrapped around) is still told apart.
-pub fn earliest_sees(writer: u64) -> Earliest {
+/// Asks the earliest snapshot of this transaction whether it sees every one of `writers`: full
+/// ids of a committed transaction or of one of its subtransactions — the one that wrote the
+/// marker row (its `xmin`) and the one it recorded (`recorded`, a top-level id). Below the
+/// snapshot's `xmin` an id is seen, at or above its `xmax` it is not, in between unless it was
+/// running then (a top-level id in `xip`, a subtransaction's in `subxip` while its parent runs,
+/// unless that list overflowed: then an id other than `recorded` cannot be told); compared as
+/// full ids, so a transaction long past (its row version frozen, its id wrapped around) is still
+/// told apart.
+pub fn earliest_sees(writers: &[u64], recorded: Option<u64>) -> Earliest {
     let now = port::local_transaction_id();
     if UNORDERED.with(Cell::get) == now {
         return Earliest::Unknown;
@@ -275,24 +279,41 @@ pub fn earliest_sees(writer: u64) -> Earliest {
         }
         // SAFETY: a read of the shared next transaction id (under its lock).
         let next = unsafe { pg_sys::ReadNextFullTransactionId() }.value;
-        if writer < port::widen_transaction_id(next, earliest.xmin) {
-            return Earliest::Sees;
-        }
-        if writer >= port::widen_transaction_id(next, earliest.xmax) {
-            return Earliest::Misses;
-        }
-        // On a standby every running id is in `subxip`, complete unless it overflowed.
-        let running = if earliest.taken_during_recovery {
-            if earliest.suboverflowed {
-                return Earliest::Unknown;
+        let (xmin, xmax) = (
+            port::widen_transaction_id(next, earliest.xmin),
+            port::widen_transaction_id(next, earliest.xmax),
+        );
+        let mut unknown = false;
+        for &writer in writers {
+            if writer < xmin {
+                continue;
             }
-            &earliest.subxip
-        } else {
-            &earliest.xip
-        };
-        let low = pg_sys::TransactionId::from(writer as u32);
-        if running.contains(&low) {
-            Earliest::Misses
+            if writer >= xmax {
+                return Earliest::Misses;
+            }
+            let low = pg_sys::TransactionId::from(writer as u32);
+            // On a standby every running id is in `subxip`, complete unless it overflowed.
+            if earliest.taken_during_recovery {
+                if earliest.suboverflowed {
+                    unknown = true;
+                } else if earliest.subxip.contains(&low) {
+                    return Earliest::Misses;
+                }
+                continue;
+            }
+            if earliest.xip.contains(&low) {
+                return Earliest::Misses;
+            }
+            if !earliest.suboverflowed {
+                if earliest.subxip.contains(&low) {
+                    return Earliest::Misses;
+                }
+            } else if Some(writer) != recorded {
+                unknown = true;
+            }
+        }
+        if unknown {
+            Earliest::Unknown
         } else {
             Earliest::Sees
         }

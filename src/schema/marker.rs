@@ -137,32 +137,43 @@ pub enum Seen {
 /// that this is rare). Not asked: bytes a client (or a `WITH HOLD` cursor) carried out of the
 /// transaction that read them, and the migrating transaction's own reads.
 pub fn seen_by_every_snapshot(settled: &Settled) -> Seen {
-    // Every executor of this transaction ran with the hook, and the marker names its writer:
-    // exact, whether or not the marker row was frozen since (red team 19) and whether or not
-    // the snapshots read through are still held (red team 18).
-    let written_by = settled
-        .written_by
-        .filter(|full| names_the_writer(*full, settled.writer));
-    if let Some(full) = written_by {
-        // SAFETY: this transaction's own top-level id, when it has one.
-        if unsafe { pg_sys::GetTopFullTransactionIdIfAny() }.value == full {
-            return Seen::Yes;
-        }
-        if executor_snapshots::covered() {
-            match executor_snapshots::earliest_sees(full) {
-                executor_snapshots::Earliest::Sees => return Seen::Yes,
-                executor_snapshots::Earliest::Misses => return Seen::No,
-                executor_snapshots::Earliest::Unknown => return Seen::Unproven,
-                // Nothing recorded (a read no hook saw?): the older checks.
-                executor_snapshots::Earliest::Unrecorded => {}
-            }
+    // SAFETY: a read of the shared next transaction id.
+    let next = unsafe { pg_sys::ReadNextFullTransactionId() }.value;
+    // What the marker recorded of its writer, where it can be (a restore from another cluster
+    // carries a foreign id, past this one's next); it stays true when the row version is frozen.
+    let recorded = settled.written_by.filter(|full| *full < next);
+    let frozen = settled.writer == pg_sys::FrozenTransactionId;
+    let normal = pg_sys::TransactionId::FIRST_NORMAL.into_inner();
+    // Where every executor and utility statement of this transaction ran with the hooks: the
+    // earliest snapshot it read through must see both the row version's writer (perhaps a
+    // subtransaction of the migration, red team 20) and the recorded one — exact, frozen or
+    // not (red team 19), held or not (red team 18).
+    let mut writers = Vec::with_capacity(2);
+    if settled.writer.into_inner() >= normal {
+        writers.push(port::widen_transaction_id(next, settled.writer));
+    }
+    writers.extend(recorded);
+    // SAFETY: reads of this transaction's own state.
+    let ours = unsafe {
+        (settled.writer.into_inner() >= normal
+            && pg_sys::TransactionIdIsCurrentTransactionId(settled.writer))
+            || recorded == Some(pg_sys::GetTopFullTransactionIdIfAny().value)
+    };
+    if ours {
+        return Seen::Yes;
+    }
+    if executor_snapshots::covered() && !writers.is_empty() {
+        match executor_snapshots::earliest_sees(&writers, recorded) {
+            executor_snapshots::Earliest::Sees => return Seen::Yes,
+            executor_snapshots::Earliest::Misses => return Seen::No,
+            executor_snapshots::Earliest::Unknown => return Seen::Unproven,
+            // Nothing recorded (a read no hook saw?): the older checks.
+            executor_snapshots::Earliest::Unrecorded => {}
         }
     }
     // A frozen row version no longer names its writer; `written_by` still does (red team 19).
-    let writer = match written_by {
-        Some(full) if settled.writer == pg_sys::FrozenTransactionId => {
-            // SAFETY: a read of the shared next transaction id.
-            let next = unsafe { pg_sys::ReadNextFullTransactionId() }.value;
+    let writer = match recorded {
+        Some(full) if frozen => {
             if next - full >= 1 << 31 {
                 // Older than any snapshot that can still be asked.
                 return Seen::Yes;
@@ -255,36 +266,6 @@ pub fn seen_by_every_snapshot(settled: &Settled) -> Seen {
             }
             None => Seen::Unproven,
         }
-    }
-}
-
-/// Whether the marker's `written_by` can be trusted to name the transaction that wrote the row
-/// version read (`xmin`): below the next id (a restore from another cluster carries a foreign
-/// one), and the same transaction as `xmin` — or `xmin` frozen, when only `written_by` tells. A
-/// row version written otherwise (by hand, by a restore) is asked by its `xmin`, as before.
-fn names_the_writer(full: u64, xmin: pg_sys::TransactionId) -> bool {
-    // SAFETY: reads of the shared next transaction id and of this backend's `TransactionXmin`;
-    // `pg_subtrans` is asked only about an id not below `TransactionXmin`, which it keeps.
-    unsafe {
-        if full >= pg_sys::ReadNextFullTransactionId().value {
-            return false;
-        }
-        if xmin == pg_sys::FrozenTransactionId {
-            return true;
-        }
-        let normal = pg_sys::TransactionId::FIRST_NORMAL.into_inner();
-        if xmin.into_inner() < normal {
-            return false;
-        }
-        let low = pg_sys::TransactionId::from(full as u32);
-        if xmin == low {
-            return true;
-        }
-        // A migration run in a subtransaction: its row version carries the subtransaction's id.
-        let floor = pg_sys::TransactionXmin;
-        floor.into_inner() >= normal
-            && !port::transaction_id_precedes(xmin, floor)
-            && pg_sys::SubTransGetTopmostTransaction(xmin) == low
     }
 }
 

@@ -2877,52 +2877,74 @@ fn a_transaction_that_read_before_a_migration_is_refused_the_default_version_aft
 /// (`VACUUM (FREEZE)` here; a plain VACUUM may freeze it too, and autovacuum runs one), and the
 /// transaction decoded the bytes it had kept at the default version: a frozen row version no
 /// longer names the transaction that wrote it, and the check answered "seen". The marker now
-/// records its writer (`written_by`), which freezing does not erase.
+/// records its writer (`written_by`), which freezing does not erase. Red team 20: the same read,
+/// and a migration run inside a savepoint — the row version then carries the subtransaction's
+/// id, not the recorded one — got through the same way; both ids are now asked.
 #[test]
 fn a_frozen_marker_still_names_the_migration_a_transaction_read_before() {
-    let (db, mut c) = s1_setup("ev_b19_frozen");
-    let mut reader = db.connect();
-    exec(&mut reader, "SELECT syncular.notify_channel()");
-    exec(&mut reader, "BEGIN; SAVEPOINT s");
-    let payload: Vec<u8> = one(
-        &mut reader,
-        "SELECT _sync_payload FROM public.ev_t8 WHERE _sync_row_id = 'r1'",
-        &[],
-    );
-    exec(&mut reader, "ROLLBACK TO SAVEPOINT s");
-    migrate(&mut c, 2, &s1_layouts(true), &json!([]));
-    // Another test's transaction may hold the freeze horizon for a moment. (A frozen row
-    // version keeps its `xmin` column; the visibility map tells.)
-    exec(&mut c, "CREATE EXTENSION IF NOT EXISTS pg_visibility");
-    let frozen = (0..300).any(|_| {
-        exec(&mut c, "VACUUM (FREEZE) syncular.sync_schema_meta");
-        let done: bool = one(
-            &mut c,
-            "SELECT all_frozen FROM pg_visibility_map('syncular.sync_schema_meta', 0)",
+    for (name, in_savepoint, freeze) in [
+        ("the marker frozen", false, true),
+        ("the migration in a savepoint", true, false),
+    ] {
+        let (db, mut c) = s1_setup(&format!("ev_b19_frozen_{in_savepoint}"));
+        let mut reader = db.connect();
+        exec(&mut reader, "SELECT syncular.notify_channel()");
+        exec(&mut reader, "BEGIN; SAVEPOINT s");
+        let payload: Vec<u8> = one(
+            &mut reader,
+            "SELECT _sync_payload FROM public.ev_t8 WHERE _sync_row_id = 'r1'",
             &[],
         );
-        if !done {
-            std::thread::sleep(std::time::Duration::from_millis(100));
+        exec(&mut reader, "ROLLBACK TO SAVEPOINT s");
+        if in_savepoint {
+            exec(&mut c, "BEGIN; SAVEPOINT m");
+            c.query_one(
+                "SELECT syncular.migrate_schema(2, $1)",
+                &[&s1_layouts(true)],
+            )
+            .unwrap();
+            exec(&mut c, "RELEASE SAVEPOINT m; COMMIT");
+        } else {
+            migrate(&mut c, 2, &s1_layouts(true), &json!([]));
         }
-        done
-    });
-    assert!(frozen, "the marker row was never frozen");
-    let decode = "SELECT syncular.decode_row('t8', $1)->>'b1'";
-    match reader
-        .query_one(decode, &[&payload])
-        .map_err(|e| sql_error(&e))
-    {
-        Err(e) if e.state == "SY041" => {}
-        other => panic!("bytes read before the migration, the marker frozen: {other:?}"),
+        if freeze {
+            // Another test's transaction may hold the freeze horizon for a moment. (A frozen
+            // row version keeps its `xmin` column; the visibility map tells.)
+            exec(&mut c, "CREATE EXTENSION IF NOT EXISTS pg_visibility");
+            let frozen = (0..300).any(|_| {
+                exec(&mut c, "VACUUM (FREEZE) syncular.sync_schema_meta");
+                let done: bool = one(
+                    &mut c,
+                    "SELECT all_frozen FROM pg_visibility_map('syncular.sync_schema_meta', 0)",
+                    &[],
+                );
+                if !done {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                done
+            });
+            assert!(frozen, "the marker row was never frozen");
+        }
+        let decode = "SELECT syncular.decode_row('t8', $1)->>'b1'";
+        match reader
+            .query_one(decode, &[&payload])
+            .map_err(|e| sql_error(&e))
+        {
+            Err(e) if e.state == "SY041" => {}
+            other => panic!("bytes read before the migration, {name}: {other:?}"),
+        }
+        exec(&mut reader, "ROLLBACK");
+        let fresh: Vec<u8> = one(
+            &mut reader,
+            "SELECT _sync_payload FROM public.ev_t8 WHERE _sync_row_id = 'r1'",
+            &[],
+        );
+        let after: String = one(&mut reader, decode, &[&fresh]);
+        assert_eq!(
+            after, "AA==",
+            "{name}: the re-encoded row, in a new transaction"
+        );
     }
-    exec(&mut reader, "ROLLBACK");
-    let fresh: Vec<u8> = one(
-        &mut reader,
-        "SELECT _sync_payload FROM public.ev_t8 WHERE _sync_row_id = 'r1'",
-        &[],
-    );
-    let after: String = one(&mut reader, decode, &[&fresh]);
-    assert_eq!(after, "AA==", "the re-encoded row, in a new transaction");
 }
 
 /// Red team 19's review: `COPY table TO` reads the table through the active snapshot and starts
