@@ -332,14 +332,7 @@ unsafe fn marker_in(snapshot: pg_sys::Snapshot) -> Result<(Option<i64>, pg_sys::
     // int4 primary key.
     unsafe {
         let snapshot = pg_sys::RegisterSnapshot(snapshot);
-        let marker = heap::bigint_by_key(
-            heap::SyncTable::SchemaMeta,
-            pg_sys::Datum::from(1i32),
-            None,
-            (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
-            c"schema_version",
-            snapshot,
-        );
+        let marker = marker_column(c"schema_version", snapshot);
         pg_sys::UnregisterSnapshot(snapshot);
         match marker? {
             heap::Lookup::Here(version, writer) => Ok((version, writer)),
@@ -350,23 +343,35 @@ unsafe fn marker_in(snapshot: pg_sys::Snapshot) -> Result<(Option<i64>, pg_sys::
     }
 }
 
+/// The bigint `column` of the marker row (its int4 primary key is 1), read below SQL by its key.
+///
+/// # Safety
+/// `snapshot` is registered.
+unsafe fn marker_column(
+    column: &std::ffi::CStr,
+    snapshot: pg_sys::Snapshot,
+) -> Result<heap::Lookup> {
+    // SAFETY: the caller's registered snapshot; the key is a datum of the primary key's type.
+    unsafe {
+        heap::bigint_by_key(
+            heap::SyncTable::SchemaMeta,
+            pg_sys::Datum::from(1i32),
+            None,
+            (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
+            column,
+            snapshot,
+        )
+    }
+}
+
 /// The marker's `written_by` as `snapshot` sees it; `None` without one (or where Citus keeps the
 /// table elsewhere).
 ///
 /// # Safety
 /// `snapshot` is registered.
 unsafe fn written_by_in(snapshot: pg_sys::Snapshot) -> Result<Option<u64>> {
-    // SAFETY: the caller's registered snapshot; the key is the marker's int4 primary key.
-    let read = unsafe {
-        heap::bigint_by_key(
-            heap::SyncTable::SchemaMeta,
-            pg_sys::Datum::from(1i32),
-            None,
-            (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
-            c"written_by",
-            snapshot,
-        )
-    };
+    // SAFETY: the caller's registered snapshot.
+    let read = unsafe { marker_column(c"written_by", snapshot) };
     Ok(match read? {
         heap::Lookup::Here(Some(full), _) => u64::try_from(full).ok(),
         _ => None,
