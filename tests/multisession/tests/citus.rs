@@ -592,49 +592,159 @@ fn shard_port(c: &mut Client, partition: &str) -> i32 {
     ports[0]
 }
 
+/// The connection parameters of node `i` of the cluster (0: the coordinator, 1 and 2: the
+/// workers, on the coordinator's port + i, as scripts/citus.sh starts them). Citus keeps its
+/// metadata on every node: a worker routes a call as the coordinator does.
+fn node_params(i: i32) -> String {
+    let params = std::env::var("SYNCULAR_TEST_CITUS").unwrap();
+    params
+        .split_whitespace()
+        .map(|kv| match kv.strip_prefix("port=") {
+            Some(port) => format!("port={}", port.parse::<i32>().unwrap() + i),
+            None => kv.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// What one pusher thread of a test under load saw: the acknowledged pushes as
+/// `(partition, commitSeq, row_id)`, and the refused ones' errors.
+type Pushed = (Vec<(String, i64, String)>, Vec<String>);
+
+/// A thread pushing one-call commits through node `node` without pause, round-robin over
+/// `partitions`, until `stop` (and at least 5 acknowledged): every push either applies or is
+/// refused, never answered otherwise.
+fn pusher(
+    node: i32,
+    tag: &'static str,
+    partitions: &'static [String],
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Pushed> {
+    std::thread::spawn(move || {
+        let mut c = Client::connect(&node_params(node), NoTls).unwrap();
+        let (mut acked, mut refused) = (Vec::new(), Vec::new());
+        let mut i = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) || acked.len() < 5 {
+            i += 1;
+            let p = &partitions[i % partitions.len()];
+            let (key, row) = (format!("k{tag}-{i}"), format!("r{tag}-{i}"));
+            match c.query_one(PUSH, &[p, &key, &row]) {
+                Ok(r) => {
+                    let out: serde_json::Value = r.get(0);
+                    assert_eq!(out["outcome"], "applied", "{out}");
+                    acked.push((p.clone(), out["commitSeq"].as_i64().unwrap(), row));
+                }
+                Err(e) => refused.push(format!("{:?}", sql_error(&e))),
+            }
+        }
+        (acked, refused)
+    })
+}
+
+/// Stops the pushers and checks, for each of their partitions, what a move of its shards must
+/// keep: every acknowledged commit stored, each number given once, the numbers without a gap,
+/// nothing stored that was not acknowledged, one app row per push, a pull returning every
+/// commit, all of the partition's colocated shards on one node, and the fence holding there.
+/// The number of pushes acknowledged and refused.
+fn every_acknowledged_commit_kept(
+    c: &mut Client,
+    partitions: &[String],
+    stop: &std::sync::atomic::AtomicBool,
+    pushers: Vec<std::thread::JoinHandle<Pushed>>,
+) -> (usize, usize) {
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut acked, mut refused) = (Vec::new(), Vec::new());
+    for t in pushers {
+        let (a, r) = t.join().unwrap();
+        acked.extend(a);
+        refused.extend(r);
+    }
+    for p in partitions {
+        let mut seqs: Vec<i64> = acked
+            .iter()
+            .filter(|(q, _, _)| q == p)
+            .map(|(_, s, _)| *s)
+            .collect();
+        seqs.sort();
+        let mut unique = seqs.clone();
+        unique.dedup();
+        assert_eq!(
+            unique.len(),
+            seqs.len(),
+            "{p}: a commit number given twice: {seqs:?}"
+        );
+        let stored: Vec<i64> = c
+            .query(
+                "SELECT commit_seq FROM syncular.sync_commits WHERE partition = $1 ORDER BY 1",
+                &[p],
+            )
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(
+            stored,
+            (1..=stored.len() as i64).collect::<Vec<_>>(),
+            "{p}: the commit numbers have no gap"
+        );
+        for s in &seqs {
+            assert!(stored.contains(s), "{p}: acknowledged commit {s} lost");
+        }
+        assert_eq!(
+            stored.len(),
+            seqs.len(),
+            "{p}: a commit stored but not acknowledged"
+        );
+        let rows: i64 = one(
+            c,
+            "SELECT count(*) FROM public.tasks WHERE _sync_partition = $1",
+            &[p],
+        );
+        assert_eq!(
+            rows as usize,
+            seqs.len(),
+            "{p}: one app row per acknowledged push"
+        );
+        let pulled = c.query(PULL, &[p, &0i64]).unwrap();
+        assert_eq!(
+            pulled.len(),
+            1 + seqs.len(),
+            "{p}: a pull returns every commit"
+        );
+        shard_port(c, p);
+        exec(c, &format!("SELECT syncular.raise_writer_fence('{p}', 3)"));
+        let allowed: bool = one(c, "SELECT syncular.writer_fence_allows($1, 1)", &[p]);
+        assert!(
+            !allowed,
+            "{p}: the fence holds on the node its shards are on"
+        );
+    }
+    (acked.len(), refused.len())
+}
+
 /// A shard move under load (issue 30, item 3): two connections push to one partition without
 /// pause while its colocated shards — the log, the fence, the app rows — move to the other worker
 /// and back (`citus_move_shard_placement`, blocking writes while it copies). A push the move
-/// refuses is not acknowledged; every acknowledged commit is kept, its number unique, the numbers
-/// without a gap, its app row there, a pull returns each, and the fence still refuses an older
-/// writer on the new node.
+/// refuses is not acknowledged; every acknowledged commit is kept
+/// ([`every_acknowledged_commit_kept`]).
 #[test]
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
 fn a_shard_move_under_load_keeps_every_acknowledged_commit() {
     let mut c = coordinator();
     tasks(&mut c);
-    let partition = format!("moving-{}", std::process::id());
-    let p: &'static str = Box::leak(partition.into_boxed_str());
-    let params = std::env::var("SYNCULAR_TEST_CITUS").unwrap();
+    let partitions: &'static [String] =
+        Box::leak(vec![format!("moving-{}", std::process::id())].into_boxed_slice());
+    let p = &partitions[0];
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let pushers: Vec<_> = (0..2)
-        .map(|t| {
-            let (params, stop) = (params.clone(), stop.clone());
-            std::thread::spawn(move || {
-                let mut c = Client::connect(&params, NoTls).unwrap();
-                let (mut acked, mut refused) = (Vec::new(), Vec::new());
-                let mut i = 0;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) || acked.len() < 5 {
-                    i += 1;
-                    let (key, row) = (format!("k{t}-{i}"), format!("r{t}-{i}"));
-                    match c.query_one(PUSH, &[&p, &key, &row]) {
-                        Ok(r) => {
-                            let out: serde_json::Value = r.get(0);
-                            assert_eq!(out["outcome"], "applied", "{out}");
-                            acked.push((out["commitSeq"].as_i64().unwrap(), row));
-                        }
-                        Err(e) => refused.push(format!("{:?}", sql_error(&e))),
-                    }
-                }
-                (acked, refused)
-            })
-        })
-        .collect();
+    let pushers = vec![
+        pusher(0, "a", partitions, stop.clone()),
+        pusher(0, "b", partitions, stop.clone()),
+    ];
     let from = shard_port(&mut c, p);
     let shard: i64 = one(
         &mut c,
         "SELECT get_shard_id_for_distribution_column('syncular.sync_commits', $1::text)",
-        &[&p],
+        &[p],
     );
     let to = c
         .query(
@@ -661,67 +771,85 @@ fn a_shard_move_under_load_keeps_every_acknowledged_commit() {
         );
     }
     std::thread::sleep(std::time::Duration::from_millis(1000));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut acked = Vec::new();
-    let mut refused = Vec::new();
-    for t in pushers {
-        let (a, r) = t.join().unwrap();
-        acked.extend(a);
-        refused.extend(r);
-    }
-    acked.sort();
-    let seqs: Vec<i64> = acked.iter().map(|(s, _)| *s).collect();
-    let mut unique = seqs.clone();
-    unique.dedup();
-    assert_eq!(
-        unique.len(),
-        seqs.len(),
-        "a commit number given twice: {seqs:?}"
+    let (acked, refused) = every_acknowledged_commit_kept(&mut c, partitions, &stop, pushers);
+    eprintln!(
+        "shard move under load: {acked} commits acknowledged, {refused} pushes refused during the moves"
     );
-    let stored: Vec<i64> = c
-        .query(
-            "SELECT commit_seq FROM syncular.sync_commits WHERE partition = $1 ORDER BY 1",
-            &[&p],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(
-        stored,
-        (1..=stored.len() as i64).collect::<Vec<_>>(),
-        "the commit numbers have no gap"
+}
+
+/// The rebalancer under load, with pushes through two nodes (issue 30, items 3 and 4): one
+/// connection to the coordinator and one to a worker (Citus keeps its metadata on every node, so
+/// a worker routes the call too) push to the same four partitions without pause while the
+/// operator drains that worker (`citus_drain_node`: every shard group moves to the other one)
+/// and then spreads the groups again with the background rebalancer (`citus_rebalance_start`,
+/// `citus_rebalance_wait`). Both nodes allocate numbers in the same partitions at once; every
+/// acknowledged commit is kept, once, without a gap, each partition's shards together
+/// ([`every_acknowledged_commit_kept`]).
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn the_rebalancer_under_pushes_through_two_nodes_keeps_every_acknowledged_commit() {
+    let mut c = coordinator();
+    tasks(&mut c);
+    let partitions: &'static [String] = Box::leak(
+        (0..4)
+            .map(|i| format!("rebalanced-{}-{i}", std::process::id()))
+            .collect::<Vec<_>>()
+            .into_boxed_slice(),
     );
-    for s in &seqs {
-        assert!(stored.contains(s), "acknowledged commit {s} lost");
-    }
-    assert_eq!(
-        stored.len(),
-        seqs.len(),
-        "a commit stored but not acknowledged"
-    );
-    let rows: i64 = one(
+    let worker: i32 = one(
         &mut c,
-        "SELECT count(*) FROM public.tasks WHERE _sync_partition = $1",
-        &[&p],
+        "SELECT nodeport FROM pg_dist_node WHERE groupid <> 0 ORDER BY nodeport LIMIT 1",
+        &[],
     );
-    assert_eq!(
-        rows as usize,
-        acked.len(),
-        "one app row per acknowledged push"
-    );
-    let pulled = c.query(PULL, &[&p, &0i64]).unwrap();
-    assert_eq!(pulled.len(), 1 + acked.len(), "a pull returns every commit");
+    let coordinator_port: i32 = one(&mut c, "SELECT inet_server_port()", &[]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pushers = vec![
+        pusher(0, "c", partitions, stop.clone()),
+        pusher(worker - coordinator_port, "w", partitions, stop.clone()),
+    ];
+    std::thread::sleep(std::time::Duration::from_millis(500));
     exec(
         &mut c,
-        &format!("SELECT syncular.raise_writer_fence('{p}', 3)"),
+        &format!(
+            "SELECT citus_drain_node('127.0.0.1', {worker}, shard_transfer_mode => 'block_writes')"
+        ),
     );
-    let allowed: bool = one(&mut c, "SELECT syncular.writer_fence_allows($1, 1)", &[&p]);
-    assert!(!allowed, "the fence holds on the node the shards moved to");
+    let left: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM pg_dist_shard_placement p JOIN pg_dist_shard s USING (shardid)
+          WHERE p.nodeport = $1 AND s.logicalrelid::regclass::text LIKE 'syncular.%'
+            AND s.shardminvalue IS NOT NULL",
+        &[&worker],
+    );
+    assert_eq!(left, 0, "the drained worker holds no distributed shard");
+    // Three statements, each committed before the next: a multi-statement string would run as
+    // one transaction, and the background job would never see the node accept shards again.
+    for statement in [
+        format!("SELECT citus_set_node_property('127.0.0.1', {worker}, 'shouldhaveshards', true)"),
+        "SELECT citus_rebalance_start(shard_transfer_mode => 'block_writes')".to_string(),
+        "SELECT citus_rebalance_wait()".to_string(),
+    ] {
+        exec(&mut c, &statement);
+    }
+    let state: String = one(
+        &mut c,
+        "SELECT state::text FROM pg_dist_background_job ORDER BY job_id DESC LIMIT 1",
+        &[],
+    );
+    assert_eq!(state, "finished", "the rebalance job ran to its end");
+    let back: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM pg_dist_shard_placement WHERE nodeport = $1",
+        &[&worker],
+    );
+    assert!(
+        back > 0,
+        "the rebalancer moved shard groups back to the worker"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let (acked, refused) = every_acknowledged_commit_kept(&mut c, partitions, &stop, pushers);
     eprintln!(
-        "shard move under load: {} commits acknowledged, {} pushes refused during the moves",
-        acked.len(),
-        refused.len()
+        "rebalance under load through two nodes: {acked} commits acknowledged, {refused} pushes refused"
     );
 }
 
