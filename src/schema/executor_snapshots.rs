@@ -10,12 +10,15 @@
 //! the current transaction, so the check needs no snapshot still to be held when it runs: a cursor closed inside the decoding statement (red team 18, F2) or a
 //! snapshot on PostgreSQL 18's private active stack (F1) was recorded when it was read through.
 //!
-//! "Earliest" is well defined without a clock: a snapshot's `xmax` is the latest completed
-//! transaction id plus one when it was taken, which only grows, so a smaller `xmax` was taken
-//! earlier; of two with one `xmax`, the later one's running set is a subset of the earlier one's
-//! (no transaction below `xmax` can start afterwards), so the larger set was taken earlier or
-//! sees exactly the same. And whatever an earlier snapshot sees committed, every later one does:
-//! if the earliest sees a migration, all of them do.
+//! What is kept is the earliest snapshot, found without a clock: a snapshot's `xmax` is the
+//! latest completed transaction id plus one when it was taken, which only grows, so a smaller
+//! `xmax` was taken earlier, and a later snapshot adds nothing to what an earlier one says of any
+//! id below the earlier `xmax` (an id still running later was running then, and listed). Of two
+//! with one `xmax` neither is known to be the earlier (the later one's running set is a subset,
+//! but a standby's lists can be incomplete: red team 21), so both are kept merged: the smaller
+//! `xmin`, every id either saw running, and either's overflow — what the merge says is seen,
+//! each of them sees. And whatever the earliest sees committed, every later snapshot does: if
+//! the earliest sees a migration, all of them do.
 //!
 //! Only a transaction that began after the hook was installed is covered: the library loads at
 //! the first call of one of its functions (or at connection start where it is preloaded:
@@ -27,24 +30,64 @@ use pgrx::{pg_guard, pg_sys};
 use std::cell::{Cell, RefCell};
 use std::ffi::c_int;
 
-/// A copy of a snapshot's visibility data: enough to ask whether it sees a top-level transaction.
+/// A copy of a snapshot's visibility data: enough to ask whether it sees a transaction.
 #[derive(Default)]
 struct Copy {
     /// The local transaction the snapshot was read through in.
     transaction: pg_sys::LocalTransactionId,
     xmin: pg_sys::TransactionId,
     xmax: pg_sys::TransactionId,
-    xip: Vec<pg_sys::TransactionId>,
-    subxip: Vec<pg_sys::TransactionId>,
+    /// The ids seen running below `xmax`, sorted: top-level ones (a primary's `xip`; a standby
+    /// keeps every running id in `subxip`) and subtransactions'.
+    running: Vec<u32>,
+    /// A list of running subtransactions was incomplete (a transaction with more of them than
+    /// PostgreSQL keeps per backend, 64): a subtransaction's id missing from `running` may still
+    /// have been running. Top-level ids are always complete.
     suboverflowed: bool,
-    taken_during_recovery: bool,
+}
+
+impl Copy {
+    fn take(&mut self, transaction: pg_sys::LocalTransactionId, s: &pg_sys::SnapshotData) {
+        self.transaction = transaction;
+        self.xmin = s.xmin;
+        self.xmax = s.xmax;
+        self.running.clear();
+        self.suboverflowed = s.suboverflowed;
+        self.add_running(s);
+    }
+
+    /// Merges `s`, taken at the same `xmax`: the smaller `xmin`, either's overflow, every
+    /// running id of both.
+    fn merge(&mut self, s: &pg_sys::SnapshotData) {
+        if port::transaction_id_precedes(s.xmin, self.xmin) {
+            self.xmin = s.xmin;
+        }
+        self.suboverflowed |= s.suboverflowed;
+        self.add_running(s);
+    }
+
+    /// Adds `s`'s running ids below `xmax` not already listed.
+    fn add_running(&mut self, s: &pg_sys::SnapshotData) {
+        // SAFETY: a valid snapshot's `xip` has `xcnt` ids and its `subxip` `subxcnt`.
+        let (xip, subxip) = unsafe { (ids(s.xip, s.xcnt), ids(s.subxip, s.subxcnt)) };
+        for id in xip.iter().chain(subxip) {
+            if !port::transaction_id_precedes(*id, self.xmax) {
+                continue;
+            }
+            let id = id.into_inner();
+            if let Err(at) = self.running.binary_search(&id) {
+                self.running.insert(at, id);
+            }
+        }
+    }
 }
 
 thread_local! {
-    /// The earliest snapshot an executor of [`Copy::transaction`] started with.
+    /// The earliest snapshot an executor of [`Copy::transaction`] started with (several merged,
+    /// when they could not be ordered).
     static EARLIEST: RefCell<Copy> = RefCell::new(Copy::default());
-    /// Two snapshots of one transaction that cannot be ordered (a standby's with overflowed
-    /// subtransactions): the transaction's answer is "not proven".
+    /// A transaction whose snapshots span more than 2^30 ids, which compare only modulo 2^32:
+    /// its answer is "not proven".
     static UNORDERED: Cell<pg_sys::LocalTransactionId> = const { Cell::new(0) };
     /// The local transaction in which the hook was installed (invalid: before any transaction,
     /// at preload); set once, by [`install`].
@@ -163,45 +206,46 @@ unsafe extern "C-unwind" fn record_guarded(snapshot: pg_sys::Snapshot) {
 }
 
 /// Keeps a copy of `snapshot` when it is the earliest an executor of this transaction started
-/// with.
+/// with, or merges it into the one kept when they have one `xmax`.
 ///
 /// # Safety
 /// `snapshot` is null or a valid snapshot.
 unsafe fn record(snapshot: pg_sys::Snapshot) {
-    // SAFETY: a valid snapshot's `xip` has `xcnt` ids and its `subxip` `subxcnt`.
+    // SAFETY: the caller's null or valid snapshot.
     unsafe {
         if snapshot.is_null() || (*snapshot).snapshot_type != pg_sys::SnapshotType::SNAPSHOT_MVCC {
             return;
         }
-        let now = port::local_transaction_id();
-        let s = &*snapshot;
-        EARLIEST.with(|earliest| {
-            let mut earliest = earliest.borrow_mut();
-            if earliest.transaction == now {
-                match earlier(s, &earliest) {
-                    Some(false) => return,
-                    Some(true) => {}
-                    None => {
-                        UNORDERED.with(|c| c.set(now));
-                        return;
-                    }
-                }
-            }
-            earliest.transaction = now;
-            earliest.xmin = s.xmin;
-            earliest.xmax = s.xmax;
-            earliest.xip.clear();
-            earliest.xip.extend_from_slice(ids(s.xip, s.xcnt));
-            earliest.subxip.clear();
-            earliest.subxip.extend_from_slice(ids(s.subxip, s.subxcnt));
-            earliest.suboverflowed = s.suboverflowed;
-            earliest.taken_during_recovery = s.takenDuringRecovery;
-        });
     }
+    let now = port::local_transaction_id();
+    // SAFETY: as above.
+    let s = unsafe { &*snapshot };
+    EARLIEST.with(|earliest| {
+        let mut earliest = earliest.borrow_mut();
+        if earliest.transaction != now {
+            earliest.take(now, s);
+            return;
+        }
+        match earlier(s, &earliest) {
+            None => UNORDERED.with(|c| c.set(now)),
+            Some(Order::Later) => {}
+            Some(Order::Earlier) => earliest.take(now, s),
+            Some(Order::Same) => earliest.merge(s),
+        }
+    });
 }
 
-/// Whether `s` was taken before `kept` (`None`: they cannot be ordered).
-fn earlier(s: &pg_sys::SnapshotData, kept: &Copy) -> Option<bool> {
+/// Where a snapshot stands against the one kept.
+#[derive(Debug, PartialEq)]
+enum Order {
+    Earlier,
+    /// One `xmax`: merged.
+    Same,
+    Later,
+}
+
+/// Where `s` stands against `kept` (`None`: they cannot be compared).
+fn earlier(s: &pg_sys::SnapshotData, kept: &Copy) -> Option<Order> {
     // Ids compare modulo 2^32: a transaction spanning 2^30 of them (days at high rates) is not
     // ordered, rather than ordered wrong.
     if s.xmax
@@ -212,21 +256,13 @@ fn earlier(s: &pg_sys::SnapshotData, kept: &Copy) -> Option<bool> {
     {
         return None;
     }
-    if s.xmax != kept.xmax {
-        return Some(port::transaction_id_precedes(s.xmax, kept.xmax));
-    }
-    // One `xmax`: the running set only shrinks. On a primary the top-level set is complete; on a
-    // standby every running id is in `subxip`, complete unless it overflowed.
-    if s.takenDuringRecovery != kept.taken_during_recovery {
-        return None;
-    }
-    if s.takenDuringRecovery {
-        if s.suboverflowed || kept.suboverflowed {
-            return None;
-        }
-        return Some(count(s.subxcnt) > kept.subxip.len());
-    }
-    Some(count(s.xcnt) > kept.xip.len())
+    Some(if s.xmax == kept.xmax {
+        Order::Same
+    } else if port::transaction_id_precedes(s.xmax, kept.xmax) {
+        Order::Earlier
+    } else {
+        Order::Later
+    })
 }
 
 fn count(n: impl TryInto<usize>) -> usize {
@@ -255,22 +291,26 @@ pub enum Earliest {
     Unrecorded,
     /// It was taken before `writer` committed.
     Misses,
-    /// Two of this transaction's snapshots could not be ordered.
+    /// It cannot be told: a subtransaction's id missing from an incomplete list is older than
+    /// what `pg_subtrans` is known to keep for this transaction.
     Unknown,
+    /// The transaction's snapshots span more than 2^30 ids, which compare only modulo 2^32.
+    Unordered,
 }
 
 /// Asks the earliest snapshot of this transaction whether it sees every one of `writers`: full
-/// ids of a committed transaction or of one of its subtransactions — the one that wrote the
-/// marker row (its `xmin`) and the one it recorded (`recorded`, a top-level id). Below the
-/// snapshot's `xmin` an id is seen, at or above its `xmax` it is not, in between unless it was
-/// running then (a top-level id in `xip`, a subtransaction's in `subxip` while its parent runs,
-/// unless that list overflowed: then an id other than `recorded` cannot be told); compared as
-/// full ids, so a transaction long past (its row version frozen, its id wrapped around) is still
-/// told apart.
-pub fn earliest_sees(writers: &[u64], recorded: Option<u64>) -> Earliest {
+/// ids of committed transactions, each with whether it is known to be a top-level one. Below
+/// the snapshot's `xmin` an id is seen, at or above its `xmax` it is not, in between unless it
+/// was running then. A top-level id is looked up in the running set, which is complete for
+/// them; a subtransaction's too, unless the set of subtransactions overflowed: then, as
+/// PostgreSQL does itself (`XidInMVCCSnapshot`), its top-level transaction is looked up in
+/// `pg_subtrans` — only for an id not older than `TransactionXmin`, from which on this
+/// transaction keeps it — and that one asked. Compared as full ids, so a transaction long past
+/// (its row version frozen, its id wrapped around) is still told apart.
+pub fn earliest_sees(writers: &[(u64, bool)]) -> Earliest {
     let now = port::local_transaction_id();
     if UNORDERED.with(Cell::get) == now {
-        return Earliest::Unknown;
+        return Earliest::Unordered;
     }
     EARLIEST.with(|earliest| {
         let earliest = earliest.borrow();
@@ -284,32 +324,30 @@ pub fn earliest_sees(writers: &[u64], recorded: Option<u64>) -> Earliest {
             port::widen_transaction_id(next, earliest.xmax),
         );
         let mut unknown = false;
-        for &writer in writers {
+        for &(writer, top_level) in writers {
             if writer < xmin {
                 continue;
             }
             if writer >= xmax {
                 return Earliest::Misses;
             }
-            let low = pg_sys::TransactionId::from(writer as u32);
-            // On a standby every running id is in `subxip`, complete unless it overflowed.
-            if earliest.taken_during_recovery {
-                if earliest.suboverflowed {
-                    unknown = true;
-                } else if earliest.subxip.contains(&low) {
-                    return Earliest::Misses;
+            let mut asked = pg_sys::TransactionId::from(writer as u32);
+            if !top_level && earliest.suboverflowed {
+                // SAFETY: reads of this transaction's `TransactionXmin` and, for an id not older,
+                // of `pg_subtrans`, which holds every id from there on.
+                unsafe {
+                    if port::transaction_id_precedes(asked, pg_sys::TransactionXmin) {
+                        unknown = true;
+                        continue;
+                    }
+                    asked = pg_sys::SubTransGetTopmostTransaction(asked);
                 }
-                continue;
+                if port::transaction_id_precedes(asked, earliest.xmin) {
+                    continue;
+                }
             }
-            if earliest.xip.contains(&low) {
+            if earliest.running.binary_search(&asked.into_inner()).is_ok() {
                 return Earliest::Misses;
-            }
-            if !earliest.suboverflowed {
-                if earliest.subxip.contains(&low) {
-                    return Earliest::Misses;
-                }
-            } else if Some(writer) != recorded {
-                unknown = true;
             }
         }
         if unknown {
@@ -337,41 +375,46 @@ mod tests {
         s
     }
 
-    fn kept(xmax: u32, running: usize, recovery: bool) -> Copy {
+    fn kept(xmax: u32) -> Copy {
         Copy {
             xmax: pg_sys::TransactionId::from(xmax),
-            xip: vec![pg_sys::TransactionId::from(100); running],
-            taken_during_recovery: recovery,
             ..Copy::default()
         }
     }
 
-    /// A smaller `xmax` was taken earlier; at one `xmax`, the larger running set; a standby's
-    /// snapshot and a primary's are never ordered.
+    /// A smaller `xmax` was taken earlier, a larger one later; one `xmax` is merged; a span of
+    /// 2^30 ids or more is not compared.
     #[pg_test]
-    fn snapshots_are_ordered_by_xmax_then_by_the_running_set() {
-        let mut two = [100u32, 101].map(pg_sys::TransactionId::from);
+    fn snapshots_are_ordered_by_xmax_and_merged_at_one() {
         let mut one = [100u32].map(pg_sys::TransactionId::from);
+        let at = |xmax| earlier(&snapshot(xmax, &mut one.clone()), &kept(200));
+        assert_eq!(at(150), Some(Order::Earlier));
+        assert_eq!(at(250), Some(Order::Later));
+        assert_eq!(at(200), Some(Order::Same));
+        assert_eq!(at(200 + (1 << 30)), None);
         assert_eq!(
-            earlier(&snapshot(150, &mut one), &kept(200, 0, false)),
-            Some(true)
+            earlier(
+                &snapshot(200, &mut one),
+                &kept(200u32.wrapping_sub(1 << 30))
+            ),
+            None
         );
-        assert_eq!(
-            earlier(&snapshot(250, &mut two), &kept(200, 0, false)),
-            Some(false)
-        );
-        assert_eq!(
-            earlier(&snapshot(200, &mut two), &kept(200, 1, false)),
-            Some(true)
-        );
-        assert_eq!(
-            earlier(&snapshot(200, &mut one), &kept(200, 1, false)),
-            Some(false)
-        );
-        assert_eq!(
-            earlier(&snapshot(200, &mut one), &kept(200, 2, false)),
-            Some(false)
-        );
-        assert_eq!(earlier(&snapshot(200, &mut one), &kept(200, 1, true)), None);
+    }
+
+    /// Merged at one `xmax`: the smaller `xmin`, every running id below `xmax` once, sorted,
+    /// and either's overflow.
+    #[pg_test]
+    fn snapshots_at_one_xmax_keep_every_running_id_and_the_overflow() {
+        let mut a = [150u32, 120].map(pg_sys::TransactionId::from);
+        let mut b = [130u32, 150, 260].map(pg_sys::TransactionId::from);
+        let mut kept = Copy::default();
+        kept.take(1, &snapshot(200, &mut a));
+        let mut second = snapshot(200, &mut b);
+        second.xmin = pg_sys::TransactionId::from(90);
+        second.suboverflowed = true;
+        kept.merge(&second);
+        assert_eq!(kept.running, vec![120, 130, 150]);
+        assert_eq!(kept.xmin, pg_sys::TransactionId::from(90));
+        assert!(kept.suboverflowed);
     }
 }

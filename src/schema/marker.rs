@@ -114,8 +114,22 @@ pub enum Seen {
     Yes,
     /// One does not.
     No,
-    /// Not proven: PostgreSQL 18 does not show the active stack below its top.
-    Unproven,
+    /// Not proven, for the reason given.
+    Unproven(Unproven),
+}
+
+/// Why [`Seen::Unproven`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Unproven {
+    /// The snapshots recorded cannot tell: a subtransaction of the migration, while a
+    /// transaction with more than 64 subtransactions ran, asked too long after
+    /// (src/schema/executor_snapshots.rs).
+    Recorded,
+    /// The transaction's snapshots span more than 2^30 transaction ids.
+    Span,
+    /// Nothing was recorded (the transaction that loaded the library), and PostgreSQL 18 does
+    /// not show the active stack below its top.
+    Loading,
 }
 
 /// Whether every snapshot this transaction read through sees `settled`'s migration (red teams
@@ -148,11 +162,13 @@ pub fn seen_by_every_snapshot(settled: &Settled) -> Seen {
     // earliest snapshot it read through must see both the row version's writer (perhaps a
     // subtransaction of the migration, red team 20) and the recorded one — exact, frozen or
     // not (red team 19), held or not (red team 18).
+    // The recorded id is a top-level one; the row version's is too when it is the same.
     let mut writers = Vec::with_capacity(2);
     if settled.writer.into_inner() >= normal {
-        writers.push(port::widen_transaction_id(next, settled.writer));
+        let writer = port::widen_transaction_id(next, settled.writer);
+        writers.push((writer, recorded == Some(writer)));
     }
-    writers.extend(recorded);
+    writers.extend(recorded.map(|full| (full, true)));
     // SAFETY: reads of this transaction's own state.
     let ours = unsafe {
         (settled.writer.into_inner() >= normal
@@ -163,10 +179,11 @@ pub fn seen_by_every_snapshot(settled: &Settled) -> Seen {
         return Seen::Yes;
     }
     if executor_snapshots::covered() && !writers.is_empty() {
-        match executor_snapshots::earliest_sees(&writers, recorded) {
+        match executor_snapshots::earliest_sees(&writers) {
             executor_snapshots::Earliest::Sees => return Seen::Yes,
             executor_snapshots::Earliest::Misses => return Seen::No,
-            executor_snapshots::Earliest::Unknown => return Seen::Unproven,
+            executor_snapshots::Earliest::Unknown => return Seen::Unproven(Unproven::Recorded),
+            executor_snapshots::Earliest::Unordered => return Seen::Unproven(Unproven::Span),
             // Nothing recorded (a read no hook saw?): the older checks.
             executor_snapshots::Earliest::Unrecorded => {}
         }
@@ -264,7 +281,7 @@ pub fn seen_by_every_snapshot(settled: &Settled) -> Seen {
             {
                 Seen::Yes
             }
-            None => Seen::Unproven,
+            None => Seen::Unproven(Unproven::Loading),
         }
     }
 }

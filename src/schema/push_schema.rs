@@ -771,13 +771,25 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
              a new transaction, or pass the schema_version the payload was read at"
         )));
     }
-    if every == crate::schema::marker::Seen::Unproven {
+    if let crate::schema::marker::Seen::Unproven(why) = every {
+        let because = match why {
+            crate::schema::marker::Unproven::Loading => {
+                "in the transaction that loaded the library, on PostgreSQL 18, which keeps a \
+                 backend's stack of snapshots private: preload it, session_preload_libraries"
+            }
+            crate::schema::marker::Unproven::Span => {
+                "this transaction's snapshots span more than 2^30 transaction ids"
+            }
+            crate::schema::marker::Unproven::Recorded => {
+                "the migration ran in a subtransaction, a transaction with more than 64 \
+                 subtransactions was running when this one read, and this transaction no \
+                 longer keeps the record of which transaction that subtransaction belonged to"
+            }
+        };
         return Err(tables::unknown_table(tbl).with_hint(format!(
             "the stored schema version is {version}, and whether a snapshot this transaction \
-             read through predates that migration cannot be told (in the transaction that \
-             loaded the library, on PostgreSQL 18, which keeps a backend's stack of snapshots \
-             private: preload it, session_preload_libraries) — run the call again in a new \
-             transaction, or pass schema_version"
+             read through predates that migration cannot be told ({because}) — run the call \
+             again in a new transaction, or pass schema_version"
         )));
     }
     if let Some(seen) = seen.filter(|m| given && *m < version) {

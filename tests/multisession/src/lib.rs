@@ -405,6 +405,20 @@ pub fn set_fence(c: &mut Client, p: &str, v: i64) {
     .unwrap();
 }
 
+/// Opens a transaction on `c` with 70 nested subtransactions, each with an id of its own (an
+/// insert into a temporary table): more than PostgreSQL lists per backend (64), so every
+/// snapshot taken while it runs — on the primary and on its standbys — has an incomplete list
+/// of running subtransactions (`suboverflowed`). Left open; the caller ends it.
+pub fn overflow_subtransactions(c: &mut Client) {
+    let mut sql = String::from("BEGIN; CREATE TEMPORARY TABLE overflowing (i int);");
+    for i in 0..70 {
+        sql.push_str(&format!(
+            "SAVEPOINT s{i}; INSERT INTO overflowing VALUES ({i});"
+        ));
+    }
+    exec(c, &sql);
+}
+
 /// `migrate(v, layouts, declared)` = BEGIN; migrate_schema; COMMIT. Returns the previous version.
 pub fn migrate(c: &mut Client, v: i64, layouts: &Value, declared: &Value) -> i64 {
     let mut tx = c.transaction().unwrap();

@@ -2879,14 +2879,26 @@ fn a_transaction_that_read_before_a_migration_is_refused_the_default_version_aft
 /// longer names the transaction that wrote it, and the check answered "seen". The marker now
 /// records its writer (`written_by`), which freezing does not erase. Red team 20: the same read,
 /// and a migration run inside a savepoint — the row version then carries the subtransaction's
-/// id, not the recorded one — got through the same way; both ids are now asked.
+/// id, not the recorded one — got through the same way; both ids are now asked. Red team 21:
+/// while a transaction with more than 64 subtransactions runs, the subtransaction's id is asked
+/// through its top-level transaction (`pg_subtrans`), and still refused.
 #[test]
 fn a_frozen_marker_still_names_the_migration_a_transaction_read_before() {
-    for (name, in_savepoint, freeze) in [
-        ("the marker frozen", false, true),
-        ("the migration in a savepoint", true, false),
+    for (name, in_savepoint, freeze, overflow) in [
+        ("the marker frozen", false, true, false),
+        ("the migration in a savepoint", true, false, false),
+        (
+            "the migration in a savepoint, subtransactions overflowing",
+            true,
+            false,
+            true,
+        ),
     ] {
-        let (db, mut c) = s1_setup(&format!("ev_b19_frozen_{in_savepoint}"));
+        let (db, mut c) = s1_setup(&format!("ev_b19_frozen_{in_savepoint}_{overflow}"));
+        let mut long = db.connect();
+        if overflow {
+            overflow_subtransactions(&mut long);
+        }
         let mut reader = db.connect();
         exec(&mut reader, "SELECT syncular.notify_channel()");
         exec(&mut reader, "BEGIN; SAVEPOINT s");
@@ -2930,7 +2942,11 @@ fn a_frozen_marker_still_names_the_migration_a_transaction_read_before() {
             .query_one(decode, &[&payload])
             .map_err(|e| sql_error(&e))
         {
-            Err(e) if e.state == "SY041" => {}
+            Err(e)
+                if e.state == "SY041"
+                    && e.hint
+                        .as_deref()
+                        .is_some_and(|h| h.contains("taken before that migration")) => {}
             other => panic!("bytes read before the migration, {name}: {other:?}"),
         }
         exec(&mut reader, "ROLLBACK");
@@ -2944,7 +2960,48 @@ fn a_frozen_marker_still_names_the_migration_a_transaction_read_before() {
             after, "AA==",
             "{name}: the re-encoded row, in a new transaction"
         );
+        exec(&mut long, "ROLLBACK");
     }
+}
+
+/// Red team 21, F2: while a transaction with more than 64 subtransactions runs, every snapshot's
+/// list of running subtransactions is incomplete, and the marker row's writer — a subtransaction,
+/// the migration having run in a savepoint — could not be asked: every later default-version
+/// call, in every session, new ones included, was "cannot be told" until that transaction
+/// ended. Its top-level transaction is now looked up in `pg_subtrans`, as PostgreSQL does: a
+/// transaction begun after the migration decodes, in an existing session and in new ones.
+#[test]
+fn a_transaction_with_many_subtransactions_does_not_stop_the_default_version() {
+    let (db, mut c) = s1_setup("ev_b21_overflow");
+    let mut reader = db.connect();
+    exec(&mut reader, "SELECT syncular.notify_channel()");
+    let mut long = db.connect();
+    overflow_subtransactions(&mut long);
+    exec(&mut c, "BEGIN; SAVEPOINT m");
+    c.query_one(
+        "SELECT syncular.migrate_schema(2, $1)",
+        &[&s1_layouts(true)],
+    )
+    .unwrap();
+    exec(&mut c, "RELEASE SAVEPOINT m; COMMIT");
+    let decode = "SELECT syncular.decode_row('t8', _sync_payload)->>'b1' FROM public.ev_t8";
+    for session in 0..3 {
+        let mut fresh = db.connect();
+        let reader = if session == 0 {
+            &mut reader
+        } else {
+            &mut fresh
+        };
+        for statement in 0..3 {
+            let b1 = reader.query_one(decode, &[]).map_err(|e| sql_error(&e));
+            assert_eq!(
+                b1.map(|r| r.get::<_, String>(0)),
+                Ok("AA==".to_string()),
+                "session {session}, transaction {statement}"
+            );
+        }
+    }
+    exec(&mut long, "ROLLBACK");
 }
 
 /// Red team 19's review: `COPY table TO` reads the table through the active snapshot and starts

@@ -190,6 +190,60 @@ fn a_standby_serves_the_same_pull_and_hands_over_its_writes() {
 /// A standby that lags serves what it has: never a commit past its own head, never a cursor
 /// past what it delivered; once it catches up, the next pull continues exactly there, and the
 /// client receives every commit once.
+/// Red team 21, F1: one transaction on the primary with more than 64 subtransactions (its list
+/// of them overflows, on the standby too) made every default-version `decode_row` on a standby
+/// "cannot be told", in every transaction of every session, until the standby next replayed a
+/// list of running transactions — with no migration involved: two snapshots of one transaction
+/// with one `xmax` could not be ordered. They are merged now, and a top-level id is asked where
+/// the list is complete for it; a migration run in a savepoint meanwhile is seen too.
+#[test]
+fn a_transaction_with_many_subtransactions_on_the_primary_leaves_the_standbys_codec_working() {
+    let _turn = turn();
+    let db = TestDb::new("standby_overflow");
+    let mut primary = db.connect();
+    migrate(&mut primary, 1, &l1(), &json!([]));
+    exec(
+        &mut primary,
+        r#"INSERT INTO public.tasks (_sync_partition, _sync_row_id, _sync_server_version,
+                                     _sync_scopes, _sync_payload)
+           VALUES ('part-1', 't1', 1, '{"project_id":"p1"}',
+                   syncular.encode_row('tasks', '{"id":"t1","project_id":"p1","data":null}'))"#,
+    );
+    let mut long = db.connect();
+    overflow_subtransactions(&mut long);
+    for migration in [false, true] {
+        if migration {
+            exec(&mut primary, "BEGIN; SAVEPOINT m");
+            primary
+                .query_one("SELECT syncular.migrate_schema(2, $1)", &[&l2()])
+                .unwrap();
+            exec(&mut primary, "RELEASE SAVEPOINT m; COMMIT");
+        }
+        // A later commit: the standby's snapshots move past the overflowing transaction's start.
+        exec(
+            &mut primary,
+            "CREATE TABLE public.later (i int); DROP TABLE public.later",
+        );
+        let mut standby = standby_copy(&mut primary, &db);
+        // The first transaction loads the library; the later ones are the hooks'.
+        for statement in 0..3 {
+            let id = standby
+                .query_one(
+                    "SELECT syncular.decode_row('tasks', _sync_payload)->>'id' FROM public.tasks",
+                    &[],
+                )
+                .map(|r| r.get::<_, String>(0))
+                .map_err(|e| sql_error(&e));
+            assert_eq!(
+                id,
+                Ok("t1".to_string()),
+                "migration {migration}, transaction {statement}"
+            );
+        }
+    }
+    exec(&mut long, "ROLLBACK");
+}
+
 #[test]
 fn a_lagging_standby_never_skips_a_commit() {
     let _turn = turn();
