@@ -8,7 +8,8 @@ Run through bench/feed.sh: one cluster preloading the library, `syncular.feed_da
 modes:
 - **off**: nothing announced (database `plain_db`, which the feed does not serve);
 - **notify**: `syncular.notify_commits = on` in the pushers: one NOTIFY per commit (`plain_db`);
-- **feed**: the change feed (`feed_db`), nothing set in the pushers.
+- **feed**: the change feed (`feed_db`), nothing set in the pushers; once per coalescing
+  interval of BENCH_FEED_INTERVALS (ms, default 10), set with ALTER SYSTEM and a reload.
 Reported: push_commit commits a second, relative to *off* with the same listeners; and the delay
 from a probe's commit (one more session pushing to partition `probe` every 20 ms) to the moment a
 listener hears that head — median and p99 — in the two modes that announce.
@@ -26,6 +27,8 @@ CLUSTER = os.environ.get("BENCH_CLUSTER", "host=127.0.0.1 port=25449 user=postgr
 SECONDS = float(os.environ.get("BENCH_SECONDS", "10"))
 PUSHERS = int(os.environ.get("BENCH_PUSHERS", "4"))
 LISTENERS = [int(x) for x in os.environ.get("BENCH_LISTENERS", "0,1,10,50").split(",")]
+# The feed's coalescing intervals to measure (`syncular.feed_interval_ms`, reloaded between rows).
+INTERVALS = [int(x) for x in os.environ.get("BENCH_FEED_INTERVALS", "10").split(",")]
 NOW = 1_750_000_000_000
 LAYOUT = [{"name": "id", "type": "string", "nullable": False},
           {"name": "project_id", "type": "string", "nullable": False}]
@@ -121,7 +124,7 @@ def probe(db, notify, start, stop, out):
 
 
 def run(mode, listeners):
-    db = "feed_db" if mode == "feed" else "plain_db"
+    db = "feed_db" if mode.startswith("feed") else "plain_db"
     notify = mode == "notify"
     start = time.time() + 2.0 + listeners * 0.05
     stop = start + SECONDS
@@ -151,6 +154,14 @@ def run(mode, listeners):
     return tps, delay
 
 
+def interval(ms):
+    """Sets the feed's coalescing interval for the whole cluster (a reload setting)."""
+    with conn("postgres") as c:
+        c.execute(f"ALTER SYSTEM SET syncular.feed_interval_ms = {int(ms)}")
+        c.execute("SELECT pg_reload_conf()")
+    time.sleep(0.5)
+
+
 def main():
     setup("feed_db")
     setup("plain_db")
@@ -159,12 +170,14 @@ def main():
     rows = []
     for listeners in LISTENERS:
         base = None
-        for mode in ("off", "notify", "feed"):
+        for mode in ["off", "notify"] + [f"feed {i} ms" for i in INTERVALS]:
+            if mode.startswith("feed"):
+                interval(int(mode.split()[1]))
             tps, delay = run(mode, listeners)
             base = base or tps
             rows.append((listeners, mode, tps, tps / base, delay))
             d = f"{delay[0]:.1f} / {delay[1]:.1f}" if delay else "—"
-            print(f"listeners {listeners:>2} {mode:>6}: {tps:7.0f} commits/s  ({tps / base:.2f}× off)  delay ms median/p99 {d}", flush=True)
+            print(f"listeners {listeners:>2} {mode:>11}: {tps:7.0f} commits/s  ({tps / base:.2f}× off)  delay ms median/p99 {d}", flush=True)
     print("\n| listening host processes | mode | push_commit commits/s | vs off | delay median / p99 (ms) |")
     print("|---|---|---|---|---|")
     for listeners, mode, tps, rel, delay in rows:

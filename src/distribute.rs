@@ -45,14 +45,28 @@ const REFERENCE: [&str; 7] = [
     "sync_notify_channel",
 ];
 
-/// The one-call entry points Citus delegates to the node of their partition (their first
-/// argument), where every write of the call is local — the serving role's push included, which
-/// Citus refuses through the coordinator (docs/SCALING.md).
-const DELEGATED: [&str; 4] = [
+/// The entry points Citus delegates to the node of their partition (their first argument),
+/// where every write of the call is local — the serving role's push included, which Citus
+/// refuses through the coordinator — and the call one round trip instead of one per statement:
+/// the one-call push and pull, the append and the fence, and the reaction queue of a partition
+/// (its rows are in the partition's shard of `sync_reactions`). Not the checkpoint functions:
+/// the checkpoints are a reference table, whose every write goes to every node (docs/SCALING.md).
+const DELEGATED: [&str; 15] = [
     "push_commit",
     "pull",
     "append_commit",
     "writer_fence_allows",
+    "enqueue_reactions",
+    "claim_reactions",
+    "extend_reaction_lease",
+    "complete_reaction",
+    "complete_reactions",
+    "fail_reaction",
+    "fail_reactions",
+    "retry_reaction",
+    "get_reaction",
+    "list_reactions",
+    "prune_reactions",
 ];
 
 /// `syncular.distribute()`: the extension's tables distributed by `partition` (colocated) or

@@ -39,7 +39,7 @@ fn coordinator() -> Client {
                 AND o.distribution_argument_index IS NOT NULL",
             &[],
         );
-        assert_eq!(delegated, 4, "{first}");
+        assert_eq!(delegated, 15, "{first}");
         // Again: nothing left to do.
         let again: serde_json::Value = one(&mut c, "SELECT syncular.distribute()", &[]);
         assert_eq!(
@@ -427,7 +427,8 @@ fn a_distributed_tables_rows_are_never_taken_for_an_empty_shell() {
 /// Checkpoints and reactions through the coordinator, as on one node: a checkpoint declared,
 /// claimed, advanced and activated, then read back and seen by the serve gate and the source
 /// reads; a reaction enqueued, leased and completed. Each call runs as its own statement, which
-/// Citus routes to the partition's shards.
+/// Citus routes to the partition's shards (the reaction functions delegated: see
+/// [`the_reaction_queue_answers_alike_delegated_and_through_the_coordinator`]).
 #[test]
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
 fn checkpoints_and_reactions_through_the_coordinator_answer_as_on_one_node() {
@@ -488,6 +489,126 @@ fn checkpoints_and_reactions_through_the_coordinator_answer_as_on_one_node() {
         &[&p],
     );
     assert_eq!(done, vec!["mail:t1".to_string()]);
+}
+
+/// The reaction queue of a partition, delegated (`distribute()`: each function runs on the node
+/// of its partition, as one call — Citus logs one remote command, the call itself) by the
+/// serving role (listing by the operator), and through the coordinator in a transaction block (not delegated: Citus routes
+/// each of the function's statements to the shard): the same answers — enqueued, leased,
+/// completed, a failed one retried later, listed.
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn the_reaction_queue_answers_alike_delegated_and_through_the_coordinator() {
+    let mut c = coordinator();
+    tasks(&mut c);
+    serving_role(&mut c);
+    let remote = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let mut config: postgres::Config = std::env::var("SYNCULAR_TEST_CITUS")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let heard = remote.clone();
+    config.notice_callback(move |notice| heard.lock().unwrap().push(notice.message().to_string()));
+    let mut logged = config.connect(NoTls).unwrap();
+    exec(&mut logged, "SET citus.log_remote_commands = on");
+    let reaction = |key: &str| {
+        json!({"idempotencyKey": key, "type": "mail.send", "version": 1,
+               "payload": {"to": "ops"}, "sourceClientId": "c1", "sourceClientCommitId": "k1",
+               "sourceCommitSeq": 1, "createdAtMs": 1_750_000_000_000i64})
+    };
+    let mut answers = Vec::new();
+    for coordinator in [false, true] {
+        let p = format!("rx-{coordinator}-{}", std::process::id());
+        exec(&mut logged, "SET ROLE citus_srv");
+        remote.lock().unwrap().clear();
+        let run = |c: &mut Client, sql: &str, params: &[&(dyn postgres::types::ToSql + Sync)]| {
+            call(c, coordinator, sql, params)
+                .unwrap_or_else(|e| panic!("{sql}: {:?}", sql_error(&e)))
+        };
+        let enqueued: i32 = run(
+            &mut logged,
+            "SELECT syncular.enqueue_reactions($1, $2)",
+            &[&p, &json!([reaction("mail:a"), reaction("mail:b")])],
+        )
+        .get(0);
+        let leased: serde_json::Value = run(
+            &mut logged,
+            "SELECT syncular.claim_reactions($1, 'w1', ARRAY['mail.send'], 1750000000000, 30000, 10)",
+            &[&p],
+        )
+        .get(0);
+        let completed: bool = run(
+            &mut logged,
+            "SELECT syncular.complete_reaction($1, 'mail:a', 'w1', 1750000001000)",
+            &[&p],
+        )
+        .get(0);
+        let failed: bool = run(
+            &mut logged,
+            "SELECT syncular.fail_reaction($1, 'mail:b', 'w1', '{\"code\":\"smtp.unavailable\",\"atMs\":1750000001000}', 1750000060000)",
+            &[&p],
+        )
+        .get(0);
+        // Listing is the operator's (syncular_admin).
+        exec(&mut logged, "RESET ROLE");
+        let listed: serde_json::Value =
+            run(&mut logged, "SELECT syncular.list_reactions($1, 10)", &[&p]).get(0);
+        let one_of: serde_json::Value = run(
+            &mut logged,
+            "SELECT syncular.get_reaction($1, 'mail:a')",
+            &[&p],
+        )
+        .get(0);
+        assert_eq!(one_of["status"], "completed", "{one_of}");
+        let summary: Vec<(String, String, i64)> = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["idempotencyKey"].as_str().unwrap().to_string(),
+                    r["status"].as_str().unwrap().to_string(),
+                    r["attempts"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        let commands = remote.lock().unwrap().clone();
+        let shard_statements = commands
+            .iter()
+            .filter(|m| m.contains("sync_reactions_"))
+            .count();
+        if coordinator {
+            assert!(
+                shard_statements > 0,
+                "routed statement by statement: {commands:?}"
+            );
+        } else {
+            assert_eq!(shard_statements, 0, "one remote call each: {commands:?}");
+            for function in [
+                "enqueue_reactions",
+                "claim_reactions",
+                "complete_reaction",
+                "fail_reaction",
+                "list_reactions",
+                "get_reaction",
+            ] {
+                assert!(
+                    commands
+                        .iter()
+                        .any(|m| m.contains(&format!("SELECT syncular.{function}("))),
+                    "{function} delegated: {commands:?}"
+                );
+            }
+        }
+        assert_eq!(leased.as_array().map(Vec::len), Some(2), "{leased}");
+        answers.push((enqueued, completed, failed, summary));
+    }
+    assert_eq!(
+        answers[0], answers[1],
+        "delegated and through the coordinator"
+    );
+    assert_eq!(answers[0].0, 2);
+    assert!(answers[0].1 && answers[0].2);
 }
 
 /// The classic push (`push_begin` … `put_push_result`, docs/HOST-WALKTHROUGH.md) through the
