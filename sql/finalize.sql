@@ -192,7 +192,7 @@ COMMENT ON FUNCTION syncular._fence_guard_hold(boolean) IS 'Internal, extension 
 
 -- Distribution on Citus (docs/SCALING.md)
 COMMENT ON FUNCTION syncular.distribute() IS
-  'Extension owner or superuser only, on a Citus coordinator: distributes the sync tables by partition (colocated), makes the global ones reference tables, delegates the one-call functions by their partition; reports which registered app tables are colocated (docs/SCALING.md).';
+  'Extension owner or superuser only, on a Citus coordinator: distributes the sync tables by partition (colocated), makes the global ones reference tables, delegates the one-call functions and the reaction queue by their partition; reports which registered app tables are colocated (docs/SCALING.md).';
 
 -- Repairs (docs/SECURITY.md)
 COMMENT ON FUNCTION syncular.repair_schema_marker(bigint, bigint, text) IS
