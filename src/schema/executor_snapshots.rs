@@ -336,7 +336,10 @@ pub fn earliest_sees(writers: &[(u64, bool)]) -> Earliest {
                 // SAFETY: reads of this transaction's `TransactionXmin` and, for an id not older,
                 // of `pg_subtrans`, which holds every id from there on.
                 unsafe {
-                    if port::transaction_id_precedes(asked, pg_sys::TransactionXmin) {
+                    let kept_from = pg_sys::TransactionXmin;
+                    if kept_from.into_inner() < pg_sys::TransactionId::FIRST_NORMAL.into_inner()
+                        || port::transaction_id_precedes(asked, kept_from)
+                    {
                         unknown = true;
                         continue;
                     }
