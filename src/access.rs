@@ -15,11 +15,9 @@
 //! `SECURITY INVOKER` and switch to the owner themselves with [`as_extension_owner`]: inside a
 //! `SECURITY DEFINER` function the caller's role is no longer known.
 
-use crate::db;
 use crate::error::{Error, Result};
 use crate::txn_local::{self, Key};
 use pgrx::pg_sys;
-use pgrx::spi::SpiClient;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
 /// The role the current statement runs as (the caller, in a `SECURITY INVOKER` function).
@@ -29,18 +27,15 @@ pub fn current_role() -> pg_sys::Oid {
 }
 
 /// The role that owns the extension (the superuser that created it, or whom it was given to).
-pub fn extension_owner(client: &SpiClient<'_>) -> Result<pg_sys::Oid> {
+pub fn extension_owner() -> Result<pg_sys::Oid> {
     // Read once per transaction (a push asks twice): the owner changes only by ALTER EXTENSION
     // … OWNER TO, which a running push does not do.
     if let Some(oid) = txn_local::get(Key::ExtensionOwner).and_then(|s| s.parse::<u32>().ok()) {
         return Ok(pg_sys::Oid::from(oid));
     }
-    let owner = db::first::<pg_sys::Oid>(db::read(
-        client,
-        "SELECT e.extowner FROM pg_catalog.pg_extension e WHERE e.extname = 'syncular'",
-        &[],
-    )?)?
-    .ok_or_else(|| Error::Internal("syncular is not installed".into()))?;
+    // SAFETY: inside the caller's transaction.
+    let owner = unsafe { crate::catalog::extension_owner(c"syncular") }
+        .ok_or_else(|| Error::Internal("syncular is not installed".into()))?;
     txn_local::set(Key::ExtensionOwner, &owner.to_u32().to_string());
     Ok(owner)
 }
@@ -53,13 +48,13 @@ pub fn has_privileges_of(member: pg_sys::Oid, role: pg_sys::Oid) -> bool {
 }
 
 /// An operator is a superuser or holds the extension owner's privileges.
-pub fn is_operator(client: &SpiClient<'_>, role: pg_sys::Oid) -> Result<bool> {
-    Ok(has_privileges_of(role, extension_owner(client)?))
+pub fn is_operator(role: pg_sys::Oid) -> Result<bool> {
+    Ok(has_privileges_of(role, extension_owner()?))
 }
 
 /// Refuses (`invalid_argument`, reason `privilege`) a caller that is not an operator.
-pub fn require_operator(client: &SpiClient<'_>, argument: &str) -> Result<()> {
-    if is_operator(client, current_role())? {
+pub fn require_operator(argument: &str) -> Result<()> {
+    if is_operator(current_role())? {
         Ok(())
     } else {
         Err(Error::invalid_argument(argument, "privilege"))
@@ -69,12 +64,9 @@ pub fn require_operator(client: &SpiClient<'_>, argument: &str) -> Result<()> {
 /// Runs `body` with the extension owner's rights, for statements over `sync_*` tables only, under
 /// the pinned `search_path`.
 #[allow(clippy::disallowed_methods)] // the owner's side of the switch (clippy.toml)
-pub fn as_extension_owner<R>(
-    client: &SpiClient<'_>,
-    body: impl FnOnce() -> Result<R>,
-) -> Result<R> {
+pub fn as_extension_owner<R>(body: impl FnOnce() -> Result<R>) -> Result<R> {
     switched(
-        extension_owner(client)?,
+        extension_owner()?,
         pg_sys::SECURITY_LOCAL_USERID_CHANGE,
         false,
         body,

@@ -21,7 +21,7 @@ fn rows_referencing_blob(partition: Option<&str>, blob_id: Option<&str>) -> Json
         let blob_id = args::text("blob_id", blob_id)?;
         let caller = access::current_role();
         db::with_spi(|client| {
-            let refs: Vec<(String, String)> = access::as_extension_owner(client, || {
+            let refs: Vec<(String, String)> = access::as_extension_owner(|| {
                 db::read(
                     client,
                     "SELECT tbl::text, row_id::text FROM syncular.sync_blob_refs

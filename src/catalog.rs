@@ -2,6 +2,7 @@
 //! src/tables/payloads.rs): a relation's columns are found by name, never by position.
 
 use pgrx::pg_sys;
+use pgrx::FromDatum;
 use std::ffi::CStr;
 
 /// The attribute number (1-based) of the live column `name` of `descriptor` whose type
@@ -24,5 +25,69 @@ pub unsafe fn live_attribute(
                 && CStr::from_ptr(a.attname.data.as_ptr()) == name
         });
         found.map(|i| i as i16 + 1)
+    }
+}
+
+/// The owner of the extension named `name`, from its `pg_extension` row found through the
+/// catalog's own name index under the catalog snapshot — the read `get_extension_oid` makes,
+/// without a statement (a push asks once per transaction: docs/BENCHMARKS.md, "Server CPU");
+/// `None` when it is not installed.
+///
+/// # Safety
+/// Must run inside a transaction.
+pub unsafe fn extension_owner(name: &CStr) -> Option<pg_sys::Oid> {
+    let bytes = name.to_bytes();
+    if bytes.len() >= pg_sys::NAMEDATALEN as usize {
+        return None;
+    }
+    // SAFETY: pg_extension opened and closed here; the key is a `name` datum (a zeroed NameData
+    // holding `name`, which outlives the scan) on the column found by name, compared with
+    // `nameeq` under the C collation as the catalog's index is; the owner read from the
+    // relation's own descriptor, checked to be an oid column, under the catalog snapshot that
+    // `systable_beginscan` registers.
+    unsafe {
+        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        let table = pg_sys::table_open(pg_sys::ExtensionRelationId, lock);
+        let descriptor = (*table).rd_att;
+        let columns = (
+            live_attribute(descriptor, c"extname", |t| t == pg_sys::NAMEOID),
+            live_attribute(descriptor, c"extowner", |t| t == pg_sys::OIDOID),
+        );
+        let (Some(extname), Some(extowner)) = columns else {
+            pg_sys::table_close(table, lock);
+            return None;
+        };
+        let mut wanted: pg_sys::NameData = std::mem::zeroed();
+        for (slot, byte) in wanted.data.iter_mut().zip(bytes) {
+            *slot = *byte as std::ffi::c_char;
+        }
+        let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
+        pg_sys::ScanKeyEntryInitialize(
+            &mut key,
+            0,
+            extname,
+            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+            pg_sys::InvalidOid,
+            pg_sys::C_COLLATION_OID,
+            pg_sys::RegProcedure::from(pg_sys::F_NAMEEQ),
+            pg_sys::Datum::from(&raw const wanted),
+        );
+        let scan = pg_sys::systable_beginscan(
+            table,
+            pg_sys::Oid::from(pg_sys::ExtensionNameIndexId),
+            true,
+            std::ptr::null_mut(),
+            1,
+            &mut key,
+        );
+        let tuple = pg_sys::systable_getnext(scan);
+        let owner = (!tuple.is_null()).then(|| {
+            let mut is_null = false;
+            let datum = pg_sys::heap_getattr(tuple, extowner.into(), descriptor, &mut is_null);
+            pg_sys::Oid::from_datum(datum, is_null)
+        });
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(table, lock);
+        owner.flatten()
     }
 }

@@ -94,8 +94,8 @@ fn distribute() -> JsonB {
             ));
         }
         db::with_spi(|client| {
-            access::require_operator(client, "database")?;
-            let done = access::as_extension_owner(client, || {
+            access::require_operator("database")?;
+            let done = access::as_extension_owner(|| {
                 db::with_settings(
                     &[
                         // Citus refuses DDL after a parallel operation in one transaction.
@@ -184,7 +184,7 @@ fn distribute_ours(client: &SpiClient<'_>) -> Result<Done> {
 /// Every registration: `{table, relation, colocated}`, and for one that is not colocated with
 /// `sync_partitions` the statement its owner runs.
 fn app_tables(client: &SpiClient<'_>) -> Result<serde_json::Value> {
-    let rows = access::as_extension_owner(client, || {
+    let rows = access::as_extension_owner(|| {
         db::write(
             client,
             "SELECT a.tbl, a.relation::pg_catalog.regclass::pg_catalog.text,

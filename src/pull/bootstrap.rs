@@ -93,7 +93,7 @@ pub fn scan(
     // docs/SECURITY.md), in candidate order: a row's values are copied out only when the fold
     // takes it, so the budget bounds what is copied, not just what is returned.
     loop {
-        let candidates: Vec<String> = access::as_extension_owner(client, || {
+        let candidates: Vec<String> = access::as_extension_owner(|| {
             db::texts(db::read(
                 client,
                 SCAN_CANDIDATES_SQL,

@@ -528,7 +528,7 @@ fn pull(
         let declared = args::declarations(declared)?;
         let caller = access::current_role();
         let rows = db::with_spi(|client| {
-            access::as_extension_owner(client, || {
+            access::as_extension_owner(|| {
                 serve_request(
                     client, caller, &partition, &client_id, &actor_id, now_ms, &epoch, running,
                     &request, &declared,

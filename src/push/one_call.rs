@@ -291,7 +291,7 @@ fn push_commit(
             options,
         };
         let caller = access::current_role();
-        db::with_spi(|client| access::as_extension_owner(client, || push(client, caller, &request)))
+        db::with_spi(|client| access::as_extension_owner(|| push(client, caller, &request)))
             .map(JsonB)
     })
 }

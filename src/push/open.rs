@@ -33,11 +33,9 @@ pub(super) fn open_tables(
     {
         return Ok(Err(fallback("client_schema_version", None)));
     }
-    let marker = db::first::<i64>(db::read(
-        client,
-        "SELECT m.schema_version FROM syncular.sync_schema_meta m WHERE m.id = 1",
-        &[],
-    )?)?;
+    // In the caller's snapshot, as a read-only statement would see it, read below SQL by its
+    // key (one statement fewer per push: docs/BENCHMARKS.md, "Server CPU").
+    let marker = crate::schema::marker::marker_of_statement()?;
     // A running version ahead of the stored one has no recorded layouts and its push schema may
     // still be replaced: the native path writes no row with it (docs/API.md §8, red team 9).
     let ahead = push_schema::ahead_of_marker(running, marker).is_some();

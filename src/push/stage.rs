@@ -201,7 +201,7 @@ fn push_finish(
         };
         let operations = state["operations"].as_u64().unwrap_or_default() as usize;
         db::with_spi(|client| {
-            access::as_extension_owner(client, || {
+            access::as_extension_owner(|| {
                 // The idempotency re-check, as push_commit's C4: under the partition lock the
                 // stage took, with a fresh snapshot. Nothing of this transaction can have
                 // stored a result for the key while it was staged (src/push_guard.rs), but

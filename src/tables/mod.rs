@@ -298,7 +298,7 @@ fn registration(
     for_update: bool,
 ) -> error::Result<Option<Registration>> {
     let args = [DatumWithOid::from(tbl)];
-    let table = access::as_extension_owner(client, || {
+    let table = access::as_extension_owner(|| {
         if for_update {
             db::write(
                 client,
@@ -575,7 +575,7 @@ fn overlapping(
     relation: pg_sys::Oid,
     tbl: &str,
 ) -> error::Result<Option<String>> {
-    access::as_extension_owner(client, || {
+    access::as_extension_owner(|| {
         db::first::<String>(db::read(
             client,
             OVERLAPPING_SQL,
@@ -591,7 +591,7 @@ fn overlapping(
 /// (it reads them again once it holds its lock: src/push/open.rs, red team 11, C1). Taken first,
 /// before any lock on the app relation, as the migration takes it (docs/DESIGN.md §Lock order).
 fn hold_pushes(client: &SpiClient<'_>) -> error::Result<()> {
-    access::as_extension_owner(client, || {
+    access::as_extension_owner(|| {
         db::write(
             client,
             "LOCK TABLE syncular.sync_partitions IN EXCLUSIVE MODE",
@@ -660,7 +660,7 @@ pub fn register(
             )),
         );
     }
-    access::as_extension_owner(client, || {
+    access::as_extension_owner(|| {
         if let Some(previous) = &previous {
             drop_row_meta_trigger(client, previous.relation)?;
         }
@@ -771,14 +771,14 @@ fn retire_table(tbl: Option<&str>) -> JsonB {
             match &previous {
                 Some(previous) => require_registrant(caller, previous)?,
                 // Metadata under a name nobody registered belongs to no host: operators only.
-                None if !access::is_operator(client, caller)? => {
+                None if !access::is_operator(caller)? => {
                     return Err(Error::invalid_argument("tbl", "privilege").with_hint(
                         "only the extension owner or a superuser retires a table that is not registered",
                     ))
                 }
                 None => {}
             }
-            access::as_extension_owner(client, || {
+            access::as_extension_owner(|| {
                 let (row_scopes, blob_refs) = rows::delete_table_meta(client, &tbl)?;
                 if let Some(previous) = &previous {
                     drop_row_meta_trigger(client, previous.relation)?;
