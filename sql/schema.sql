@@ -241,7 +241,11 @@ CREATE TABLE syncular.sync_schema_meta (
   -- a transaction read through sees it (src/schema/marker.rs), which the row version's xmin
   -- cannot tell once the row is frozen (docs/SECURITY.md rule 19, red team 19). NULL: set by an
   -- older version, or copied by adopt_legacy_tables.
-  written_by              bigint
+  written_by              bigint,
+  -- The (sub)transaction (its full id) that wrote this row version with written_by, the row
+  -- version's own xmin while it is the one written: it ties a migration run in a savepoint to
+  -- written_by, which pg_subtrans keeps only for a while (red team 22). NULL where not set.
+  written_in              bigint
 );
 
 -- 15. App-table registry: logical table name -> the host's relation. `relation` (its OID; a

@@ -271,7 +271,7 @@ SELECT pg_catalog.pg_extension_config_dump('syncular.sync_schema_layouts', '');
 REVOKE ALL ON syncular.sync_schema_layouts FROM PUBLIC;
 -- Who last set the marker, as in sql/schema.sql, table 14 (the row codec's snapshot check,
 -- docs/SECURITY.md rule 19).
-ALTER TABLE syncular.sync_schema_meta ADD COLUMN written_by bigint;
+ALTER TABLE syncular.sync_schema_meta ADD COLUMN written_by bigint, ADD COLUMN written_in bigint;
 -- A marker set before the update names the update as its writer: a later id than its own, so
 -- the check is only stricter until the next migration.
 UPDATE syncular.sync_schema_meta SET written_by = pg_catalog.pg_current_xact_id()::text::bigint;

@@ -438,7 +438,7 @@ fn copy(client: &SpiClient<'_>, source: &Source) -> Result<i64> {
         .iter()
         .map(|(c, ty)| format!("{} {}", quote_identifier(c), ty.sql()))
         .collect();
-    access::as_extension_owner(client, || {
+    access::as_extension_owner(|| {
         Spi::run(&format!(
             "CREATE TEMPORARY TABLE {STAGE} ({})",
             definitions.join(", ")
@@ -456,7 +456,7 @@ fn copy(client: &SpiClient<'_>, source: &Source) -> Result<i64> {
         })
         .collect();
     tables::statements::stage_legacy_rows(source.owner, &source.qualified, STAGE, &columns)?;
-    access::as_extension_owner(client, || {
+    access::as_extension_owner(|| {
         let copied = Spi::get_one::<i64>(&format!(
             "WITH copied AS (INSERT INTO syncular.{} ({}) SELECT {} FROM {STAGE} RETURNING 1)
              SELECT count(*) FROM copied",
@@ -468,9 +468,13 @@ fn copy(client: &SpiClient<'_>, source: &Source) -> Result<i64> {
         // The adopted marker names this transaction as its writer (the row codec's snapshot
         // check, src/schema/marker.rs): a later id than the legacy host's, so only stricter.
         if source.table == "sync_schema_meta" && crate::schema::evolution::installed() {
-            Spi::run(
-                "UPDATE syncular.sync_schema_meta
-                    SET written_by = pg_catalog.pg_current_xact_id()::text::bigint",
+            let (written_by, written_in) = crate::schema::marker::writer_record();
+            Spi::run_with_args(
+                "UPDATE syncular.sync_schema_meta SET written_by = $1, written_in = $2",
+                &[
+                    pgrx::datum::DatumWithOid::from(written_by),
+                    pgrx::datum::DatumWithOid::from(written_in),
+                ],
             )?;
         }
         Spi::run(&format!("DROP TABLE {STAGE}"))?;
@@ -619,7 +623,7 @@ fn adopt(client: &SpiClient<'_>, source: &str, app_schema: Option<&str>) -> Resu
     if exists != Some(true) {
         return Err(Error::invalid_argument("source_schema", "missing"));
     }
-    let empty = access::as_extension_owner(client, || {
+    let empty = access::as_extension_owner(|| {
         let any = ADOPTED
             .iter()
             .map(|(t, _)| format!("SELECT 1 FROM syncular.{t}"))
@@ -655,10 +659,10 @@ fn adopt(client: &SpiClient<'_>, source: &str, app_schema: Option<&str>) -> Resu
         };
         counts.insert(table.to_string(), json!(copied));
     }
-    access::as_extension_owner(client, || check_log(client))?;
+    access::as_extension_owner(|| check_log(client))?;
     let mut registered = 0;
     if let Some(app_schema) = app_schema {
-        let layouts = access::as_extension_owner(client, || {
+        let layouts = access::as_extension_owner(|| {
             db::first::<String>(db::write(
                 client,
                 "SELECT layouts FROM syncular.sync_schema_meta WHERE id = 1",
@@ -710,7 +714,7 @@ fn adopt_legacy_tables(
         db::with_spi(|client| {
             // An operator action: it writes every partition's log and reads the source with
             // the extension owner's rights.
-            access::require_operator(client, "source_schema")?;
+            access::require_operator("source_schema")?;
             let text = |v: Option<&core::ffi::CStr>| v.map(|c| c.to_string_lossy().into_owned());
             let source = args::text("source_schema", text(source_schema).as_deref())?;
             let app_schema = text(app_schema).filter(|s| !s.is_empty());

@@ -95,11 +95,11 @@ pub unsafe fn open(table: SyncTable, lock: pg_sys::LOCKMODE) -> Result<pg_sys::R
 }
 
 /// Where [`bigint_by_key`] found the row's relation.
-pub enum Lookup {
-    /// Read on this node: the column's value, `None` when there is no such row; with the
-    /// transaction that wrote the row version read (`FrozenTransactionId` once frozen; invalid
-    /// without a row).
-    Here(Option<i64>, pg_sys::TransactionId),
+pub enum Lookup<T = Option<i64>> {
+    /// Read on this node: the column's value (the columns' values, for [`bigints_by_key`]),
+    /// `None` when there is no such row; with the transaction that wrote the row version read
+    /// (`FrozenTransactionId` once frozen; invalid without a row).
+    Here(T, pg_sys::TransactionId),
     /// A Citus table whose shard for the key is on another node (docs/SCALING.md): read it
     /// through SQL.
     Elsewhere,
@@ -122,14 +122,35 @@ pub unsafe fn bigint_by_key(
     table: SyncTable,
     key: pg_sys::Datum,
     distribution: Option<&str>,
-    (equality, collation): (u32, pg_sys::Oid),
+    equality: (u32, pg_sys::Oid),
     column: &CStr,
     snapshot: pg_sys::Snapshot,
 ) -> Result<Lookup> {
+    // SAFETY: the caller's guarantees, passed on.
+    let read = unsafe { bigints_by_key(table, key, distribution, equality, [column], snapshot) };
+    Ok(match read? {
+        Lookup::Here([value], writer) => Lookup::Here(value, writer),
+        Lookup::Elsewhere => Lookup::Elsewhere,
+    })
+}
+
+/// [`bigint_by_key`] for `N` columns of the row at once, in one index scan: each `None` when
+/// the row is missing or the value null.
+///
+/// # Safety
+/// As for [`bigint_by_key`].
+pub unsafe fn bigints_by_key<const N: usize>(
+    table: SyncTable,
+    key: pg_sys::Datum,
+    distribution: Option<&str>,
+    (equality, collation): (u32, pg_sys::Oid),
+    columns: [&CStr; N],
+    snapshot: pg_sys::Snapshot,
+) -> Result<Lookup<[Option<i64>; N]>> {
     let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
     // SAFETY: the relation is opened and closed here; the scan key, scan and tuple follow
-    // genam.h's systable protocol under the caller's registered snapshot; the attribute number
-    // comes from the relation's own descriptor and is checked to be a live int8 column. A shard
+    // genam.h's systable protocol under the caller's registered snapshot; the attribute numbers
+    // come from the relation's own descriptor and are checked to be live int8 columns. A shard
     // is a table of the same columns and primary key, opened by the OID Citus's metadata names.
     unsafe {
         let mut relation = open(table, lock)?;
@@ -141,16 +162,17 @@ pub unsafe fn bigint_by_key(
                 None => return Ok(Lookup::Elsewhere),
             }
         }
-        let attnum =
-            crate::catalog::live_attribute((*relation).rd_att, column, |t| t == pg_sys::INT8OID);
+        let attnums = columns.map(|column| {
+            crate::catalog::live_attribute((*relation).rd_att, column, |t| t == pg_sys::INT8OID)
+        });
         let index_id = port::relation_primary_key_index(relation);
-        let (Some(attnum), true) = (attnum, index_id != pg_sys::InvalidOid) else {
+        if attnums.iter().any(Option::is_none) || index_id == pg_sys::InvalidOid {
             pg_sys::table_close(relation, lock);
             return Err(Error::Internal(format!(
-                "syncular: {:?} has no primary key or no bigint column {column:?}",
+                "syncular: {:?} has no primary key or not every bigint column of {columns:?}",
                 table.name()
             )));
-        };
+        }
         let mut scan_key: pg_sys::ScanKeyData = std::mem::zeroed();
         pg_sys::ScanKeyEntryInitialize(
             &mut scan_key,
@@ -164,20 +186,24 @@ pub unsafe fn bigint_by_key(
         );
         let scan = pg_sys::systable_beginscan(relation, index_id, true, snapshot, 1, &mut scan_key);
         let tuple = pg_sys::systable_getnext(scan);
-        let (value, writer) = if tuple.is_null() {
-            (None, pg_sys::InvalidTransactionId)
+        let (values, writer) = if tuple.is_null() {
+            ([None; N], pg_sys::InvalidTransactionId)
         } else {
-            let mut is_null = false;
-            let datum =
-                pg_sys::heap_getattr(tuple, attnum.into(), (*relation).rd_att, &mut is_null);
-            (
-                (!is_null).then(|| i64::from_datum(datum, false).unwrap_or_default()),
-                port::heap_tuple_header_get_xmin((*tuple).t_data),
-            )
+            let values = attnums.map(|attnum| {
+                let mut is_null = false;
+                let datum = pg_sys::heap_getattr(
+                    tuple,
+                    attnum.unwrap_or_default().into(),
+                    (*relation).rd_att,
+                    &mut is_null,
+                );
+                (!is_null).then(|| i64::from_datum(datum, false).unwrap_or_default())
+            });
+            (values, port::heap_tuple_header_get_xmin((*tuple).t_data))
         };
         pg_sys::systable_endscan(scan);
         pg_sys::table_close(relation, lock);
-        Ok(Lookup::Here(value, writer))
+        Ok(Lookup::Here(values, writer))
     }
 }
 

@@ -92,8 +92,8 @@ fn repair_schema_marker(
         let reason = self::reason(reason)?;
         let caller = access::current_role();
         db::with_spi(|client| {
-            access::require_operator(client, "schema_version")?;
-            access::as_extension_owner(client, || {
+            access::require_operator("schema_version")?;
+            access::as_extension_owner(|| {
                 // The barrier lock of migrate_schema: no migration or append runs meanwhile.
                 db::write(
                     client,
@@ -117,20 +117,30 @@ fn repair_schema_marker(
                 );
                 let version = lowered("schema_version", version, old_version)?;
                 let floor = lowered("writer_floor", floor, old_floor)?;
-                db::write(
-                    client,
-                    if crate::schema::evolution::installed() {
+                let (written_by, written_in) = crate::schema::marker::writer_record();
+                if crate::schema::evolution::installed() {
+                    db::write(
+                        client,
                         "UPDATE syncular.sync_schema_meta
                             SET schema_version = $1, required_writer_version = $2,
-                                written_by = pg_catalog.pg_current_xact_id()::text::bigint
-                          WHERE id = 1"
-                    } else {
-                        // A 0.1.0 install not updated yet records no writer.
+                                written_by = $3, written_in = $4
+                          WHERE id = 1",
+                        &[
+                            DatumWithOid::from(version),
+                            DatumWithOid::from(floor),
+                            DatumWithOid::from(written_by),
+                            DatumWithOid::from(written_in),
+                        ],
+                    )?;
+                } else {
+                    // A 0.1.0 install not updated yet records no writer.
+                    db::write(
+                        client,
                         "UPDATE syncular.sync_schema_meta
-                            SET schema_version = $1, required_writer_version = $2 WHERE id = 1"
-                    },
-                    &[DatumWithOid::from(version), DatumWithOid::from(floor)],
-                )?;
+                            SET schema_version = $1, required_writer_version = $2 WHERE id = 1",
+                        &[DatumWithOid::from(version), DatumWithOid::from(floor)],
+                    )?;
+                }
                 crate::schema::marker::written_here();
                 let before = json!({"schemaVersion": old_version, "writerFloor": old_floor});
                 let after = json!({"schemaVersion": version, "writerFloor": floor});
@@ -170,8 +180,8 @@ fn repair_writer_fence(
         let reason = self::reason(reason)?;
         let caller = access::current_role();
         db::with_spi(|client| {
-            access::require_operator(client, "partition")?;
-            access::as_extension_owner(client, || {
+            access::require_operator("partition")?;
+            access::as_extension_owner(|| {
                 // The partition lock: appenders of this partition wait for the repair.
                 log::lock(client, &partition)?;
                 let current = db::first::<i64>(db::write(

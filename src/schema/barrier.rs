@@ -414,15 +414,19 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
             // declare() also raises the partition fence to the declaration's version.
             checkpoint::declare(client, &d.partition, &d.name, version, started_ms)?;
         }
-        // The writer recorded (0.2.0's column; a 0.1.0 install not updated yet has none).
-        db::write(
-            client,
-            MARKER_SQL[usize::from(updated)],
-            &[
-                DatumWithOid::from(a.version),
-                DatumWithOid::from(Value::Object(a.layouts.clone()).to_string()),
-            ],
-        )?;
+        // The writer recorded (0.2.0's columns; a 0.1.0 install not updated yet has none).
+        let (written_by, written_in) = marker::writer_record();
+        let mut params = vec![
+            DatumWithOid::from(a.version),
+            DatumWithOid::from(Value::Object(a.layouts.clone()).to_string()),
+        ];
+        if updated {
+            params.extend([
+                DatumWithOid::from(written_by),
+                DatumWithOid::from(written_in),
+            ]);
+        }
+        db::write(client, MARKER_SQL[usize::from(updated)], &params)?;
         if updated {
             push_schema::check_stored_at(client, a.version)?;
             let stored_text = state.stored_layouts.as_deref().filter(|_| stored > 0);
@@ -462,7 +466,7 @@ fn check_schema(
 }
 
 /// The marker's upsert: on a 0.1.0 install not updated yet, and with the writer recorded
-/// (`written_by`, the row codec's snapshot check: src/schema/marker.rs).
+/// (`written_by` and `written_in`, the row codec's snapshot check: src/schema/marker.rs).
 const MARKER_SQL: [&str; 2] = [
     "INSERT INTO syncular.sync_schema_meta AS m (id, schema_version, layouts, required_writer_version)
      VALUES (1, $1, $2, $1)
@@ -471,13 +475,13 @@ const MARKER_SQL: [&str; 2] = [
            required_writer_version =
              GREATEST(m.required_writer_version, EXCLUDED.required_writer_version)",
     "INSERT INTO syncular.sync_schema_meta AS m
-       (id, schema_version, layouts, required_writer_version, written_by)
-     VALUES (1, $1, $2, $1, pg_catalog.pg_current_xact_id()::text::bigint)
+       (id, schema_version, layouts, required_writer_version, written_by, written_in)
+     VALUES (1, $1, $2, $1, $3, $4)
      ON CONFLICT (id) DO UPDATE
        SET schema_version = EXCLUDED.schema_version, layouts = EXCLUDED.layouts,
            required_writer_version =
              GREATEST(m.required_writer_version, EXCLUDED.required_writer_version),
-           written_by = EXCLUDED.written_by",
+           written_by = EXCLUDED.written_by, written_in = EXCLUDED.written_in",
 ];
 
 /// SECURITY INVOKER: re-encoding a registered table's rows runs its host code for the migrating
@@ -494,7 +498,7 @@ fn migrate_schema(
         require_transaction(true)?;
         let a = schema_args(schema_version, layouts, declared)?;
         let caller = access::current_role();
-        db::with_spi(|client| access::as_extension_owner(client, || migrate(client, &a, caller)))
+        db::with_spi(|client| access::as_extension_owner(|| migrate(client, &a, caller)))
     })
 }
 

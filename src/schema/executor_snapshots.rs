@@ -291,22 +291,21 @@ pub enum Earliest {
     Unrecorded,
     /// It was taken before `writer` committed.
     Misses,
-    /// It cannot be told: a subtransaction's id missing from an incomplete list is older than
-    /// what `pg_subtrans` is known to keep for this transaction.
+    /// It cannot be told: a subtransaction's id missing from an incomplete list, whose
+    /// top-level transaction is not known.
     Unknown,
     /// The transaction's snapshots span more than 2^30 ids, which compare only modulo 2^32.
     Unordered,
 }
 
 /// Asks the earliest snapshot of this transaction whether it sees every one of `writers`: full
-/// ids of committed transactions, each with whether it is known to be a top-level one. Below
-/// the snapshot's `xmin` an id is seen, at or above its `xmax` it is not, in between unless it
-/// was running then. A top-level id is looked up in the running set, which is complete for
-/// them; a subtransaction's too, unless the set of subtransactions overflowed: then, as
-/// PostgreSQL does itself (`XidInMVCCSnapshot`), its top-level transaction is looked up in
-/// `pg_subtrans` — only for an id not older than `TransactionXmin`, from which on this
-/// transaction keeps it — and that one asked. Compared as full ids, so a transaction long past
-/// (its row version frozen, its id wrapped around) is still told apart.
+/// ids of committed transactions, each with whether it is known to be a top-level one (the
+/// caller asks a subtransaction by its top-level transaction where it can: src/schema/marker.rs).
+/// Below the snapshot's `xmin` an id is seen, at or above its `xmax` it is not, in between
+/// unless it was running then. A top-level id is looked up in the running set, which is
+/// complete for them; another id too, unless the set of subtransactions overflowed: then it
+/// cannot be told. Compared as full ids, so a transaction long past (its row version frozen,
+/// its id wrapped around) is still told apart.
 pub fn earliest_sees(writers: &[(u64, bool)]) -> Earliest {
     let now = port::local_transaction_id();
     if UNORDERED.with(Cell::get) == now {
@@ -331,25 +330,11 @@ pub fn earliest_sees(writers: &[(u64, bool)]) -> Earliest {
             if writer >= xmax {
                 return Earliest::Misses;
             }
-            let mut asked = pg_sys::TransactionId::from(writer as u32);
             if !top_level && earliest.suboverflowed {
-                // SAFETY: reads of this transaction's `TransactionXmin` and, for an id not older,
-                // of `pg_subtrans`, which holds every id from there on.
-                unsafe {
-                    let kept_from = pg_sys::TransactionXmin;
-                    if kept_from.into_inner() < pg_sys::TransactionId::FIRST_NORMAL.into_inner()
-                        || port::transaction_id_precedes(asked, kept_from)
-                    {
-                        unknown = true;
-                        continue;
-                    }
-                    asked = pg_sys::SubTransGetTopmostTransaction(asked);
-                }
-                if port::transaction_id_precedes(asked, earliest.xmin) {
-                    continue;
-                }
+                unknown = true;
+                continue;
             }
-            if earliest.running.binary_search(&asked.into_inner()).is_ok() {
+            if earliest.running.binary_search(&(writer as u32)).is_ok() {
                 return Earliest::Misses;
             }
         }

@@ -25,6 +25,10 @@ pub struct Settled {
     /// (`written_by`): unlike the row version's `xmin`, never frozen. `None` when a function of
     /// an older version set it, or the install is not updated yet.
     written_by: Option<u64>,
+    /// The full id of the (sub)transaction that wrote the row version with `written_by`
+    /// (`written_in`): equal to the row version's writer, it ties a subtransaction of the
+    /// migration to `written_by` (red team 22). `None` where not set.
+    written_in: Option<u64>,
 }
 
 thread_local! {
@@ -32,6 +36,52 @@ thread_local! {
     /// snapshot of a later transaction of this backend was taken after that commit.
     static SEEN_COMMITTED: Cell<(pg_sys::TransactionId, pg_sys::LocalTransactionId)> =
         const { Cell::new((pg_sys::InvalidTransactionId, 0)) };
+    /// The marker row version's writer (full id) and its top-level transaction, as `pg_subtrans`
+    /// told this backend once it could (red team 22): a parent never changes, and the entry is
+    /// gone once the id falls behind every running transaction's `xmin`.
+    static TOP_LEVEL_OF: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+}
+
+/// The top-level transaction (full id) of `writer`, the marker row version's committed writer:
+/// the recorded one (`written_by`) when the marker says this row version was written by it or
+/// in one of its subtransactions (`written_in`), else looked up in `pg_subtrans` — only while
+/// this transaction is known to keep the entry (`writer` not older than `TransactionXmin`), as
+/// PostgreSQL's own `XidInMVCCSnapshot` asks — and kept for this backend; `None` when it cannot
+/// be told. An id without a parent entry is its own top level (a primary records every
+/// subtransaction's parent; a standby those of the transactions whose list overflowed, the
+/// only ones missing from its snapshots).
+fn top_level_of(next: u64, writer: u64, settled: &Settled) -> Option<u64> {
+    let recorded = settled.written_by.filter(|full| *full < next);
+    // The marker's own record: this row version was written in `written_in`, a
+    // (sub)transaction of `written_by` (src/schema/marker.rs `writer_record`).
+    if recorded.is_some() && (recorded == Some(writer) || settled.written_in == Some(writer)) {
+        return recorded;
+    }
+    let (known, top) = TOP_LEVEL_OF.with(Cell::get);
+    if known == writer && writer != 0 {
+        return Some(top);
+    }
+    let low = pg_sys::TransactionId::from(writer as u32);
+    // SAFETY: reads of this transaction's `TransactionXmin` and, for an id not older, of
+    // `pg_subtrans`, which keeps every id from there on.
+    let top = unsafe {
+        let kept_from = pg_sys::TransactionXmin;
+        if kept_from.into_inner() < pg_sys::TransactionId::FIRST_NORMAL.into_inner()
+            || port::transaction_id_precedes(low, kept_from)
+        {
+            return None;
+        }
+        let top = pg_sys::SubTransGetTopmostTransaction(low);
+        let full = port::widen_transaction_id(next, top);
+        // The walk stops at the first parent older than `TransactionXmin`: a top level only
+        // when it is the recorded one (else an intermediate subtransaction, perhaps).
+        if port::transaction_id_precedes(top, kept_from) && recorded != Some(full) {
+            return None;
+        }
+        full
+    };
+    TOP_LEVEL_OF.with(|c| c.set((writer, top)));
+    Some(top)
 }
 
 /// The stored schema version as it settles, read with the latest snapshot whatever the caller's
@@ -89,19 +139,17 @@ pub fn settled_version(hold: bool) -> Result<std::result::Result<Settled, InFlig
             }
         }
         let latest = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-        let read = marker_in(latest).and_then(|(version, writer)| {
-            // 0.2.0's column: a 0.1.0 install not updated yet has none.
-            let written_by = if crate::schema::evolution::installed() {
-                written_by_in(latest)?
-            } else {
-                None
-            };
-            Ok(Settled {
+        // 0.2.0's columns: a 0.1.0 install not updated yet has none.
+        let read = if crate::schema::evolution::installed() {
+            marker_with_writers(latest)
+        } else {
+            marker_in(latest).map(|(version, writer)| Settled {
                 version,
                 writer,
-                written_by,
+                written_by: None,
+                written_in: None,
             })
-        });
+        };
         pg_sys::UnregisterSnapshot(latest);
         Ok(Ok(read?))
     }
@@ -162,11 +210,16 @@ pub fn seen_by_every_snapshot(settled: &Settled) -> Seen {
     // earliest snapshot it read through must see both the row version's writer (perhaps a
     // subtransaction of the migration, red team 20) and the recorded one — exact, frozen or
     // not (red team 19), held or not (red team 18).
-    // The recorded id is a top-level one; the row version's is too when it is the same.
+    // The recorded id is a top-level one; the row version's writer is asked by its top-level
+    // transaction where that can be told (a subtransaction, the migration having run in a
+    // savepoint, is seen exactly when its top-level transaction is).
     let mut writers = Vec::with_capacity(2);
     if settled.writer.into_inner() >= normal {
         let writer = port::widen_transaction_id(next, settled.writer);
-        writers.push((writer, recorded == Some(writer)));
+        writers.push(match top_level_of(next, writer, settled) {
+            Some(top) => (top, true),
+            None => (writer, false),
+        });
     }
     writers.extend(recorded.map(|full| (full, true)));
     // SAFETY: reads of this transaction's own state.
@@ -330,6 +383,18 @@ pub fn wait_for_older_transactions() {
     }
 }
 
+/// What a write of the marker records of its writer, as `(written_by, written_in)`: the
+/// top-level transaction, and the (sub)transaction the write runs in — the `xmin` its row
+/// version gets (an id is assigned here if there is none yet). Full ids, as `bigint`s.
+pub fn writer_record() -> (i64, i64) {
+    // SAFETY: this transaction's own ids (assigned if missing, as the write would).
+    unsafe {
+        let written_in = pg_sys::GetCurrentFullTransactionId().value;
+        let written_by = pg_sys::GetTopFullTransactionId().value;
+        (written_by as i64, written_in as i64)
+    }
+}
+
 /// Called by a migration once it wrote the marker: this backend's next transactions see it
 /// committed (or never see it at all), whatever else still runs.
 pub fn written_here() {
@@ -381,17 +446,37 @@ unsafe fn marker_column(
     }
 }
 
-/// The marker's `written_by` as `snapshot` sees it; `None` without one (or where Citus keeps the
-/// table elsewhere).
+/// The marker as `snapshot` sees it with what it recorded of its writer (`written_by`,
+/// `written_in`), in one lookup below SQL; through SQL where Citus keeps the table elsewhere
+/// (nothing recorded is known then).
 ///
 /// # Safety
 /// `snapshot` is registered.
-unsafe fn written_by_in(snapshot: pg_sys::Snapshot) -> Result<Option<u64>> {
-    // SAFETY: the caller's registered snapshot.
-    let read = unsafe { marker_column(c"written_by", snapshot) };
+unsafe fn marker_with_writers(snapshot: pg_sys::Snapshot) -> Result<Settled> {
+    // SAFETY: the caller's registered snapshot; the key is the marker's int4 primary key.
+    let read = unsafe {
+        heap::bigints_by_key(
+            heap::SyncTable::SchemaMeta,
+            pg_sys::Datum::from(1i32),
+            None,
+            (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
+            [c"schema_version", c"written_by", c"written_in"],
+            snapshot,
+        )
+    };
     Ok(match read? {
-        heap::Lookup::Here(Some(full), _) => u64::try_from(full).ok(),
-        _ => None,
+        heap::Lookup::Here([version, written_by, written_in], writer) => Settled {
+            version,
+            writer,
+            written_by: written_by.and_then(|full| u64::try_from(full).ok()),
+            written_in: written_in.and_then(|full| u64::try_from(full).ok()),
+        },
+        heap::Lookup::Elsewhere => Settled {
+            version: db::with_spi(marker_seen)?,
+            writer: pg_sys::InvalidTransactionId,
+            written_by: None,
+            written_in: None,
+        },
     })
 }
 

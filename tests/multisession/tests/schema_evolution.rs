@@ -3001,7 +3001,36 @@ fn a_transaction_with_many_subtransactions_does_not_stop_the_default_version() {
             );
         }
     }
+    // Red team 22: a transaction begun after the migration in a new session, its first
+    // snapshot taken while the long transaction ran, decoding after that one ended — when its
+    // `TransactionXmin` may have moved past the migration's subtransaction, whose entry in
+    // pg_subtrans it can no longer ask for. The marker's own record ties the two
+    // (`written_in`).
+    let mut late = db.connect();
+    exec(&mut late, "SELECT syncular.notify_channel()");
+    exec(&mut late, "BEGIN; SELECT 1");
     exec(&mut long, "ROLLBACK");
+    let b1 = late.query_one(decode, &[]).map_err(|e| sql_error(&e));
+    assert_eq!(
+        b1.map(|r| r.get::<_, String>(0)),
+        Ok("AA==".to_string()),
+        "a transaction begun before the long one ended"
+    );
+    exec(&mut late, "COMMIT");
+    let (written_in, xmin): (Option<i64>, i64) = {
+        let row = c
+            .query_one(
+                "SELECT written_in, xmin::text::bigint FROM syncular.sync_schema_meta",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(
+        written_in.map(|full| full & 0xFFFF_FFFF),
+        Some(xmin),
+        "the marker records the subtransaction that wrote it"
+    );
 }
 
 /// Red team 19's review: `COPY table TO` reads the table through the active snapshot and starts
