@@ -355,20 +355,17 @@ const OLDER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 pub fn wait_for_older_transactions() {
     let started = std::time::Instant::now();
     // SAFETY: this transaction's id (assigned here if it has none yet); a fresh snapshot's
-    // running transaction ids (`xip[0..xcnt]`) read while it is valid, before the next is
-    // taken; the wait is on this backend's own latch.
+    // `xmin` read while it is valid, before the next is taken; the wait is on this backend's own
+    // latch.
     unsafe {
         let ours = pg_sys::GetTopTransactionId();
         loop {
             crate::interrupts::check();
+            // The snapshot's `xmin` is the oldest transaction id still running (`xip` lists
+            // only those below `xmax`: one that took its id after the last commit is not in it,
+            // red team 22).
             let snapshot = pg_sys::GetLatestSnapshot();
-            let running = std::slice::from_raw_parts(
-                (*snapshot).xip,
-                usize::try_from((*snapshot).xcnt).unwrap_or(0),
-            );
-            let older = running
-                .iter()
-                .any(|xid| pg_sys::TransactionIdPrecedes(*xid, ours));
+            let older = pg_sys::TransactionIdPrecedes((*snapshot).xmin, ours);
             if !older || started.elapsed() >= OLDER_WAIT {
                 return;
             }

@@ -2872,6 +2872,45 @@ fn a_transaction_that_read_before_a_migration_is_refused_the_default_version_aft
     assert_eq!(after, "AA==", "the next transaction");
 }
 
+/// On PostgreSQL 18 a migration first waits (up to 2 s, docs/API.md `migrate_schema`) for the
+/// transactions that took an id before it to end. Red team 22 saw it never wait: it looked for
+/// older ids among the snapshot's `xip`, which lists only ids below `xmax` — one taken after the
+/// last commit is not there. It asks the snapshot's `xmin` now: the migrator is seen waiting
+/// (`Extension`) while an older transaction runs, and goes on as soon as that one ends.
+#[test]
+fn a_migration_on_18_waits_for_the_transactions_older_than_it() {
+    let (db, mut c) = s1_setup("ev_b22_wait");
+    if server_major(&mut c) < 18 {
+        return;
+    }
+    let mut older = db.connect();
+    exec(&mut older, "BEGIN; SELECT pg_current_xact_id()");
+    let mut migrator = db.connect();
+    let pid = backend_pid(&mut migrator);
+    let migration = std::thread::spawn(move || {
+        exec(&mut migrator, "BEGIN");
+        migrator
+            .query_one(
+                "SELECT syncular.migrate_schema(2, $1)",
+                &[&s1_layouts(true)],
+            )
+            .unwrap();
+        exec(&mut migrator, "COMMIT");
+    });
+    let waited = (0..150).any(|_| {
+        let event: Option<String> = one(
+            &mut c,
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1",
+            &[&pid],
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        event.as_deref() == Some("Extension")
+    });
+    exec(&mut older, "ROLLBACK");
+    migration.join().unwrap();
+    assert!(waited, "the migration waited for the older transaction");
+}
+
 /// Red team 19: a READ COMMITTED transaction read the version-1 payload in a savepoint it rolled
 /// back (its lock on the table went with it), a migration committed, the marker row was frozen
 /// (`VACUUM (FREEZE)` here; a plain VACUUM may freeze it too, and autovacuum runs one), and the
