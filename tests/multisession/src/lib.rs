@@ -433,6 +433,16 @@ pub fn migrate(c: &mut Client, v: i64, layouts: &Value, declared: &Value) -> i64
     prev
 }
 
+/// [`migrate`] to `v` with `layouts`, run inside a savepoint (released, then committed): the
+/// marker row is then written by a subtransaction of the migration (docs/SECURITY.md rule 19,
+/// red teams 20 to 22).
+pub fn migrate_in_savepoint(c: &mut Client, v: i64, layouts: &Value) {
+    exec(c, "BEGIN; SAVEPOINT m");
+    c.query_one("SELECT syncular.migrate_schema($1, $2)", &[&v, layouts])
+        .unwrap();
+    exec(c, "RELEASE SAVEPOINT m; COMMIT");
+}
+
 /// A checkpoint row as `(partition, name, schema_version, state, watermark, owner_epoch,
 /// observed_rows, updated_at_ms)`.
 pub type CheckpointRow = (String, String, i64, String, i64, i64, i64, i64);

@@ -2948,13 +2948,7 @@ fn a_frozen_marker_still_names_the_migration_a_transaction_read_before() {
         );
         exec(&mut reader, "ROLLBACK TO SAVEPOINT s");
         if in_savepoint {
-            exec(&mut c, "BEGIN; SAVEPOINT m");
-            c.query_one(
-                "SELECT syncular.migrate_schema(2, $1)",
-                &[&s1_layouts(true)],
-            )
-            .unwrap();
-            exec(&mut c, "RELEASE SAVEPOINT m; COMMIT");
+            migrate_in_savepoint(&mut c, 2, &s1_layouts(true));
         } else {
             migrate(&mut c, 2, &s1_layouts(true), &json!([]));
         }
@@ -3016,13 +3010,7 @@ fn a_transaction_with_many_subtransactions_does_not_stop_the_default_version() {
     exec(&mut reader, "SELECT syncular.notify_channel()");
     let mut long = db.connect();
     overflow_subtransactions(&mut long);
-    exec(&mut c, "BEGIN; SAVEPOINT m");
-    c.query_one(
-        "SELECT syncular.migrate_schema(2, $1)",
-        &[&s1_layouts(true)],
-    )
-    .unwrap();
-    exec(&mut c, "RELEASE SAVEPOINT m; COMMIT");
+    migrate_in_savepoint(&mut c, 2, &s1_layouts(true));
     let decode = "SELECT syncular.decode_row('t8', _sync_payload)->>'b1' FROM public.ev_t8";
     for session in 0..3 {
         let mut fresh = db.connect();

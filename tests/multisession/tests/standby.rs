@@ -213,11 +213,7 @@ fn a_transaction_with_many_subtransactions_on_the_primary_leaves_the_standbys_co
     overflow_subtransactions(&mut long);
     for migration in [false, true] {
         if migration {
-            exec(&mut primary, "BEGIN; SAVEPOINT m");
-            primary
-                .query_one("SELECT syncular.migrate_schema(2, $1)", &[&l2()])
-                .unwrap();
-            exec(&mut primary, "RELEASE SAVEPOINT m; COMMIT");
+            migrate_in_savepoint(&mut primary, 2, &l2());
         }
         // A later commit: the standby's snapshots move past the overflowing transaction's start.
         exec(
