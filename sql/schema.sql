@@ -245,7 +245,11 @@ CREATE TABLE syncular.sync_schema_meta (
   -- The (sub)transaction (its full id) that wrote this row version with written_by, the row
   -- version's own xmin while it is the one written: it ties a migration run in a savepoint to
   -- written_by, which pg_subtrans keeps only for a while (red team 22). NULL where not set.
-  written_in              bigint
+  written_in              bigint,
+  -- The cluster (its system identifier, as a bigint) where written_by and written_in were
+  -- recorded: a dump restored elsewhere carries ids that name other transactions there, and
+  -- the pair is used only where it was recorded (red team 23). NULL where not set.
+  written_on              bigint
 );
 
 -- 15. App-table registry: logical table name -> the host's relation. `relation` (its OID; a

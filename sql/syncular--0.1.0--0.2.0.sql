@@ -271,9 +271,12 @@ SELECT pg_catalog.pg_extension_config_dump('syncular.sync_schema_layouts', '');
 REVOKE ALL ON syncular.sync_schema_layouts FROM PUBLIC;
 -- Who last set the marker, as in sql/schema.sql, table 14 (the row codec's snapshot check,
 -- docs/SECURITY.md rule 19).
-ALTER TABLE syncular.sync_schema_meta ADD COLUMN written_by bigint, ADD COLUMN written_in bigint;
--- A marker set before the update names the update as its writer: a later id than its own, so
--- the check is only stricter until the next migration.
+ALTER TABLE syncular.sync_schema_meta
+  ADD COLUMN written_by bigint, ADD COLUMN written_in bigint, ADD COLUMN written_on bigint;
+-- A marker set before the update is rewritten by it: its row version names the update as its
+-- writer, a later id than its own, so the check is only stricter until the next migration.
+-- (written_on stays NULL: the pair is used once a migration records it with this cluster's
+-- identifier; until then the row version's own writer is asked.)
 UPDATE syncular.sync_schema_meta SET written_by = pg_catalog.pg_current_xact_id()::text::bigint;
 -- migrate_schema runs the host code of the tables it re-encodes for its caller, so it must know
 -- it (docs/SECURITY.md rule 19): SECURITY INVOKER from 0.2.0, its sync_* statements as the owner.

@@ -468,13 +468,11 @@ fn copy(client: &SpiClient<'_>, source: &Source) -> Result<i64> {
         // The adopted marker names this transaction as its writer (the row codec's snapshot
         // check, src/schema/marker.rs): a later id than the legacy host's, so only stricter.
         if source.table == "sync_schema_meta" && crate::schema::evolution::installed() {
-            let (written_by, written_in) = crate::schema::marker::writer_record();
+            let record = crate::schema::marker::writer_record();
             Spi::run_with_args(
-                "UPDATE syncular.sync_schema_meta SET written_by = $1, written_in = $2",
-                &[
-                    pgrx::datum::DatumWithOid::from(written_by),
-                    pgrx::datum::DatumWithOid::from(written_in),
-                ],
+                "UPDATE syncular.sync_schema_meta
+                    SET written_by = $1, written_in = $2, written_on = $3",
+                &record.map(pgrx::datum::DatumWithOid::from),
             )?;
         }
         Spi::run(&format!("DROP TABLE {STAGE}"))?;

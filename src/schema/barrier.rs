@@ -415,16 +415,13 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
             checkpoint::declare(client, &d.partition, &d.name, version, started_ms)?;
         }
         // The writer recorded (0.2.0's columns; a 0.1.0 install not updated yet has none).
-        let (written_by, written_in) = marker::writer_record();
+        let record = marker::writer_record();
         let mut params = vec![
             DatumWithOid::from(a.version),
             DatumWithOid::from(Value::Object(a.layouts.clone()).to_string()),
         ];
         if updated {
-            params.extend([
-                DatumWithOid::from(written_by),
-                DatumWithOid::from(written_in),
-            ]);
+            params.extend(record.map(DatumWithOid::from));
         }
         db::write(client, MARKER_SQL[usize::from(updated)], &params)?;
         if updated {
@@ -466,7 +463,8 @@ fn check_schema(
 }
 
 /// The marker's upsert: on a 0.1.0 install not updated yet, and with the writer recorded
-/// (`written_by` and `written_in`, the row codec's snapshot check: src/schema/marker.rs).
+/// (`written_by`, `written_in`, `written_on`, the row codec's snapshot check:
+/// src/schema/marker.rs).
 const MARKER_SQL: [&str; 2] = [
     "INSERT INTO syncular.sync_schema_meta AS m (id, schema_version, layouts, required_writer_version)
      VALUES (1, $1, $2, $1)
@@ -475,13 +473,14 @@ const MARKER_SQL: [&str; 2] = [
            required_writer_version =
              GREATEST(m.required_writer_version, EXCLUDED.required_writer_version)",
     "INSERT INTO syncular.sync_schema_meta AS m
-       (id, schema_version, layouts, required_writer_version, written_by, written_in)
-     VALUES (1, $1, $2, $1, $3, $4)
+       (id, schema_version, layouts, required_writer_version, written_by, written_in, written_on)
+     VALUES (1, $1, $2, $1, $3, $4, $5)
      ON CONFLICT (id) DO UPDATE
        SET schema_version = EXCLUDED.schema_version, layouts = EXCLUDED.layouts,
            required_writer_version =
              GREATEST(m.required_writer_version, EXCLUDED.required_writer_version),
-           written_by = EXCLUDED.written_by, written_in = EXCLUDED.written_in",
+           written_by = EXCLUDED.written_by, written_in = EXCLUDED.written_in,
+           written_on = EXCLUDED.written_on",
 ];
 
 /// SECURITY INVOKER: re-encoding a registered table's rows runs its host code for the migrating

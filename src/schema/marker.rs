@@ -380,16 +380,24 @@ pub fn wait_for_older_transactions() {
     }
 }
 
-/// What a write of the marker records of its writer, as `(written_by, written_in)`: the
-/// top-level transaction, and the (sub)transaction the write runs in — the `xmin` its row
-/// version gets (an id is assigned here if there is none yet). Full ids, as `bigint`s.
-pub fn writer_record() -> (i64, i64) {
+/// What a write of the marker records of its writer, as `[written_by, written_in,
+/// written_on]`: the top-level transaction, the (sub)transaction the write runs in — the `xmin`
+/// its row version gets (an id is assigned here if there is none yet) — as full ids, and the
+/// cluster they are ids of ([`this_cluster`]); all as `bigint`s.
+pub fn writer_record() -> [i64; 3] {
     // SAFETY: this transaction's own ids (assigned if missing, as the write would).
-    unsafe {
+    let (written_by, written_in) = unsafe {
         let written_in = pg_sys::GetCurrentFullTransactionId().value;
-        let written_by = pg_sys::GetTopFullTransactionId().value;
-        (written_by as i64, written_in as i64)
-    }
+        (pg_sys::GetTopFullTransactionId().value, written_in)
+    };
+    [written_by as i64, written_in as i64, this_cluster()]
+}
+
+/// This cluster's system identifier (pg_control's), as the `bigint` the marker records: its
+/// transaction ids mean the same transactions only here (and on its physical standbys).
+fn this_cluster() -> i64 {
+    // SAFETY: a read of the identifier PostgreSQL loaded from pg_control at startup.
+    unsafe { pg_sys::GetSystemIdentifier() as i64 }
 }
 
 /// Called by a migration once it wrote the marker: this backend's next transactions see it
@@ -444,7 +452,7 @@ unsafe fn marker_column(
 }
 
 /// The marker as `snapshot` sees it with what it recorded of its writer (`written_by`,
-/// `written_in`), in one lookup below SQL; through SQL where Citus keeps the table elsewhere
+/// `written_in`, used where recorded: `written_on`), in one lookup below SQL; through SQL where Citus keeps the table elsewhere
 /// (nothing recorded is known then).
 ///
 /// # Safety
@@ -457,17 +465,29 @@ unsafe fn marker_with_writers(snapshot: pg_sys::Snapshot) -> Result<Settled> {
             pg_sys::Datum::from(1i32),
             None,
             (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
-            [c"schema_version", c"written_by", c"written_in"],
+            [
+                c"schema_version",
+                c"written_by",
+                c"written_in",
+                c"written_on",
+            ],
             snapshot,
         )
     };
     Ok(match read? {
-        heap::Lookup::Here([version, written_by, written_in], writer) => Settled {
-            version,
-            writer,
-            written_by: written_by.and_then(|full| u64::try_from(full).ok()),
-            written_in: written_in.and_then(|full| u64::try_from(full).ok()),
-        },
+        heap::Lookup::Here([version, written_by, written_in, written_on], writer) => {
+            // Ids of this cluster only: a dump restored into another one carries ids that name
+            // other transactions there (red team 23); without the record, the row version's
+            // own writer is asked.
+            let here = written_on == Some(this_cluster());
+            let full = |id: Option<i64>| id.filter(|_| here).and_then(|id| u64::try_from(id).ok());
+            Settled {
+                version,
+                writer,
+                written_by: full(written_by),
+                written_in: full(written_in),
+            }
+        }
         heap::Lookup::Elsewhere => Settled {
             version: db::with_spi(marker_seen)?,
             writer: pg_sys::InvalidTransactionId,

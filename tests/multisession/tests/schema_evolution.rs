@@ -2872,6 +2872,42 @@ fn a_transaction_that_read_before_a_migration_is_refused_the_default_version_aft
     assert_eq!(after, "AA==", "the next transaction");
 }
 
+/// Red team 23: the marker is dumped with the extension's configuration, so a restore carries
+/// what it recorded of its writer into another cluster, where the ids name other transactions —
+/// and when the restore's own write of the row got the carried `written_in` as its id, the
+/// check took the carried `written_by`, an old unrelated transaction there, for the migration.
+/// Here the restore is played by one superuser statement that writes the row with its own id as
+/// `written_in`, an old id as `written_by`, and another cluster's identifier: a transaction that
+/// read the payload before it is refused, as it is by the row version's own writer.
+#[test]
+fn a_marker_record_from_another_cluster_is_not_trusted() {
+    let (db, mut c) = s1_setup("ev_b23_restore");
+    let mut reader = db.connect();
+    exec(&mut reader, "SELECT syncular.notify_channel()");
+    exec(&mut reader, "BEGIN; SAVEPOINT s");
+    let payload: Vec<u8> = one(
+        &mut reader,
+        "SELECT _sync_payload FROM public.ev_t8 WHERE _sync_row_id = 'r1'",
+        &[],
+    );
+    exec(&mut reader, "ROLLBACK TO SAVEPOINT s");
+    migrate_in_savepoint(&mut c, 2, &s1_layouts(true));
+    exec(
+        &mut c,
+        "UPDATE syncular.sync_schema_meta
+            SET written_by = 3, written_in = pg_current_xact_id()::text::bigint,
+                written_on = written_on # 1",
+    );
+    match reader
+        .query_one("SELECT syncular.decode_row('t8', $1)->>'b1'", &[&payload])
+        .map_err(|e| sql_error(&e))
+    {
+        Err(e) if e.state == "SY041" => {}
+        other => panic!("bytes read before the restore: {other:?}"),
+    }
+    exec(&mut reader, "ROLLBACK");
+}
+
 /// On PostgreSQL 18 a migration first waits (up to 2 s, docs/API.md `migrate_schema`) for the
 /// transactions that took an id before it to end. Red team 22 saw it never wait: it looked for
 /// older ids among the snapshot's `xip`, which lists only ids below `xmax` — one taken after the
