@@ -2455,6 +2455,22 @@ fn s1_setup(name: &str) -> (TestDb, Client) {
     (db, c)
 }
 
+/// A session of the library loaded before its transaction began, that read `r1`'s stored
+/// payload in a savepoint it rolled back (its lock on the table went with it) and is still in
+/// that READ COMMITTED transaction; with the bytes it read (red teams 19 to 23).
+fn s1_read_then_unlock(db: &TestDb) -> (Client, Vec<u8>) {
+    let mut reader = db.connect();
+    exec(&mut reader, "SELECT syncular.notify_channel()");
+    exec(&mut reader, "BEGIN; SAVEPOINT s");
+    let payload: Vec<u8> = one(
+        &mut reader,
+        "SELECT _sync_payload FROM public.ev_t8 WHERE _sync_row_id = 'r1'",
+        &[],
+    );
+    exec(&mut reader, "ROLLBACK TO SAVEPOINT s");
+    (reader, payload)
+}
+
 /// `decode` run by `reader` (the first column of its rows), then its transaction ended.
 fn s1_decode(reader: &mut Client, decode: &str) -> Result<Vec<String>, SqlError> {
     let out = reader
@@ -2882,15 +2898,7 @@ fn a_transaction_that_read_before_a_migration_is_refused_the_default_version_aft
 #[test]
 fn a_marker_record_from_another_cluster_is_not_trusted() {
     let (db, mut c) = s1_setup("ev_b23_restore");
-    let mut reader = db.connect();
-    exec(&mut reader, "SELECT syncular.notify_channel()");
-    exec(&mut reader, "BEGIN; SAVEPOINT s");
-    let payload: Vec<u8> = one(
-        &mut reader,
-        "SELECT _sync_payload FROM public.ev_t8 WHERE _sync_row_id = 'r1'",
-        &[],
-    );
-    exec(&mut reader, "ROLLBACK TO SAVEPOINT s");
+    let (mut reader, payload) = s1_read_then_unlock(&db);
     migrate_in_savepoint(&mut c, 2, &s1_layouts(true));
     exec(
         &mut c,
@@ -2974,15 +2982,7 @@ fn a_frozen_marker_still_names_the_migration_a_transaction_read_before() {
         if overflow {
             overflow_subtransactions(&mut long);
         }
-        let mut reader = db.connect();
-        exec(&mut reader, "SELECT syncular.notify_channel()");
-        exec(&mut reader, "BEGIN; SAVEPOINT s");
-        let payload: Vec<u8> = one(
-            &mut reader,
-            "SELECT _sync_payload FROM public.ev_t8 WHERE _sync_row_id = 'r1'",
-            &[],
-        );
-        exec(&mut reader, "ROLLBACK TO SAVEPOINT s");
+        let (mut reader, payload) = s1_read_then_unlock(&db);
         if in_savepoint {
             migrate_in_savepoint(&mut c, 2, &s1_layouts(true));
         } else {
