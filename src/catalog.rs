@@ -28,6 +28,33 @@ pub unsafe fn live_attribute(
     }
 }
 
+/// The scan key of `column = value` for an index or heap scan (genam.h's systable scans): the
+/// equality function `equality`, under `collation`.
+///
+/// # Safety
+/// `value` is a datum of the column's type, valid as long as the key is used.
+pub unsafe fn equality_key(
+    column: i16,
+    (equality, collation): (u32, pg_sys::Oid),
+    value: pg_sys::Datum,
+) -> pg_sys::ScanKeyData {
+    // SAFETY: a plain C struct, zeroed then filled by PostgreSQL's own initializer.
+    unsafe {
+        let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
+        pg_sys::ScanKeyEntryInitialize(
+            &mut key,
+            0,
+            column,
+            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+            pg_sys::InvalidOid,
+            collation,
+            pg_sys::RegProcedure::from(equality),
+            value,
+        );
+        key
+    }
+}
+
 /// The owner of the extension named `name`, from its `pg_extension` row found through the
 /// catalog's own name index under the catalog snapshot — the read `get_extension_oid` makes,
 /// without a statement (a push asks once per transaction: docs/BENCHMARKS.md, "Server CPU");
@@ -61,15 +88,9 @@ pub unsafe fn extension_owner(name: &CStr) -> Option<pg_sys::Oid> {
         for (slot, byte) in wanted.data.iter_mut().zip(bytes) {
             *slot = *byte as std::ffi::c_char;
         }
-        let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
-        pg_sys::ScanKeyEntryInitialize(
-            &mut key,
-            0,
+        let mut key = equality_key(
             extname,
-            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
-            pg_sys::InvalidOid,
-            pg_sys::C_COLLATION_OID,
-            pg_sys::RegProcedure::from(pg_sys::F_NAMEEQ),
+            (pg_sys::F_NAMEEQ, pg_sys::C_COLLATION_OID),
             pg_sys::Datum::from(&raw const wanted),
         );
         let scan = pg_sys::systable_beginscan(

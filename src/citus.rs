@@ -52,15 +52,9 @@ pub unsafe fn manages(relation: pg_sys::Oid) -> bool {
             // A catalog of another shape is not Citus's: nothing to avoid.
             return false;
         };
-        let mut key: pg_sys::ScanKeyData = std::mem::zeroed();
-        pg_sys::ScanKeyEntryInitialize(
-            &mut key,
-            0,
+        let mut key = crate::catalog::equality_key(
             column,
-            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
-            pg_sys::InvalidOid,
-            pg_sys::InvalidOid,
-            pg_sys::RegProcedure::from(pg_sys::F_OIDEQ),
+            (pg_sys::F_OIDEQ, pg_sys::InvalidOid),
             pg_sys::Datum::from(relation),
         );
         let scan = pg_sys::systable_beginscan(

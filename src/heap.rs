@@ -143,7 +143,7 @@ pub unsafe fn bigints_by_key<const N: usize>(
     table: SyncTable,
     key: pg_sys::Datum,
     distribution: Option<&str>,
-    (equality, collation): (u32, pg_sys::Oid),
+    equality: (u32, pg_sys::Oid),
     columns: [&CStr; N],
     snapshot: pg_sys::Snapshot,
 ) -> Result<Lookup<[Option<i64>; N]>> {
@@ -173,17 +173,7 @@ pub unsafe fn bigints_by_key<const N: usize>(
                 table.name()
             )));
         }
-        let mut scan_key: pg_sys::ScanKeyData = std::mem::zeroed();
-        pg_sys::ScanKeyEntryInitialize(
-            &mut scan_key,
-            0,
-            1,
-            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
-            pg_sys::InvalidOid,
-            collation,
-            pg_sys::RegProcedure::from(equality),
-            key,
-        );
+        let mut scan_key = crate::catalog::equality_key(1, equality, key);
         let scan = pg_sys::systable_beginscan(relation, index_id, true, snapshot, 1, &mut scan_key);
         let tuple = pg_sys::systable_getnext(scan);
         let (values, writer) = if tuple.is_null() {

@@ -50,11 +50,15 @@ thread_local! {
 /// be told. An id without a parent entry is its own top level (a primary records every
 /// subtransaction's parent; a standby those of the transactions whose list overflowed, the
 /// only ones missing from its snapshots).
-fn top_level_of(next: u64, writer: u64, settled: &Settled) -> Option<u64> {
-    let recorded = settled.written_by.filter(|full| *full < next);
+fn top_level_of(
+    next: u64,
+    writer: u64,
+    recorded: Option<u64>,
+    written_in: Option<u64>,
+) -> Option<u64> {
     // The marker's own record: this row version was written in `written_in`, a
-    // (sub)transaction of `written_by` (src/schema/marker.rs `writer_record`).
-    if recorded.is_some() && (recorded == Some(writer) || settled.written_in == Some(writer)) {
+    // (sub)transaction of `written_by` (`recorded`, [`writer_record`]).
+    if recorded.is_some() && (recorded == Some(writer) || written_in == Some(writer)) {
         return recorded;
     }
     let (known, top) = TOP_LEVEL_OF.with(Cell::get);
@@ -216,10 +220,12 @@ pub fn seen_by_every_snapshot(settled: &Settled) -> Seen {
     let mut writers = Vec::with_capacity(2);
     if settled.writer.into_inner() >= normal {
         let writer = port::widen_transaction_id(next, settled.writer);
-        writers.push(match top_level_of(next, writer, settled) {
-            Some(top) => (top, true),
-            None => (writer, false),
-        });
+        writers.push(
+            match top_level_of(next, writer, recorded, settled.written_in) {
+                Some(top) => (top, true),
+                None => (writer, false),
+            },
+        );
     }
     writers.extend(recorded.map(|full| (full, true)));
     // SAFETY: reads of this transaction's own state.
