@@ -236,20 +236,17 @@ CREATE TABLE syncular.sync_schema_meta (
   schema_version          bigint  NOT NULL,
   layouts                 text    NOT NULL DEFAULT '{}',
   required_writer_version bigint  NOT NULL DEFAULT 0,
-  -- The top-level transaction (its full id, pg_current_xact_id()) that last set the marker:
-  -- migrate_schema and repair_schema_marker write it. The row codec asks whether every snapshot
-  -- a transaction read through sees it (src/schema/marker.rs), which the row version's xmin
-  -- cannot tell once the row is frozen (docs/SECURITY.md rule 19, red team 19). NULL: set by an
-  -- older version, or copied by adopt_legacy_tables.
+  -- The top-level transaction (its full id, pg_current_xact_id()) that wrote this row version,
+  -- stamped by the trigger sync_schema_meta_stamp on every write, however made (a migration, a
+  -- repair, a restore's COPY, an update; ENABLE ALWAYS). The row codec asks whether every
+  -- snapshot a transaction read through sees it (src/schema/marker.rs), which the row
+  -- version's xmin cannot tell once the row is frozen (docs/SECURITY.md rule 19, red teams 19,
+  -- 23, 24). NULL: written before the install was updated.
   written_by              bigint,
-  -- The (sub)transaction (its full id) that wrote this row version with written_by, the row
-  -- version's own xmin while it is the one written: it ties a migration run in a savepoint to
-  -- written_by, which pg_subtrans keeps only for a while (red team 22). NULL where not set.
-  written_in              bigint,
-  -- The cluster (its system identifier, as a bigint) where written_by and written_in were
-  -- recorded: a dump restored elsewhere carries ids that name other transactions there, and
-  -- the pair is used only where it was recorded (red team 23). NULL where not set.
-  written_on              bigint
+  -- The (sub)transaction (its full id) that wrote this row version, its xmin: it ties a
+  -- migration run in a savepoint to written_by, which pg_subtrans keeps only for a while (red
+  -- team 22), and tells a row written with the stamp bypassed (xmin differs). NULL as above.
+  written_in              bigint
 );
 
 -- 15. App-table registry: logical table name -> the host's relation. `relation` (its OID; a

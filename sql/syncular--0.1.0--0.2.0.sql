@@ -269,15 +269,21 @@ CREATE TABLE syncular.sync_schema_layouts (
 );
 SELECT pg_catalog.pg_extension_config_dump('syncular.sync_schema_layouts', '');
 REVOKE ALL ON syncular.sync_schema_layouts FROM PUBLIC;
--- Who last set the marker, as in sql/schema.sql, table 14 (the row codec's snapshot check,
--- docs/SECURITY.md rule 19).
-ALTER TABLE syncular.sync_schema_meta
-  ADD COLUMN written_by bigint, ADD COLUMN written_in bigint, ADD COLUMN written_on bigint;
--- A marker set before the update is rewritten by it: its row version names the update as its
--- writer, a later id than its own, so the check is only stricter until the next migration.
--- (written_on stays NULL: the pair is used once a migration records it with this cluster's
--- identifier; until then the row version's own writer is asked.)
-UPDATE syncular.sync_schema_meta SET written_by = pg_catalog.pg_current_xact_id()::text::bigint;
+-- Who wrote the marker's row version, as in sql/schema.sql, table 14, stamped by its trigger on
+-- every write (the row codec's snapshot check, docs/SECURITY.md rule 19).
+ALTER TABLE syncular.sync_schema_meta ADD COLUMN written_by bigint, ADD COLUMN written_in bigint;
+CREATE FUNCTION syncular.schema_marker_stamp() RETURNS trigger
+LANGUAGE c AS 'MODULE_PATHNAME', 'schema_marker_stamp_wrapper';
+ALTER FUNCTION syncular.schema_marker_stamp() SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION syncular.schema_marker_stamp() FROM PUBLIC;
+COMMENT ON FUNCTION syncular.schema_marker_stamp() IS
+  'Native BEFORE INSERT OR UPDATE trigger on sync_schema_meta (ENABLE ALWAYS): stamps each row version with the transaction that writes it (written_by, written_in), however it is written.';
+CREATE TRIGGER sync_schema_meta_stamp BEFORE INSERT OR UPDATE ON syncular.sync_schema_meta
+  FOR EACH ROW EXECUTE FUNCTION syncular.schema_marker_stamp();
+ALTER TABLE syncular.sync_schema_meta ENABLE ALWAYS TRIGGER sync_schema_meta_stamp;
+-- A marker set before the update is rewritten by it, stamped with the update: a later id than
+-- its own, so the check is only stricter until the next migration.
+UPDATE syncular.sync_schema_meta SET id = id;
 -- migrate_schema runs the host code of the tables it re-encodes for its caller, so it must know
 -- it (docs/SECURITY.md rule 19): SECURITY INVOKER from 0.2.0, its sync_* statements as the owner.
 ALTER FUNCTION syncular.migrate_schema(bigint, jsonb, jsonb) SECURITY INVOKER;

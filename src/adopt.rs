@@ -457,6 +457,8 @@ fn copy(client: &SpiClient<'_>, source: &Source) -> Result<i64> {
         .collect();
     tables::statements::stage_legacy_rows(source.owner, &source.qualified, STAGE, &columns)?;
     access::as_extension_owner(|| {
+        // The copied marker row is stamped with this transaction by its trigger (the row codec's
+        // snapshot check, src/schema/marker.rs).
         let copied = Spi::get_one::<i64>(&format!(
             "WITH copied AS (INSERT INTO syncular.{} ({}) SELECT {} FROM {STAGE} RETURNING 1)
              SELECT count(*) FROM copied",
@@ -465,16 +467,6 @@ fn copy(client: &SpiClient<'_>, source: &Source) -> Result<i64> {
             targets.join(", "),
         ))?
         .unwrap_or(0);
-        // The adopted marker names this transaction as its writer (the row codec's snapshot
-        // check, src/schema/marker.rs): a later id than the legacy host's, so only stricter.
-        if source.table == "sync_schema_meta" && crate::schema::evolution::installed() {
-            let record = crate::schema::marker::writer_record();
-            Spi::run_with_args(
-                "UPDATE syncular.sync_schema_meta
-                    SET written_by = $1, written_in = $2, written_on = $3",
-                &record.map(pgrx::datum::DatumWithOid::from),
-            )?;
-        }
         Spi::run(&format!("DROP TABLE {STAGE}"))?;
         Ok(copied)
     })

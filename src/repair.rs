@@ -117,31 +117,14 @@ fn repair_schema_marker(
                 );
                 let version = lowered("schema_version", version, old_version)?;
                 let floor = lowered("writer_floor", floor, old_floor)?;
-                let [written_by, written_in, written_on] = crate::schema::marker::writer_record();
-                if crate::schema::evolution::installed() {
-                    db::write(
-                        client,
-                        "UPDATE syncular.sync_schema_meta
-                            SET schema_version = $1, required_writer_version = $2,
-                                written_by = $3, written_in = $4, written_on = $5
-                          WHERE id = 1",
-                        &[
-                            DatumWithOid::from(version),
-                            DatumWithOid::from(floor),
-                            DatumWithOid::from(written_by),
-                            DatumWithOid::from(written_in),
-                            DatumWithOid::from(written_on),
-                        ],
-                    )?;
-                } else {
-                    // A 0.1.0 install not updated yet records no writer.
-                    db::write(
-                        client,
-                        "UPDATE syncular.sync_schema_meta
-                            SET schema_version = $1, required_writer_version = $2 WHERE id = 1",
-                        &[DatumWithOid::from(version), DatumWithOid::from(floor)],
-                    )?;
-                }
+                // The marker's trigger records this transaction as its writer
+                // (src/schema/marker.rs).
+                db::write(
+                    client,
+                    "UPDATE syncular.sync_schema_meta
+                        SET schema_version = $1, required_writer_version = $2 WHERE id = 1",
+                    &[DatumWithOid::from(version), DatumWithOid::from(floor)],
+                )?;
                 crate::schema::marker::written_here();
                 let before = json!({"schemaVersion": old_version, "writerFloor": old_floor});
                 let after = json!({"schemaVersion": version, "writerFloor": floor});

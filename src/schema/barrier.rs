@@ -414,16 +414,16 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
             // declare() also raises the partition fence to the declaration's version.
             checkpoint::declare(client, &d.partition, &d.name, version, started_ms)?;
         }
-        // The writer recorded (0.2.0's columns; a 0.1.0 install not updated yet has none).
-        let record = marker::writer_record();
-        let mut params = vec![
-            DatumWithOid::from(a.version),
-            DatumWithOid::from(Value::Object(a.layouts.clone()).to_string()),
-        ];
-        if updated {
-            params.extend(record.map(DatumWithOid::from));
-        }
-        db::write(client, MARKER_SQL[usize::from(updated)], &params)?;
+        // The marker's trigger records the writer (0.2.0's `sync_schema_meta_stamp`, the row
+        // codec's snapshot check: src/schema/marker.rs).
+        db::write(
+            client,
+            MARKER_SQL,
+            &[
+                DatumWithOid::from(a.version),
+                DatumWithOid::from(Value::Object(a.layouts.clone()).to_string()),
+            ],
+        )?;
         if updated {
             push_schema::check_stored_at(client, a.version)?;
             let stored_text = state.stored_layouts.as_deref().filter(|_| stored > 0);
@@ -462,26 +462,14 @@ fn check_schema(
     })
 }
 
-/// The marker's upsert: on a 0.1.0 install not updated yet, and with the writer recorded
-/// (`written_by`, `written_in`, `written_on`, the row codec's snapshot check:
-/// src/schema/marker.rs).
-const MARKER_SQL: [&str; 2] = [
-    "INSERT INTO syncular.sync_schema_meta AS m (id, schema_version, layouts, required_writer_version)
+/// The marker's upsert; its trigger stamps the row version with its writer
+/// ([`marker::schema_marker_stamp`]).
+const MARKER_SQL: &str = "INSERT INTO syncular.sync_schema_meta AS m (id, schema_version, layouts, required_writer_version)
      VALUES (1, $1, $2, $1)
      ON CONFLICT (id) DO UPDATE
        SET schema_version = EXCLUDED.schema_version, layouts = EXCLUDED.layouts,
            required_writer_version =
-             GREATEST(m.required_writer_version, EXCLUDED.required_writer_version)",
-    "INSERT INTO syncular.sync_schema_meta AS m
-       (id, schema_version, layouts, required_writer_version, written_by, written_in, written_on)
-     VALUES (1, $1, $2, $1, $3, $4, $5)
-     ON CONFLICT (id) DO UPDATE
-       SET schema_version = EXCLUDED.schema_version, layouts = EXCLUDED.layouts,
-           required_writer_version =
-             GREATEST(m.required_writer_version, EXCLUDED.required_writer_version),
-           written_by = EXCLUDED.written_by, written_in = EXCLUDED.written_in,
-           written_on = EXCLUDED.written_on",
-];
+             GREATEST(m.required_writer_version, EXCLUDED.required_writer_version)";
 
 /// SECURITY INVOKER: re-encoding a registered table's rows runs its host code for the migrating
 /// role (src/tables/statements.rs, docs/SECURITY.md rule 19), so the call must know it; every

@@ -21,13 +21,14 @@ pub struct Settled {
     pub version: Option<i64>,
     /// Invalid when unknown: no marker, or read through Citus from another node.
     writer: pg_sys::TransactionId,
-    /// The full id of the top-level transaction that set the marker, as it recorded it
-    /// (`written_by`): unlike the row version's `xmin`, never frozen. `None` when a function of
-    /// an older version set it, or the install is not updated yet.
+    /// The full id of the top-level transaction that wrote this row version, as its stamp
+    /// recorded it (`written_by`, [`super::stamp::schema_marker_stamp`]): unlike the row version's `xmin`,
+    /// never frozen. `None` when the install is not updated yet, or the record is not this row
+    /// version's (written with the stamp bypassed).
     written_by: Option<u64>,
-    /// The full id of the (sub)transaction that wrote the row version with `written_by`
-    /// (`written_in`): equal to the row version's writer, it ties a subtransaction of the
-    /// migration to `written_by` (red team 22). `None` where not set.
+    /// The full id of the (sub)transaction that wrote this row version (`written_in`): the row
+    /// version's writer, which it ties to `written_by` when the write ran in a subtransaction
+    /// (red team 22). `None` as `written_by`.
     written_in: Option<u64>,
 }
 
@@ -57,7 +58,7 @@ fn top_level_of(
     written_in: Option<u64>,
 ) -> Option<u64> {
     // The marker's own record: this row version was written in `written_in`, a
-    // (sub)transaction of `written_by` (`recorded`, [`writer_record`]).
+    // (sub)transaction of `written_by` (`recorded`, [`super::stamp::schema_marker_stamp`]).
     if recorded.is_some() && (recorded == Some(writer) || written_in == Some(writer)) {
         return recorded;
     }
@@ -182,6 +183,10 @@ pub enum Unproven {
     /// Nothing was recorded (the transaction that loaded the library), and PostgreSQL 18 does
     /// not show the active stack below its top.
     Loading,
+    /// The row version is frozen and carries no record of its writer: written with its stamp
+    /// bypassed (triggers disabled, or before the install was updated), at a time nothing
+    /// tells.
+    Unstamped,
 }
 
 /// Whether every snapshot this transaction read through sees `settled`'s migration (red teams
@@ -209,6 +214,10 @@ pub fn seen_by_every_snapshot(settled: &Settled) -> Seen {
     // carries a foreign id, past this one's next); it stays true when the row version is frozen.
     let recorded = settled.written_by.filter(|full| *full < next);
     let frozen = settled.writer == pg_sys::FrozenTransactionId;
+    if frozen && recorded.is_none() {
+        // Neither the row version nor a record names the writer (red team 24, F1).
+        return Seen::Unproven(Unproven::Unstamped);
+    }
     let normal = pg_sys::TransactionId::FIRST_NORMAL.into_inner();
     // Where every executor and utility statement of this transaction ran with the hooks: the
     // earliest snapshot it read through must see both the row version's writer (perhaps a
@@ -386,26 +395,6 @@ pub fn wait_for_older_transactions() {
     }
 }
 
-/// What a write of the marker records of its writer, as `[written_by, written_in,
-/// written_on]`: the top-level transaction, the (sub)transaction the write runs in — the `xmin`
-/// its row version gets (an id is assigned here if there is none yet) — as full ids, and the
-/// cluster they are ids of ([`this_cluster`]); all as `bigint`s.
-pub fn writer_record() -> [i64; 3] {
-    // SAFETY: this transaction's own ids (assigned if missing, as the write would).
-    let (written_by, written_in) = unsafe {
-        let written_in = pg_sys::GetCurrentFullTransactionId().value;
-        (pg_sys::GetTopFullTransactionId().value, written_in)
-    };
-    [written_by as i64, written_in as i64, this_cluster()]
-}
-
-/// This cluster's system identifier (pg_control's), as the `bigint` the marker records: its
-/// transaction ids mean the same transactions only here (and on its physical standbys).
-fn this_cluster() -> i64 {
-    // SAFETY: a read of the identifier PostgreSQL loaded from pg_control at startup.
-    unsafe { pg_sys::GetSystemIdentifier() as i64 }
-}
-
 /// Called by a migration once it wrote the marker: this backend's next transactions see it
 /// committed (or never see it at all), whatever else still runs.
 pub fn written_here() {
@@ -458,7 +447,7 @@ unsafe fn marker_column(
 }
 
 /// The marker as `snapshot` sees it with what it recorded of its writer (`written_by`,
-/// `written_in`, used where recorded: `written_on`), in one lookup below SQL; through SQL where Citus keeps the table elsewhere
+/// `written_in`), in one lookup below SQL; through SQL where Citus keeps the table elsewhere
 /// (nothing recorded is known then).
 ///
 /// # Safety
@@ -471,22 +460,24 @@ unsafe fn marker_with_writers(snapshot: pg_sys::Snapshot) -> Result<Settled> {
             pg_sys::Datum::from(1i32),
             None,
             (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
-            [
-                c"schema_version",
-                c"written_by",
-                c"written_in",
-                c"written_on",
-            ],
+            [c"schema_version", c"written_by", c"written_in"],
             snapshot,
         )
     };
     Ok(match read? {
-        heap::Lookup::Here([version, written_by, written_in, written_on], writer) => {
-            // Ids of this cluster only: a dump restored into another one carries ids that name
-            // other transactions there (red team 23); without the record, the row version's
-            // own writer is asked.
-            let here = written_on == Some(this_cluster());
-            let full = |id: Option<i64>| id.filter(|_| here).and_then(|id| u64::try_from(id).ok());
+        heap::Lookup::Here([version, written_by, written_in], writer) => {
+            // The record is this row version's when it names the row version's writer, or the
+            // row is frozen (its stamp ran: [`super::stamp::schema_marker_stamp`]). A row written with the
+            // stamp bypassed — a restore with triggers disabled carrying another database's
+            // record, whose ids name other transactions here (red teams 23 and 24) — is asked
+            // by its own writer.
+            // SAFETY: a read of the shared next transaction id.
+            let next = unsafe { pg_sys::ReadNextFullTransactionId() }.value;
+            let ours = writer == pg_sys::FrozenTransactionId
+                || (writer.into_inner() >= pg_sys::TransactionId::FIRST_NORMAL.into_inner()
+                    && written_in.and_then(|id| u64::try_from(id).ok())
+                        == Some(port::widen_transaction_id(next, writer)));
+            let full = |id: Option<i64>| id.filter(|_| ours).and_then(|id| u64::try_from(id).ok());
             Settled {
                 version,
                 writer,

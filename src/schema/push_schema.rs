@@ -772,18 +772,27 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
         )));
     }
     if let crate::schema::marker::Seen::Unproven(why) = every {
+        use crate::schema::marker::Unproven;
         let because = match why {
-            crate::schema::marker::Unproven::Loading => {
+            Unproven::Loading => {
                 "in the transaction that loaded the library, on PostgreSQL 18, which keeps a \
                  backend's stack of snapshots private: preload it, session_preload_libraries"
             }
-            crate::schema::marker::Unproven::Span => {
-                "this transaction's snapshots span more than 2^30 transaction ids"
-            }
-            crate::schema::marker::Unproven::Recorded => {
+            Unproven::Span => "this transaction's snapshots span more than 2^30 transaction ids",
+            Unproven::Recorded => {
                 "the migration ran in a subtransaction, a transaction with more than 64 \
                  subtransactions was running when this one read, and this transaction no \
                  longer keeps the record of which transaction that subtransaction belonged to"
+            }
+            Unproven::Unstamped => {
+                return Err(tables::unknown_table(tbl).with_hint(format!(
+                    "the stored schema version is {version}, and the schema marker was written \
+                     without its stamp (restored with triggers disabled, or before ALTER \
+                     EXTENSION syncular UPDATE) and frozen since, so when that migration \
+                     committed cannot be told: update the extension, or have its owner stamp \
+                     the marker again (UPDATE syncular.sync_schema_meta SET id = id; \
+                     docs/API.md), or pass schema_version"
+                )))
             }
         };
         return Err(tables::unknown_table(tbl).with_hint(format!(

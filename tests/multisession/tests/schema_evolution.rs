@@ -2888,32 +2888,162 @@ fn a_transaction_that_read_before_a_migration_is_refused_the_default_version_aft
     assert_eq!(after, "AA==", "the next transaction");
 }
 
-/// Red team 23: the marker is dumped with the extension's configuration, so a restore carries
-/// what it recorded of its writer into another cluster, where the ids name other transactions —
-/// and when the restore's own write of the row got the carried `written_in` as its id, the
-/// check took the carried `written_by`, an old unrelated transaction there, for the migration.
-/// Here the restore is played by one superuser statement that writes the row with its own id as
-/// `written_in`, an old id as `written_by`, and another cluster's identifier: a transaction that
-/// read the payload before it is refused, as it is by the row version's own writer.
-#[test]
-fn a_marker_record_from_another_cluster_is_not_trusted() {
-    let (db, mut c) = s1_setup("ev_b23_restore");
-    let (mut reader, payload) = s1_read_then_unlock(&db);
-    migrate_in_savepoint(&mut c, 2, &s1_layouts(true));
-    exec(
-        &mut c,
-        "UPDATE syncular.sync_schema_meta
-            SET written_by = 3, written_in = pg_current_xact_id()::text::bigint,
-                written_on = written_on # 1",
-    );
+/// Freezes the marker row (`VACUUM (FREEZE)`), waiting while another test's transaction holds
+/// the freeze horizon. (A frozen row version keeps its `xmin` column; the visibility map tells.)
+fn freeze_marker(c: &mut Client) {
+    exec(c, "CREATE EXTENSION IF NOT EXISTS pg_visibility");
+    let frozen = (0..300).any(|_| {
+        exec(c, "VACUUM (FREEZE) syncular.sync_schema_meta");
+        let done: bool = one(
+            c,
+            "SELECT all_frozen FROM pg_visibility_map('syncular.sync_schema_meta', 0)",
+            &[],
+        );
+        if !done {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        done
+    });
+    assert!(frozen, "the marker row was never frozen");
+}
+
+/// `reader`'s default-version decode of `payload` is refused as read before the migration.
+fn refused_as_read_before(reader: &mut Client, payload: &[u8], case: &str) {
     match reader
         .query_one("SELECT syncular.decode_row('t8', $1)->>'b1'", &[&payload])
         .map_err(|e| sql_error(&e))
     {
-        Err(e) if e.state == "SY041" => {}
-        other => panic!("bytes read before the restore: {other:?}"),
+        Err(e)
+            if e.state == "SY041"
+                && e.hint
+                    .as_deref()
+                    .is_some_and(|h| h.contains("taken before that migration")) => {}
+        other => panic!("bytes read before, {case}: {other:?}"),
     }
+}
+
+/// Red teams 23 and 24: the marker is dumped with the extension's configuration, so a restore
+/// writes a row that carries another database's record of its writer — `written_by` naming the
+/// source's migration, an old transaction the reader sees (same cluster), or ids that name
+/// other transactions here (another cluster, a physical clone: red team 23's coincidence, the
+/// restore's own id equal to the carried `written_in`). Once frozen, the row version no longer
+/// named the restore, and a transaction that read the version-1 payload before it decoded the
+/// bytes with the restored layouts. The restore's `COPY` is now stamped by the marker's trigger:
+/// the record names the restore, frozen or not.
+#[test]
+fn a_restored_marker_names_the_restore_frozen_or_not() {
+    for (case, coincidence, freeze) in [
+        ("the source's record", false, false),
+        ("the source's record, frozen", false, true),
+        (
+            "the restore's own id carried as written_in, frozen",
+            true,
+            true,
+        ),
+    ] {
+        let (db, mut c) = s1_setup(&format!("ev_b24_restore_{coincidence}_{freeze}"));
+        let source: i64 = one(&mut c, "SELECT pg_current_xact_id()::text::bigint", &[]);
+        let (mut reader, payload) = s1_read_then_unlock(&db);
+        // The restore: the version-2 marker and rows (a migration here), then the dump's row of
+        // the marker copied in with its record.
+        exec(&mut c, "BEGIN");
+        c.query_one(
+            "SELECT syncular.migrate_schema(2, $1)",
+            &[&s1_layouts(true)],
+        )
+        .unwrap();
+        let restore: i64 = one(&mut c, "SELECT pg_current_xact_id()::text::bigint", &[]);
+        let carried = if coincidence {
+            (3, restore)
+        } else {
+            (source, source)
+        };
+        let mut dump = Vec::new();
+        std::io::Read::read_to_end(
+            &mut c
+                .copy_out(&format!(
+                    "COPY (SELECT id, schema_version, layouts, required_writer_version, {}, {}
+                             FROM syncular.sync_schema_meta) TO STDOUT",
+                    carried.0, carried.1
+                ))
+                .unwrap(),
+            &mut dump,
+        )
+        .unwrap();
+        exec(&mut c, "DELETE FROM syncular.sync_schema_meta");
+        let mut copy = c
+            .copy_in(
+                "COPY syncular.sync_schema_meta
+                   (id, schema_version, layouts, required_writer_version, written_by, written_in)
+                 FROM STDIN",
+            )
+            .unwrap();
+        std::io::Write::write_all(&mut copy, &dump).unwrap();
+        copy.finish().unwrap();
+        exec(&mut c, "COMMIT");
+        let record: (i64, i64) = {
+            let row = c
+                .query_one(
+                    "SELECT written_by, written_in FROM syncular.sync_schema_meta",
+                    &[],
+                )
+                .unwrap();
+            (row.get(0), row.get(1))
+        };
+        assert_eq!(record, (restore, restore), "{case}: the restore's stamp");
+        if freeze {
+            freeze_marker(&mut c);
+        }
+        refused_as_read_before(&mut reader, &payload, case);
+        exec(&mut reader, "ROLLBACK");
+    }
+}
+
+/// The stamp bypassed — a restore with `--disable-triggers`, the trigger disabled by a
+/// superuser — leaves a record that is not the row version's: while the row is not frozen,
+/// the record names another writer than the row version's and is not used (its own writer is
+/// asked); a frozen row with no record at all is "cannot be told" for every transaction, with
+/// a hint that says how to stamp it again, and an owner's rewrite of the row does.
+#[test]
+fn a_marker_written_with_its_stamp_bypassed_is_not_trusted() {
+    let (db, mut c) = s1_setup("ev_b24_bypass");
+    let source: i64 = one(&mut c, "SELECT pg_current_xact_id()::text::bigint", &[]);
+    let (mut reader, payload) = s1_read_then_unlock(&db);
+    let bypassed = |c: &mut Client, set: &str| {
+        exec(
+            c,
+            &format!(
+                "BEGIN;
+                 ALTER TABLE syncular.sync_schema_meta DISABLE TRIGGER sync_schema_meta_stamp;
+                 UPDATE syncular.sync_schema_meta SET {set};
+                 ALTER TABLE syncular.sync_schema_meta ENABLE ALWAYS TRIGGER sync_schema_meta_stamp;
+                 COMMIT"
+            ),
+        )
+    };
+    migrate(&mut c, 2, &s1_layouts(true), &json!([]));
+    bypassed(
+        &mut c,
+        &format!("written_by = {source}, written_in = {source}"),
+    );
+    refused_as_read_before(&mut reader, &payload, "a carried record, not frozen");
     exec(&mut reader, "ROLLBACK");
+
+    bypassed(&mut c, "written_by = NULL, written_in = NULL");
+    freeze_marker(&mut c);
+    let decode = "SELECT syncular.decode_row('t8', _sync_payload)->>'b1' FROM public.ev_t8";
+    match reader.query_one(decode, &[]).map_err(|e| sql_error(&e)) {
+        Err(e)
+            if e.state == "SY041"
+                && e.hint.as_deref().is_some_and(|h| {
+                    h.contains("without its stamp")
+                        && h.contains("UPDATE syncular.sync_schema_meta SET id = id")
+                }) => {}
+        other => panic!("a frozen marker without a record: {other:?}"),
+    }
+    exec(&mut c, "UPDATE syncular.sync_schema_meta SET id = id");
+    let b1: String = one(&mut reader, decode, &[]);
+    assert_eq!(b1, "AA==", "once the owner stamped the marker again");
 }
 
 /// On PostgreSQL 18 a migration first waits (up to 2 s, docs/API.md `migrate_schema`) for the
@@ -2989,36 +3119,11 @@ fn a_frozen_marker_still_names_the_migration_a_transaction_read_before() {
             migrate(&mut c, 2, &s1_layouts(true), &json!([]));
         }
         if freeze {
-            // Another test's transaction may hold the freeze horizon for a moment. (A frozen
-            // row version keeps its `xmin` column; the visibility map tells.)
-            exec(&mut c, "CREATE EXTENSION IF NOT EXISTS pg_visibility");
-            let frozen = (0..300).any(|_| {
-                exec(&mut c, "VACUUM (FREEZE) syncular.sync_schema_meta");
-                let done: bool = one(
-                    &mut c,
-                    "SELECT all_frozen FROM pg_visibility_map('syncular.sync_schema_meta', 0)",
-                    &[],
-                );
-                if !done {
-                    std::thread::sleep(std::time::Duration::from_millis(100));
-                }
-                done
-            });
-            assert!(frozen, "the marker row was never frozen");
+            freeze_marker(&mut c);
         }
-        let decode = "SELECT syncular.decode_row('t8', $1)->>'b1'";
-        match reader
-            .query_one(decode, &[&payload])
-            .map_err(|e| sql_error(&e))
-        {
-            Err(e)
-                if e.state == "SY041"
-                    && e.hint
-                        .as_deref()
-                        .is_some_and(|h| h.contains("taken before that migration")) => {}
-            other => panic!("bytes read before the migration, {name}: {other:?}"),
-        }
+        refused_as_read_before(&mut reader, &payload, name);
         exec(&mut reader, "ROLLBACK");
+        let decode = "SELECT syncular.decode_row('t8', $1)->>'b1'";
         let fresh: Vec<u8> = one(
             &mut reader,
             "SELECT _sync_payload FROM public.ev_t8 WHERE _sync_row_id = 'r1'",

@@ -29,8 +29,9 @@ fn catalog(c: &mut Client) -> Vec<String> {
           WHERE connamespace = 'syncular'::regnamespace",
         "SELECT 'reloptions ' || relname || ' ' || coalesce(array_to_string(reloptions, ','), '') FROM pg_class
           WHERE relnamespace = 'syncular'::regnamespace AND relkind = 'r'",
-        "SELECT 'trigger ' || tgname || ' ' || tgfoid::regprocedure || ' ' || tgenabled::text FROM pg_trigger
-          WHERE tgrelid = 'syncular.sync_commits'::regclass AND NOT tgisinternal",
+        "SELECT 'trigger ' || tgrelid::regclass || ' ' || tgname || ' ' || tgfoid::regprocedure || ' '
+                || tgenabled::text || ' ' || tgtype FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+          WHERE c.relnamespace = 'syncular'::regnamespace AND NOT tgisinternal",
         "SELECT 'event trigger ' || evtname || ' ' || evtevent || ' ' || evtfoid::regprocedure || ' ' || evtenabled::text
                 || ' ' || coalesce(array_to_string(evttags, ','), '') FROM pg_event_trigger",
         "SELECT 'config dump ' || c.relname FROM pg_extension e, unnest(e.extconfig) AS x(oid) JOIN pg_class c ON c.oid = x.oid
@@ -87,6 +88,15 @@ fn an_install_updated_from_the_first_release_keeps_data_and_equals_a_fresh_one()
     let after: i64 = one(&mut c, "SELECT (SELECT count(*) FROM syncular.sync_commits) + (SELECT count(*) FROM syncular.sync_changes)
                                 + (SELECT count(*) FROM syncular.sync_push_results) + (SELECT count(*) FROM syncular.sync_reactions)", &[]);
     assert_eq!(after, before);
+    // The update stamped the marker it rewrote with itself (docs/SECURITY.md rule 19, red team
+    // 24): its record describes its row version.
+    let stamped: bool = one(
+        &mut c,
+        "SELECT written_by IS NOT NULL AND written_in % 4294967296 = xmin::text::bigint
+           FROM syncular.sync_schema_meta",
+        &[],
+    );
+    assert!(stamped, "the marker was stamped by the update");
     assert_eq!(append(&mut c, P, "tasks", "t3", Some(2)), 3);
     // The update gave the 0.1.0 registration its relation's OID and its owner as registrant.
     let registration: (bool, String) = {
