@@ -424,6 +424,35 @@ fn a_distributed_tables_rows_are_never_taken_for_an_empty_shell() {
     );
 }
 
+/// The marker is a reference table: a write through the coordinator writes its placement on every
+/// node, each in that node's own transaction, and the marker's stamp (`sync_schema_meta_stamp`,
+/// docs/SECURITY.md rule 19) fires on each placement — each node's record names that node's own
+/// writer, the transaction ids its snapshots are compared with.
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn the_marker_is_stamped_on_every_node_with_that_nodes_own_transaction() {
+    let mut c = coordinator();
+    tasks(&mut c);
+    let shard: String = one(
+        &mut c,
+        "SELECT shard_name('syncular.sync_schema_meta'::regclass, shardid)::text
+           FROM pg_dist_shard WHERE logicalrelid = 'syncular.sync_schema_meta'::regclass",
+        &[],
+    );
+    for node in 0..3 {
+        let mut n = Client::connect(&node_params(node), NoTls).unwrap();
+        let stamped: bool = one(
+            &mut n,
+            &format!(
+                "SELECT written_by IS NOT NULL AND written_in % 4294967296 = xmin::text::bigint
+                   FROM {shard}"
+            ),
+            &[],
+        );
+        assert!(stamped, "node {node}: the placement records its own writer");
+    }
+}
+
 /// Checkpoints and reactions through the coordinator, as on one node: a checkpoint declared,
 /// claimed, advanced and activated, then read back and seen by the serve gate and the source
 /// reads; a reaction enqueued, leased and completed. Each call runs as its own statement, which
