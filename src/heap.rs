@@ -28,9 +28,10 @@ pub enum SyncTable {
     ChangeScopes = 3,
     Reactions = 4,
     Partitions = 5,
+    PushResults = 6,
 }
 
-const TABLES: usize = 6;
+const TABLES: usize = 7;
 
 impl SyncTable {
     pub fn name(self) -> &'static CStr {
@@ -41,6 +42,7 @@ impl SyncTable {
             SyncTable::ChangeScopes => c"sync_change_scopes",
             SyncTable::Reactions => c"sync_reactions",
             SyncTable::Partitions => c"sync_partitions",
+            SyncTable::PushResults => c"sync_push_results",
         }
     }
 }
@@ -147,11 +149,105 @@ pub unsafe fn bigints_by_key<const N: usize>(
     columns: [&CStr; N],
     snapshot: pg_sys::Snapshot,
 ) -> Result<Lookup<[Option<i64>; N]>> {
+    // SAFETY: the caller's guarantees; the attribute numbers come from the relation's own
+    // descriptor and are checked to be live int8 columns before the tuple's are read.
+    unsafe {
+        by_primary_key(
+            table,
+            distribution,
+            &[(key, equality)],
+            snapshot,
+            |relation, tuple| {
+                let descriptor = (*relation).rd_att;
+                let attnums = columns.map(|column| {
+                    crate::catalog::live_attribute(descriptor, column, |t| t == pg_sys::INT8OID)
+                });
+                if attnums.iter().any(Option::is_none) {
+                    return Err(Error::Internal(format!(
+                        "syncular: {:?} has not every bigint column of {columns:?}",
+                        table.name()
+                    )));
+                }
+                Ok(attnums.map(|attnum| {
+                    let tuple = tuple?;
+                    let mut is_null = false;
+                    let datum = pg_sys::heap_getattr(
+                        tuple,
+                        attnum.unwrap_or_default().into(),
+                        descriptor,
+                        &mut is_null,
+                    );
+                    (!is_null).then(|| i64::from_datum(datum, false).unwrap_or_default())
+                }))
+            },
+        )
+    }
+}
+
+/// The `jsonb` column `column` of the row of `table` whose text primary key (every column
+/// `COLLATE "C"`) equals `keys`, read as [`bigint_by_key`] reads (one index scan with
+/// `snapshot`, the shard holding `distribution` on Citus): `None` when there is no such row or
+/// the value is null. The value is copied out before the scan ends.
+///
+/// # Safety
+/// Must run inside a transaction; `snapshot` is registered or active for the call.
+pub unsafe fn jsonb_by_text_key<const N: usize>(
+    table: SyncTable,
+    keys: [&str; N],
+    distribution: Option<&str>,
+    column: &CStr,
+    snapshot: pg_sys::Snapshot,
+) -> Result<Lookup<Option<pgrx::JsonB>>> {
+    let keys = keys.map(|key| {
+        (
+            key.into_datum().unwrap_or(pg_sys::Datum::null()),
+            (pg_sys::F_TEXTEQ, pg_sys::C_COLLATION_OID),
+        )
+    });
+    // SAFETY: the keys are text datums built above, alive to the end of the call; the attribute
+    // is found by name and checked to be a live jsonb column before the tuple's is read.
+    unsafe {
+        by_primary_key(table, distribution, &keys, snapshot, |relation, tuple| {
+            let descriptor = (*relation).rd_att;
+            let Some(attnum) =
+                crate::catalog::live_attribute(descriptor, column, |t| t == pg_sys::JSONBOID)
+            else {
+                return Err(Error::Internal(format!(
+                    "syncular: {:?} has no jsonb column {column:?}",
+                    table.name()
+                )));
+            };
+            Ok(tuple.and_then(|tuple| {
+                let mut is_null = false;
+                let datum = pg_sys::heap_getattr(tuple, attnum.into(), descriptor, &mut is_null);
+                pgrx::JsonB::from_datum(datum, is_null)
+            }))
+        })
+    }
+}
+
+/// The lookups' one scan: opens `table` — where Citus manages it, its shard on this node that
+/// holds `distribution` (the key's value of a distributed table; `None` for a reference table),
+/// never the empty shell under the table's name, and [`Lookup::Elsewhere`] when that shard is
+/// on another node —, scans its primary-key index for the row whose leading key columns equal
+/// `keys` (each a datum compared with its equality function under its collation) with
+/// `snapshot`, and hands the relation and the row found (`None`: no such row) to `read`, with
+/// the row version's writer (`xmin`; invalid without a row). Everything is closed here.
+///
+/// # Safety
+/// Must run inside a transaction; each key is a datum of its key column's type; `snapshot` is
+/// registered or active; `read` reads the tuple only during the call.
+unsafe fn by_primary_key<T>(
+    table: SyncTable,
+    distribution: Option<&str>,
+    keys: &[(pg_sys::Datum, (u32, pg_sys::Oid))],
+    snapshot: pg_sys::Snapshot,
+    read: impl FnOnce(pg_sys::Relation, Option<pg_sys::HeapTuple>) -> Result<T>,
+) -> Result<Lookup<T>> {
     let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
-    // SAFETY: the relation is opened and closed here; the scan key, scan and tuple follow
-    // genam.h's systable protocol under the caller's registered snapshot; the attribute numbers
-    // come from the relation's own descriptor and are checked to be live int8 columns. A shard
-    // is a table of the same columns and primary key, opened by the OID Citus's metadata names.
+    // SAFETY: the relation is opened and closed here; the scan keys, scan and tuple follow
+    // genam.h's systable protocol under the caller's snapshot. A shard is a table of the same
+    // columns and primary key, opened by the OID Citus's metadata names.
     unsafe {
         let mut relation = open(table, lock)?;
         if crate::citus::manages((*relation).rd_id) {
@@ -162,38 +258,49 @@ pub unsafe fn bigints_by_key<const N: usize>(
                 None => return Ok(Lookup::Elsewhere),
             }
         }
-        let attnums = columns.map(|column| {
-            crate::catalog::live_attribute((*relation).rd_att, column, |t| t == pg_sys::INT8OID)
-        });
         let index_id = port::relation_primary_key_index(relation);
-        if attnums.iter().any(Option::is_none) || index_id == pg_sys::InvalidOid {
+        if index_id == pg_sys::InvalidOid {
             pg_sys::table_close(relation, lock);
             return Err(Error::Internal(format!(
-                "syncular: {:?} has no primary key or not every bigint column of {columns:?}",
+                "syncular: {:?} has no primary key",
                 table.name()
             )));
         }
-        let mut scan_key = crate::catalog::equality_key(1, equality, key);
-        let scan = pg_sys::systable_beginscan(relation, index_id, true, snapshot, 1, &mut scan_key);
+        // The key columns, by their numbers in the table (what `systable_beginscan` maps to the
+        // index's own), in the primary key's order.
+        let index = pg_sys::index_open(index_id, lock);
+        let indkey = &(*(*index).rd_index).indkey;
+        let columns = indkey.values.as_slice(indkey.dim1.max(0) as usize).to_vec();
+        pg_sys::index_close(index, lock);
+        if columns.len() < keys.len() {
+            pg_sys::table_close(relation, lock);
+            return Err(Error::Internal(format!(
+                "syncular: {:?}'s primary key has fewer columns than the lookup",
+                table.name()
+            )));
+        }
+        let mut scan_keys: Vec<pg_sys::ScanKeyData> = keys
+            .iter()
+            .zip(columns)
+            .map(|(&(key, equality), column)| crate::catalog::equality_key(column, equality, key))
+            .collect();
+        let scan = pg_sys::systable_beginscan(
+            relation,
+            index_id,
+            true,
+            snapshot,
+            scan_keys.len() as i32,
+            scan_keys.as_mut_ptr(),
+        );
         let tuple = pg_sys::systable_getnext(scan);
-        let (values, writer) = if tuple.is_null() {
-            ([None; N], pg_sys::InvalidTransactionId)
-        } else {
-            let values = attnums.map(|attnum| {
-                let mut is_null = false;
-                let datum = pg_sys::heap_getattr(
-                    tuple,
-                    attnum.unwrap_or_default().into(),
-                    (*relation).rd_att,
-                    &mut is_null,
-                );
-                (!is_null).then(|| i64::from_datum(datum, false).unwrap_or_default())
-            });
-            (values, port::heap_tuple_header_get_xmin((*tuple).t_data))
-        };
+        let found = (!tuple.is_null()).then_some(tuple);
+        let writer = found.map_or(pg_sys::InvalidTransactionId, |tuple| {
+            port::heap_tuple_header_get_xmin((*tuple).t_data)
+        });
+        let read = read(relation, found);
         pg_sys::systable_endscan(scan);
         pg_sys::table_close(relation, lock);
-        Ok(Lookup::Here(values, writer))
+        Ok(Lookup::Here(read?, writer))
     }
 }
 

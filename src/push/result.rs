@@ -7,6 +7,7 @@ use crate::args::{self, json_int, IntProblem};
 use crate::commit::BASE64;
 use crate::db;
 use crate::error::{self, Code, Error, Result};
+use crate::heap;
 use crate::push_guard;
 use base64::Engine;
 use pgrx::datum::DatumWithOid;
@@ -195,19 +196,49 @@ pub fn validate(doc: &Value) -> Result<()> {
 const RESULT_SQL: &str = "SELECT result FROM syncular.sync_push_results
   WHERE partition = $1 AND client_id = $2 AND client_commit_id = $3";
 
-/// The stored result, normalized. `fresh`: after a lock wait, with a new snapshot.
+/// The stored result, normalized. `fresh`: after a lock wait, with a new snapshot (a statement's
+/// under READ COMMITTED, the transaction's otherwise) — else the calling statement's. Read by
+/// its primary key below SQL, one index scan instead of a statement (docs/BENCHMARKS.md,
+/// issue 28); through SQL where Citus keeps the partition's shard on another node.
 pub fn stored_result(
     client: &SpiClient<'_>,
     key: &[&str; 3],
     fresh: bool,
 ) -> Result<Option<Value>> {
-    let params = key.map(DatumWithOid::from);
-    let table = if fresh {
-        db::write(client, RESULT_SQL, &params)?
-    } else {
-        db::read(client, RESULT_SQL, &params)?
+    // SAFETY: the snapshot is registered around the lookup: the transaction's (after the
+    // command counter moved past this transaction's own earlier writes, as a statement's
+    // would) or the active one, which the calling statement holds.
+    let read = unsafe {
+        let snapshot = if fresh || !pg_sys::ActiveSnapshotSet() {
+            pg_sys::CommandCounterIncrement();
+            pg_sys::GetTransactionSnapshot()
+        } else {
+            pg_sys::GetActiveSnapshot()
+        };
+        let snapshot = pg_sys::RegisterSnapshot(snapshot);
+        let read = heap::jsonb_by_text_key(
+            heap::SyncTable::PushResults,
+            *key,
+            Some(key[0]),
+            c"result",
+            snapshot,
+        );
+        pg_sys::UnregisterSnapshot(snapshot);
+        read?
     };
-    db::first::<JsonB>(table)?
+    let stored = match read {
+        heap::Lookup::Here(stored, _) => stored,
+        heap::Lookup::Elsewhere => {
+            let params = key.map(DatumWithOid::from);
+            let table = if fresh {
+                db::write(client, RESULT_SQL, &params)?
+            } else {
+                db::read(client, RESULT_SQL, &params)?
+            };
+            db::first::<JsonB>(table)?
+        }
+    };
+    stored
         .map(|stored| normalize(stored.0).map_err(|_| cache_miss_of(key)))
         .transpose()
 }
