@@ -246,7 +246,20 @@ CREATE TABLE syncular.sync_schema_meta (
   -- The (sub)transaction (its full id) that wrote this row version, its xmin: it ties a
   -- migration run in a savepoint to written_by, which pg_subtrans keeps only for a while (red
   -- team 22), and tells a row written with the stamp bypassed (xmin differs). NULL as above.
-  written_in              bigint
+  written_in              bigint,
+  -- A random number the stamp drew for this row version, kept also in sync_schema_stamp, which
+  -- no dump carries: a row a restore wrote with the stamp bypassed carries another database's
+  -- (or an older) number, and its record is not used (red team 25). NULL as above.
+  stamp                   bigint
+);
+
+-- 14b. The marker's last stamp, as the trigger sync_schema_meta_stamp drew it (singleton). Not
+--      an extension configuration table: pg_dump leaves it out, so it tells this database's own
+--      stamp from one a restore carried in (docs/SECURITY.md rule 19). Local to each node on
+--      Citus. Written only by the stamp.
+CREATE TABLE syncular.sync_schema_stamp (
+  id    integer PRIMARY KEY CHECK (id = 1),
+  stamp bigint  NOT NULL
 );
 
 -- 15. App-table registry: logical table name -> the host's relation. `relation` (its OID; a

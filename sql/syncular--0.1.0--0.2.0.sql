@@ -271,13 +271,21 @@ SELECT pg_catalog.pg_extension_config_dump('syncular.sync_schema_layouts', '');
 REVOKE ALL ON syncular.sync_schema_layouts FROM PUBLIC;
 -- Who wrote the marker's row version, as in sql/schema.sql, table 14, stamped by its trigger on
 -- every write (the row codec's snapshot check, docs/SECURITY.md rule 19).
-ALTER TABLE syncular.sync_schema_meta ADD COLUMN written_by bigint, ADD COLUMN written_in bigint;
+ALTER TABLE syncular.sync_schema_meta
+  ADD COLUMN written_by bigint, ADD COLUMN written_in bigint, ADD COLUMN stamp bigint;
+-- sql/schema.sql, table 14b (not a configuration table: no dump carries it).
+CREATE TABLE syncular.sync_schema_stamp (
+  id    integer PRIMARY KEY CHECK (id = 1),
+  stamp bigint  NOT NULL
+);
+REVOKE ALL ON syncular.sync_schema_stamp FROM PUBLIC;
 CREATE FUNCTION syncular.schema_marker_stamp() RETURNS trigger
 LANGUAGE c AS 'MODULE_PATHNAME', 'schema_marker_stamp_wrapper';
-ALTER FUNCTION syncular.schema_marker_stamp() SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION syncular.schema_marker_stamp()
+  SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 REVOKE ALL ON FUNCTION syncular.schema_marker_stamp() FROM PUBLIC;
 COMMENT ON FUNCTION syncular.schema_marker_stamp() IS
-  'Native BEFORE INSERT OR UPDATE trigger on sync_schema_meta (ENABLE ALWAYS): stamps each row version with the transaction that writes it (written_by, written_in), however it is written.';
+  'Native BEFORE INSERT OR UPDATE trigger on sync_schema_meta (ENABLE ALWAYS): stamps each row version with the transaction that writes it (written_by, written_in) and a random stamp kept in sync_schema_stamp, however it is written.';
 CREATE TRIGGER sync_schema_meta_stamp BEFORE INSERT OR UPDATE ON syncular.sync_schema_meta
   FOR EACH ROW EXECUTE FUNCTION syncular.schema_marker_stamp();
 ALTER TABLE syncular.sync_schema_meta ENABLE ALWAYS TRIGGER sync_schema_meta_stamp;

@@ -29,9 +29,10 @@ pub enum SyncTable {
     Reactions = 4,
     Partitions = 5,
     PushResults = 6,
+    SchemaStamp = 7,
 }
 
-const TABLES: usize = 7;
+const TABLES: usize = 8;
 
 impl SyncTable {
     pub fn name(self) -> &'static CStr {
@@ -43,6 +44,7 @@ impl SyncTable {
             SyncTable::Reactions => c"sync_reactions",
             SyncTable::Partitions => c"sync_partitions",
             SyncTable::PushResults => c"sync_push_results",
+            SyncTable::SchemaStamp => c"sync_schema_stamp",
         }
     }
 }

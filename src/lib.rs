@@ -124,7 +124,9 @@ extension_sql!(
 // written (src/schema/marker.rs, docs/SECURITY.md rule 19).
 extension_sql!(
     r#"
-ALTER FUNCTION syncular.schema_marker_stamp() SET search_path = pg_catalog, pg_temp;
+-- SECURITY DEFINER: it writes sync_schema_stamp, the owner's, for whoever writes the marker.
+ALTER FUNCTION syncular.schema_marker_stamp()
+  SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 CREATE TRIGGER sync_schema_meta_stamp BEFORE INSERT OR UPDATE ON syncular.sync_schema_meta
   FOR EACH ROW EXECUTE FUNCTION syncular.schema_marker_stamp();
 ALTER TABLE syncular.sync_schema_meta ENABLE ALWAYS TRIGGER sync_schema_meta_stamp;

@@ -460,23 +460,43 @@ unsafe fn marker_with_writers(snapshot: pg_sys::Snapshot) -> Result<Settled> {
             pg_sys::Datum::from(1i32),
             None,
             (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
-            [c"schema_version", c"written_by", c"written_in"],
+            [c"schema_version", c"written_by", c"written_in", c"stamp"],
             snapshot,
         )
     };
     Ok(match read? {
-        heap::Lookup::Here([version, written_by, written_in], writer) => {
-            // The record is this row version's when it names the row version's writer, or the
-            // row is frozen (its stamp ran: [`super::stamp::schema_marker_stamp`]). A row written with the
-            // stamp bypassed — a restore with triggers disabled carrying another database's
-            // record, whose ids name other transactions here (red teams 23 and 24) — is asked
-            // by its own writer.
-            // SAFETY: a read of the shared next transaction id.
-            let next = unsafe { pg_sys::ReadNextFullTransactionId() }.value;
-            let ours = writer == pg_sys::FrozenTransactionId
-                || (writer.into_inner() >= pg_sys::TransactionId::FIRST_NORMAL.into_inner()
-                    && written_in.and_then(|id| u64::try_from(id).ok())
-                        == Some(port::widen_transaction_id(next, writer)));
+        heap::Lookup::Here([version, written_by, written_in, stamp], writer) => {
+            // The record is this row version's when its stamp is this database's last (no dump
+            // carries `sync_schema_stamp`) and it names the row version's writer, or the row is
+            // frozen ([`super::stamp::schema_marker_stamp`]). A row written with the stamp
+            // bypassed — a restore with triggers disabled carrying another database's record,
+            // whose ids name other transactions here (red teams 23 to 25) — is asked by its
+            // own writer.
+            // SAFETY: a read of the shared next transaction id; the stamp is read as the marker
+            // was, under the caller's registered snapshot, by its int4 primary key.
+            let (next, last) = unsafe {
+                (
+                    pg_sys::ReadNextFullTransactionId().value,
+                    heap::bigint_by_key(
+                        heap::SyncTable::SchemaStamp,
+                        pg_sys::Datum::from(1i32),
+                        None,
+                        (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
+                        c"stamp",
+                        snapshot,
+                    )?,
+                )
+            };
+            let last = match last {
+                heap::Lookup::Here(last, _) => last,
+                heap::Lookup::Elsewhere => None,
+            };
+            let ours = stamp.is_some()
+                && stamp == last
+                && (writer == pg_sys::FrozenTransactionId
+                    || (writer.into_inner() >= pg_sys::TransactionId::FIRST_NORMAL.into_inner()
+                        && written_in.and_then(|id| u64::try_from(id).ok())
+                            == Some(port::widen_transaction_id(next, writer))));
             let full = |id: Option<i64>| id.filter(|_| ours).and_then(|id| u64::try_from(id).ok());
             Settled {
                 version,

@@ -2,7 +2,9 @@
 //! the transaction that wrote it — what the row codec's snapshot check asks once the row is
 //! frozen (src/schema/marker.rs, docs/SECURITY.md rule 19).
 
+use crate::db;
 use crate::error::{self, Error};
+use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 
 /// Stamps every row version of the marker with its writer, however it is written — a
@@ -12,7 +14,11 @@ use pgrx::prelude::*;
 /// version gets —, as full ids. So the record always describes the row version it is in, in
 /// this cluster's transaction ids — which a physical copy (a standby, a base backup, an
 /// upgrade) shares and a logical one (a dump, a subscription) writes anew — and stays true
-/// once the row is frozen (red team 24; docs/SECURITY.md rule 19).
+/// once the row is frozen (red team 24; docs/SECURITY.md rule 19). And `stamp`, a random number
+/// drawn for the row version and kept in `sync_schema_stamp` too, which no dump carries: a row
+/// written with this trigger bypassed (a restore with triggers disabled) carries a record whose
+/// number is not this database's last, and is not used (red team 25). SECURITY DEFINER: it
+/// writes the owner's `sync_schema_stamp` for whoever writes the marker; nothing else runs.
 #[pg_trigger]
 fn schema_marker_stamp<'a>(
     trigger: &'a PgTrigger<'a>,
@@ -29,8 +35,26 @@ fn schema_marker_stamp<'a>(
                 pg_sys::GetCurrentFullTransactionId().value,
             )
         };
+        let mut drawn = [0u8; 8];
+        // SAFETY: fills exactly the 8 bytes of the buffer; returns false when no source works.
+        if !unsafe { pg_sys::pg_strong_random(drawn.as_mut_ptr().cast(), drawn.len()) } {
+            return Err(Error::Internal(
+                "syncular: could not generate random values".into(),
+            ));
+        }
+        let stamp = i64::from_ne_bytes(drawn);
+        db::with_spi(|client| {
+            db::write(
+                client,
+                "INSERT INTO syncular.sync_schema_stamp AS s (id, stamp) VALUES (1, $1)
+                 ON CONFLICT (id) DO UPDATE SET stamp = EXCLUDED.stamp",
+                &[DatumWithOid::from(stamp)],
+            )
+            .map(drop)
+        })?;
         new.set_by_name("written_by", written_by as i64)?;
         new.set_by_name("written_in", written_in as i64)?;
+        new.set_by_name("stamp", stamp)?;
         Ok(Some(new))
     }))
 }

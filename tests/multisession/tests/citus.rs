@@ -427,7 +427,8 @@ fn a_distributed_tables_rows_are_never_taken_for_an_empty_shell() {
 /// The marker is a reference table: a write through the coordinator writes its placement on every
 /// node, each in that node's own transaction, and the marker's stamp (`sync_schema_meta_stamp`,
 /// docs/SECURITY.md rule 19) fires on each placement — each node's record names that node's own
-/// writer, the transaction ids its snapshots are compared with.
+/// writer, the transaction ids its snapshots are compared with, and its stamp that node's own
+/// `sync_schema_stamp` (a table local to each node).
 #[test]
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
 fn the_marker_is_stamped_on_every_node_with_that_nodes_own_transaction() {
@@ -445,6 +446,7 @@ fn the_marker_is_stamped_on_every_node_with_that_nodes_own_transaction() {
             &mut n,
             &format!(
                 "SELECT written_by IS NOT NULL AND written_in % 4294967296 = xmin::text::bigint
+                        AND stamp = (SELECT s.stamp FROM syncular.sync_schema_stamp s)
                    FROM {shard}"
             ),
             &[],

@@ -5,9 +5,8 @@ use serde_json::json;
 use syncular_multisession::*;
 
 /// Functions that run as the caller on purpose: they check the caller's privileges (ownership,
-/// the registrant's rights, SELECT on an app table, operator) and switch rights themselves, are
-/// internal helpers of the fence guard, or read nothing but the running transaction's own ids
-/// (the marker's stamp) (docs/SECURITY.md).
+/// the registrant's rights, SELECT on an app table, operator) and switch rights themselves, or
+/// are internal helpers of the fence guard (docs/SECURITY.md).
 const INVOKER: &[&str] = &[
     "_fence_guard_busy",
     "_fence_guard_hold",
@@ -26,7 +25,6 @@ const INVOKER: &[&str] = &[
     "retire_table",
     "rows_referencing_blob",
     "scan_rows",
-    "schema_marker_stamp",
     "pull",
 ];
 

@@ -3003,7 +3003,10 @@ fn a_restored_marker_names_the_restore_frozen_or_not() {
 /// superuser — leaves a record that is not the row version's: while the row is not frozen,
 /// the record names another writer than the row version's and is not used (its own writer is
 /// asked); a frozen row with no record at all is "cannot be told" for every transaction, with
-/// a hint that says how to stamp it again, and an owner's rewrite of the row does.
+/// a hint that says how to stamp it again, and an owner's rewrite of the row does. Red team
+/// 25: a restore's row carries the source's stamp, which is not this database's last
+/// (`sync_schema_stamp`, which no dump carries): its record is not used, frozen or not, nor
+/// when the carried `written_in` equals the restore's own id.
 #[test]
 fn a_marker_written_with_its_stamp_bypassed_is_not_trusted() {
     let (db, mut c) = s1_setup("ev_b24_bypass");
@@ -3027,6 +3030,39 @@ fn a_marker_written_with_its_stamp_bypassed_is_not_trusted() {
         &format!("written_by = {source}, written_in = {source}"),
     );
     refused_as_read_before(&mut reader, &payload, "a carried record, not frozen");
+    exec(&mut reader, "ROLLBACK");
+    // Red team 25's coincidence: the carried `written_in` is the restore's own id.
+    let (mut reader, mut payload) = s1_read_then_unlock(&db);
+    for (case, freeze) in [
+        ("a carried stamp", false),
+        ("a carried stamp, frozen", true),
+    ] {
+        exec(
+            &mut c,
+            &format!(
+                "BEGIN;
+                 ALTER TABLE syncular.sync_schema_meta DISABLE TRIGGER sync_schema_meta_stamp;
+                 UPDATE syncular.sync_schema_meta
+                    SET written_by = {source}, written_in = pg_current_xact_id()::text::bigint,
+                        stamp = stamp + 1;
+                 ALTER TABLE syncular.sync_schema_meta ENABLE ALWAYS TRIGGER sync_schema_meta_stamp;
+                 COMMIT"
+            ),
+        );
+        if freeze {
+            freeze_marker(&mut c);
+        }
+        match reader
+            .query_one("SELECT syncular.decode_row('t8', $1)->>'b1'", &[&payload])
+            .map_err(|e| sql_error(&e))
+        {
+            Err(e) if e.state == "SY041" => {}
+            other => panic!("bytes read before, {case}: {other:?}"),
+        }
+        exec(&mut reader, "ROLLBACK");
+        let (next, read) = s1_read_then_unlock(&db);
+        (reader, payload) = (next, read);
+    }
     exec(&mut reader, "ROLLBACK");
 
     bypassed(&mut c, "written_by = NULL, written_in = NULL");
