@@ -281,14 +281,46 @@ CREATE TABLE syncular.sync_schema_stamp (
 REVOKE ALL ON syncular.sync_schema_stamp FROM PUBLIC;
 CREATE FUNCTION syncular.schema_marker_stamp() RETURNS trigger
 LANGUAGE c AS 'MODULE_PATHNAME', 'schema_marker_stamp_wrapper';
-ALTER FUNCTION syncular.schema_marker_stamp()
-  SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 REVOKE ALL ON FUNCTION syncular.schema_marker_stamp() FROM PUBLIC;
 COMMENT ON FUNCTION syncular.schema_marker_stamp() IS
-  'Native BEFORE INSERT OR UPDATE trigger on sync_schema_meta (ENABLE ALWAYS): stamps each row version with the transaction that writes it (written_by, written_in) and a random stamp kept in sync_schema_stamp, however it is written.';
+  'Native trigger on sync_schema_meta (ENABLE ALWAYS): BEFORE INSERT OR UPDATE stamps each row version with the transaction that writes it (written_by, written_in) and a random stamp, AFTER keeps the stamp in sync_schema_stamp, however the row is written.';
+-- The triggers and their guard, as sql/stamp_guard.sql installs them.
+ALTER FUNCTION syncular.schema_marker_stamp()
+  SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 CREATE TRIGGER sync_schema_meta_stamp BEFORE INSERT OR UPDATE ON syncular.sync_schema_meta
   FOR EACH ROW EXECUTE FUNCTION syncular.schema_marker_stamp();
-ALTER TABLE syncular.sync_schema_meta ENABLE ALWAYS TRIGGER sync_schema_meta_stamp;
+CREATE TRIGGER sync_schema_meta_stamp_kept AFTER INSERT OR UPDATE ON syncular.sync_schema_meta
+  FOR EACH ROW EXECUTE FUNCTION syncular.schema_marker_stamp();
+ALTER TABLE syncular.sync_schema_meta
+  ENABLE ALWAYS TRIGGER sync_schema_meta_stamp, ENABLE ALWAYS TRIGGER sync_schema_meta_stamp_kept;
+CREATE FUNCTION syncular._stamp_guard() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF NOT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d
+      JOIN pg_catalog.pg_class c ON c.oid = d.objid
+      JOIN pg_catalog.pg_extension e ON e.extnamespace = c.relnamespace AND e.extname = 'syncular'
+     WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+       AND c.relname = 'sync_schema_meta') THEN
+    RETURN;
+  END IF;
+  IF EXISTS (
+    SELECT 1 FROM pg_catalog.pg_trigger t
+     WHERE t.tgrelid = 'syncular.sync_schema_meta'::pg_catalog.regclass
+       AND t.tgname IN ('sync_schema_meta_stamp', 'sync_schema_meta_stamp_kept')
+       AND t.tgenabled <> 'A') THEN
+    ALTER TABLE syncular.sync_schema_meta
+      ENABLE ALWAYS TRIGGER sync_schema_meta_stamp,
+      ENABLE ALWAYS TRIGGER sync_schema_meta_stamp_kept;
+  END IF;
+END
+$$;
+REVOKE ALL ON FUNCTION syncular._stamp_guard() FROM PUBLIC;
+COMMENT ON FUNCTION syncular._stamp_guard() IS
+  'Internal: event trigger function keeping the marker''s stamp triggers enabled ALWAYS after any ALTER TABLE of sync_schema_meta.';
+CREATE EVENT TRIGGER syncular_stamp_guard ON ddl_command_end
+  WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION syncular._stamp_guard();
+ALTER EVENT TRIGGER syncular_stamp_guard ENABLE ALWAYS;
 -- A marker set before the update is rewritten by it, stamped with the update: a later id than
 -- its own, so the check is only stricter until the next migration.
 UPDATE syncular.sync_schema_meta SET id = id;

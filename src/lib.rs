@@ -120,18 +120,10 @@ extension_sql!(
     name = "row_meta_trigger_definer",
     requires = [tables::row_meta::row_meta_trigger]
 );
-// The marker's stamp: every row version of sync_schema_meta records its writer, however it is
-// written (src/schema/marker.rs, docs/SECURITY.md rule 19).
-extension_sql!(
-    r#"
--- SECURITY DEFINER: it writes sync_schema_stamp, the owner's, for whoever writes the marker.
-ALTER FUNCTION syncular.schema_marker_stamp()
-  SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
-CREATE TRIGGER sync_schema_meta_stamp BEFORE INSERT OR UPDATE ON syncular.sync_schema_meta
-  FOR EACH ROW EXECUTE FUNCTION syncular.schema_marker_stamp();
-ALTER TABLE syncular.sync_schema_meta ENABLE ALWAYS TRIGGER sync_schema_meta_stamp;
-"#,
-    name = "schema_marker_stamp",
+// The marker's stamp and its guard need the trigger function.
+extension_sql_file!(
+    "../sql/stamp_guard.sql",
+    name = "stamp_guard",
     requires = [schema::stamp::schema_marker_stamp]
 );
 // Privileges and comments: after everything else.

@@ -184,8 +184,8 @@ pub enum Unproven {
     /// not show the active stack below its top.
     Loading,
     /// The row version is frozen and carries no record of its writer: written with its stamp
-    /// bypassed (triggers disabled, or before the install was updated), at a time nothing
-    /// tells.
+    /// bypassed (its triggers and their guard disabled, or before the install was updated), at
+    /// a time nothing tells.
     Unstamped,
 }
 

@@ -787,8 +787,8 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
             Unproven::Unstamped => {
                 return Err(tables::unknown_table(tbl).with_hint(format!(
                     "the stored schema version is {version}, and the schema marker was written \
-                     without its stamp (restored with triggers disabled, or before ALTER \
-                     EXTENSION syncular UPDATE) and frozen since, so when that migration \
+                     without its stamp (with its triggers and their guard disabled, or before \
+                     ALTER EXTENSION syncular UPDATE) and frozen since, so when that migration \
                      committed cannot be told: update the extension, or have its owner stamp \
                      the marker again (UPDATE syncular.sync_schema_meta SET id = id; \
                      docs/API.md), or pass schema_version"

@@ -9,25 +9,45 @@ use pgrx::prelude::*;
 
 /// Stamps every row version of the marker with its writer, however it is written — a
 /// migration, a repair, an adoption, a restore's `COPY`, an update script, a subscriber's apply
-/// (the trigger `sync_schema_meta_stamp` is `ENABLE ALWAYS`): `written_by`, the top-level
-/// transaction, and `written_in`, the (sub)transaction the write runs in — the `xmin` the row
-/// version gets —, as full ids. So the record always describes the row version it is in, in
-/// this cluster's transaction ids — which a physical copy (a standby, a base backup, an
-/// upgrade) shares and a logical one (a dump, a subscription) writes anew — and stays true
-/// once the row is frozen (red team 24; docs/SECURITY.md rule 19). And `stamp`, a random number
-/// drawn for the row version and kept in `sync_schema_stamp` too, which no dump carries: a row
-/// written with this trigger bypassed (a restore with triggers disabled) carries a record whose
-/// number is not this database's last, and is not used (red team 25). SECURITY DEFINER: it
-/// writes the owner's `sync_schema_stamp` for whoever writes the marker; nothing else runs.
+/// (the triggers are `ENABLE ALWAYS`, kept so by the event trigger `syncular_stamp_guard`, which
+/// also undoes a `DISABLE TRIGGER`: docs/API.md) — as the `BEFORE` trigger
+/// `sync_schema_meta_stamp`: `written_by`, the top-level transaction, and `written_in`, the
+/// (sub)transaction the write runs in — the `xmin` the row version gets —, as full ids. So the
+/// record always describes the row version it is in, in this cluster's transaction ids — which a
+/// physical copy (a standby, a base backup, an upgrade) shares and a logical one (a dump, a
+/// subscription) writes anew — and stays true once the row is frozen (red team 24;
+/// docs/SECURITY.md rule 19). And `stamp`, a random number drawn for the row version, which the
+/// `AFTER` trigger `sync_schema_meta_stamp_kept` keeps in `sync_schema_stamp` once the row is
+/// written (not for a write that ends up writing nothing, red team 26), a table no dump carries:
+/// a row written with the stamp bypassed carries a record whose number is not this database's
+/// last, and is not used (red team 25). SECURITY DEFINER: it writes the owner's
+/// `sync_schema_stamp` for whoever writes the marker; nothing else runs.
 #[pg_trigger]
 fn schema_marker_stamp<'a>(
     trigger: &'a PgTrigger<'a>,
 ) -> std::result::Result<Option<PgHeapTuple<'a, AllocatedByRust>>, PgTriggerError> {
     Ok(error::run_in_host_code(|| {
-        let mut new = trigger
+        let new = trigger
             .new()
-            .ok_or_else(|| Error::Internal("the marker stamp without a row".into()))?
-            .into_owned();
+            .ok_or_else(|| Error::Internal("the marker stamp without a row".into()))?;
+        let when = trigger
+            .when()
+            .map_err(|e| Error::Internal(format!("the marker stamp: {e}")))?;
+        if !matches!(when, PgTriggerWhen::Before) {
+            // The row is written: keep its number.
+            let stamp: Option<i64> = new.get_by_name("stamp")?;
+            db::with_spi(|client| {
+                db::write(
+                    client,
+                    "INSERT INTO syncular.sync_schema_stamp AS s (id, stamp) VALUES (1, $1)
+                     ON CONFLICT (id) DO UPDATE SET stamp = EXCLUDED.stamp",
+                    &[DatumWithOid::from(stamp)],
+                )
+                .map(drop)
+            })?;
+            return Ok(None);
+        }
+        let mut new = new.into_owned();
         // SAFETY: this transaction's own ids (assigned if missing, as the write will).
         let (written_by, written_in) = unsafe {
             (
@@ -42,19 +62,9 @@ fn schema_marker_stamp<'a>(
                 "syncular: could not generate random values".into(),
             ));
         }
-        let stamp = i64::from_ne_bytes(drawn);
-        db::with_spi(|client| {
-            db::write(
-                client,
-                "INSERT INTO syncular.sync_schema_stamp AS s (id, stamp) VALUES (1, $1)
-                 ON CONFLICT (id) DO UPDATE SET stamp = EXCLUDED.stamp",
-                &[DatumWithOid::from(stamp)],
-            )
-            .map(drop)
-        })?;
         new.set_by_name("written_by", written_by as i64)?;
         new.set_by_name("written_in", written_in as i64)?;
-        new.set_by_name("stamp", stamp)?;
+        new.set_by_name("stamp", i64::from_ne_bytes(drawn))?;
         Ok(Some(new))
     }))
 }

@@ -2999,8 +2999,103 @@ fn a_restored_marker_names_the_restore_frozen_or_not() {
     }
 }
 
-/// The stamp bypassed — a restore with `--disable-triggers`, the trigger disabled by a
-/// superuser — leaves a record that is not the row version's: while the row is not frozen,
+/// A superuser's write of the marker with its stamp bypassed: the guard's event trigger
+/// disabled first (it puts the stamp's triggers back after any `ALTER TABLE` of the marker),
+/// then the triggers (`UPDATE … SET {set}`), all put back after.
+fn bypassing_the_stamp(set: &str) -> String {
+    format!(
+        "BEGIN;
+         ALTER EVENT TRIGGER syncular_stamp_guard DISABLE;
+         ALTER TABLE syncular.sync_schema_meta DISABLE TRIGGER ALL;
+         UPDATE syncular.sync_schema_meta SET {set};
+         ALTER TABLE syncular.sync_schema_meta
+           ENABLE ALWAYS TRIGGER sync_schema_meta_stamp,
+           ENABLE ALWAYS TRIGGER sync_schema_meta_stamp_kept;
+         ALTER EVENT TRIGGER syncular_stamp_guard ENABLE ALWAYS;
+         COMMIT"
+    )
+}
+
+/// Red team 26: a restore with `--disable-triggers` runs `ALTER TABLE … DISABLE TRIGGER ALL`,
+/// copies the rows, then `ENABLE TRIGGER ALL` — which left the stamp's triggers enabled only
+/// outside replication, so a subscriber's apply later wrote the marker unstamped. The guard (an
+/// event trigger after every `ALTER TABLE` of the marker) puts both back `ENABLE ALWAYS` at
+/// once: the restore's copy is stamped like any write, and the triggers stay `A`. And a write
+/// that ends up writing nothing (`ON CONFLICT DO NOTHING`) leaves `sync_schema_stamp` as it
+/// was: the stamp is kept by the `AFTER` trigger, once the row is written.
+#[test]
+fn a_restore_with_triggers_disabled_is_stamped_all_the_same() {
+    let (db, mut c) = s1_setup("ev_b26_disabled");
+    let source: i64 = one(&mut c, "SELECT pg_current_xact_id()::text::bigint", &[]);
+    let (mut reader, payload) = s1_read_then_unlock(&db);
+    let states = |c: &mut Client| -> Vec<String> {
+        c.query(
+            "SELECT tgname || ' ' || tgenabled::text FROM pg_trigger
+              WHERE tgrelid = 'syncular.sync_schema_meta'::regclass AND NOT tgisinternal
+              ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    };
+    let always = vec![
+        "sync_schema_meta_stamp A".to_string(),
+        "sync_schema_meta_stamp_kept A".to_string(),
+    ];
+    exec(&mut c, "BEGIN");
+    c.query_one(
+        "SELECT syncular.migrate_schema(2, $1)",
+        &[&s1_layouts(true)],
+    )
+    .unwrap();
+    let restore: i64 = one(&mut c, "SELECT pg_current_xact_id()::text::bigint", &[]);
+    exec(
+        &mut c,
+        &format!(
+            "ALTER TABLE syncular.sync_schema_meta DISABLE TRIGGER ALL;
+             UPDATE syncular.sync_schema_meta
+                SET written_by = {source}, written_in = {source}, stamp = stamp + 1;
+             ALTER TABLE syncular.sync_schema_meta ENABLE TRIGGER ALL"
+        ),
+    );
+    exec(&mut c, "COMMIT");
+    assert_eq!(
+        states(&mut c),
+        always,
+        "the triggers after ENABLE TRIGGER ALL"
+    );
+    let stamped: (i64, i64, bool) = {
+        let row = c
+            .query_one(
+                "SELECT m.written_by, m.written_in, m.stamp = s.stamp
+                   FROM syncular.sync_schema_meta m, syncular.sync_schema_stamp s",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1), row.get(2))
+    };
+    assert_eq!(stamped, (restore, restore, true), "the copy was stamped");
+    freeze_marker(&mut c);
+    refused_as_read_before(&mut reader, &payload, "a restore with triggers disabled");
+    exec(&mut reader, "ROLLBACK");
+    exec(
+        &mut c,
+        "INSERT INTO syncular.sync_schema_meta (id, schema_version, layouts)
+         VALUES (1, 2, '{}') ON CONFLICT DO NOTHING",
+    );
+    freeze_marker(&mut c);
+    let decode = "SELECT syncular.decode_row('t8', _sync_payload)->>'b1' FROM public.ev_t8";
+    let b1: String = one(&mut reader, decode, &[]);
+    assert_eq!(
+        b1, "AA==",
+        "a write that wrote nothing leaves the stamp as it was"
+    );
+}
+
+/// The stamp bypassed — a restore with `--disable-triggers` and the guard disabled, the
+/// triggers disabled by a superuser — leaves a record that is not the row version's: while the row is not frozen,
 /// the record names another writer than the row version's and is not used (its own writer is
 /// asked); a frozen row with no record at all is "cannot be told" for every transaction, with
 /// a hint that says how to stamp it again, and an owner's rewrite of the row does. Red team
@@ -3012,18 +3107,7 @@ fn a_marker_written_with_its_stamp_bypassed_is_not_trusted() {
     let (db, mut c) = s1_setup("ev_b24_bypass");
     let source: i64 = one(&mut c, "SELECT pg_current_xact_id()::text::bigint", &[]);
     let (mut reader, payload) = s1_read_then_unlock(&db);
-    let bypassed = |c: &mut Client, set: &str| {
-        exec(
-            c,
-            &format!(
-                "BEGIN;
-                 ALTER TABLE syncular.sync_schema_meta DISABLE TRIGGER sync_schema_meta_stamp;
-                 UPDATE syncular.sync_schema_meta SET {set};
-                 ALTER TABLE syncular.sync_schema_meta ENABLE ALWAYS TRIGGER sync_schema_meta_stamp;
-                 COMMIT"
-            ),
-        )
-    };
+    let bypassed = |c: &mut Client, set: &str| exec(c, &bypassing_the_stamp(set));
     migrate(&mut c, 2, &s1_layouts(true), &json!([]));
     bypassed(
         &mut c,
@@ -3037,16 +3121,11 @@ fn a_marker_written_with_its_stamp_bypassed_is_not_trusted() {
         ("a carried stamp", false),
         ("a carried stamp, frozen", true),
     ] {
-        exec(
+        bypassed(
             &mut c,
             &format!(
-                "BEGIN;
-                 ALTER TABLE syncular.sync_schema_meta DISABLE TRIGGER sync_schema_meta_stamp;
-                 UPDATE syncular.sync_schema_meta
-                    SET written_by = {source}, written_in = pg_current_xact_id()::text::bigint,
-                        stamp = stamp + 1;
-                 ALTER TABLE syncular.sync_schema_meta ENABLE ALWAYS TRIGGER sync_schema_meta_stamp;
-                 COMMIT"
+                "written_by = {source}, written_in = pg_current_xact_id()::text::bigint,
+                 stamp = stamp + 1"
             ),
         );
         if freeze {
