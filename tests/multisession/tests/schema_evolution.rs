@@ -2888,11 +2888,13 @@ fn a_transaction_that_read_before_a_migration_is_refused_the_default_version_aft
     assert_eq!(after, "AA==", "the next transaction");
 }
 
-/// Freezes the marker row (`VACUUM (FREEZE)`), waiting while another test's transaction holds
-/// the freeze horizon. (A frozen row version keeps its `xmin` column; the visibility map tells.)
+/// Freezes the marker row (`VACUUM (FREEZE)`), waiting (up to two minutes: the tests of this
+/// file run side by side, some holding a transaction open for a while) while another test's
+/// transaction holds the freeze horizon. (A frozen row version keeps its `xmin` column; the
+/// visibility map tells.)
 fn freeze_marker(c: &mut Client) {
     exec(c, "CREATE EXTENSION IF NOT EXISTS pg_visibility");
-    let frozen = (0..300).any(|_| {
+    let frozen = (0..1200).any(|_| {
         exec(c, "VACUUM (FREEZE) syncular.sync_schema_meta");
         let done: bool = one(
             c,
