@@ -80,8 +80,10 @@ COMMENT ON FUNCTION syncular.retire_table(text) IS
   'Removes a retired table''s row scopes, blob refs, registration and trigger (caller must hold the registrant''s privileges); keeps history.';
 COMMENT ON FUNCTION syncular.schema_marker_stamp() IS
   'Native trigger on sync_schema_meta (ENABLE ALWAYS): BEFORE INSERT OR UPDATE stamps each row version with the transaction that writes it (written_by, written_in) and a random stamp, AFTER keeps the stamp in sync_schema_stamp, however the row is written.';
+COMMENT ON FUNCTION syncular.schema_stamp_own() IS
+  'Native BEFORE INSERT OR UPDATE trigger on sync_schema_stamp (ENABLE ALWAYS): lets through only the stamp''s own write; any other (a subscriber''s apply, a restore, a hand-made write) is skipped.';
 COMMENT ON FUNCTION syncular._stamp_guard() IS
-  'Internal: event trigger function keeping the marker''s stamp triggers enabled ALWAYS after any ALTER TABLE of sync_schema_meta.';
+  'Internal: event trigger function keeping the stamp''s three triggers enabled ALWAYS after any ALTER TABLE, CREATE or ALTER TRIGGER of sync_schema_meta or sync_schema_stamp.';
 COMMENT ON FUNCTION syncular.row_meta_trigger() IS
   'Row trigger installed by register_table(..., true): keeps sync_row_scopes and sync_blob_refs in step with the host''s writes.';
 COMMENT ON FUNCTION syncular.set_row_scopes(text, text, text, jsonb) IS

@@ -12,34 +12,51 @@ CREATE TRIGGER sync_schema_meta_stamp_kept AFTER INSERT OR UPDATE ON syncular.sy
 ALTER TABLE syncular.sync_schema_meta
   ENABLE ALWAYS TRIGGER sync_schema_meta_stamp, ENABLE ALWAYS TRIGGER sync_schema_meta_stamp_kept;
 
--- Both stay ENABLE ALWAYS (they fire for a subscriber's apply too) and enabled: a restore with
--- --disable-triggers runs ALTER TABLE … DISABLE TRIGGER ALL, then ENABLE TRIGGER ALL, which
--- would leave them disabled, then enabled only outside replication (red team 26). After every
--- ALTER TABLE of the marker, this puts them back, so the restore's COPY is stamped as any write.
+-- sync_schema_stamp keeps only what the stamp wrote: a subscriber's apply of a publication
+-- that includes it, a restore, a hand-made write are skipped (src/schema/stamp.rs).
+ALTER FUNCTION syncular.schema_stamp_own() SET search_path = pg_catalog, pg_temp;
+CREATE TRIGGER sync_schema_stamp_own BEFORE INSERT OR UPDATE ON syncular.sync_schema_stamp
+  FOR EACH ROW EXECUTE FUNCTION syncular.schema_stamp_own();
+ALTER TABLE syncular.sync_schema_stamp ENABLE ALWAYS TRIGGER sync_schema_stamp_own;
+
+-- The three stay ENABLE ALWAYS (they fire for a subscriber's apply too) and enabled: a restore
+-- with --disable-triggers runs ALTER TABLE … DISABLE TRIGGER ALL, then ENABLE TRIGGER ALL, which
+-- would leave them disabled, then enabled only outside replication (red team 26), and CREATE OR
+-- REPLACE TRIGGER enables a trigger only outside replication (red team 27). After every ALTER
+-- TABLE of the two tables, and every CREATE or ALTER TRIGGER on them, this puts back each of
+-- the three that exists, so the restore's COPY is stamped as any write.
 CREATE FUNCTION syncular._stamp_guard() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  t record;
 BEGIN
-  -- Only an ALTER TABLE of the marker in the extension's own schema concerns the guard; every
-  -- other one (of any table of the database) returns here.
+  -- Only DDL on the two tables in the extension's own schema concerns the guard; every other
+  -- command (on any table of the database) returns here.
   IF NOT EXISTS (
     SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d
-      JOIN pg_catalog.pg_class c ON c.oid = d.objid
+      LEFT JOIN pg_catalog.pg_trigger g
+        ON d.classid = 'pg_catalog.pg_trigger'::pg_catalog.regclass AND g.oid = d.objid
+      JOIN pg_catalog.pg_class c
+        ON c.oid = CASE WHEN d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+                        THEN d.objid ELSE g.tgrelid END
       JOIN pg_catalog.pg_extension e ON e.extnamespace = c.relnamespace AND e.extname = 'syncular'
-     WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
-       AND c.relname = 'sync_schema_meta') THEN
+     WHERE c.relname IN ('sync_schema_meta', 'sync_schema_stamp')) THEN
     RETURN;
   END IF;
-  IF EXISTS (
-    SELECT 1 FROM pg_catalog.pg_trigger t
-     WHERE t.tgrelid = 'syncular.sync_schema_meta'::pg_catalog.regclass
-       AND t.tgname IN ('sync_schema_meta_stamp', 'sync_schema_meta_stamp_kept')
-       AND t.tgenabled <> 'A') THEN
-    ALTER TABLE syncular.sync_schema_meta
-      ENABLE ALWAYS TRIGGER sync_schema_meta_stamp,
-      ENABLE ALWAYS TRIGGER sync_schema_meta_stamp_kept;
-  END IF;
+  FOR t IN
+    SELECT c.relname, g.tgname FROM pg_catalog.pg_trigger g
+      JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
+     WHERE c.relnamespace = 'syncular'::pg_catalog.regnamespace
+       AND (c.relname, g.tgname) IN (('sync_schema_meta', 'sync_schema_meta_stamp'),
+                                     ('sync_schema_meta', 'sync_schema_meta_stamp_kept'),
+                                     ('sync_schema_stamp', 'sync_schema_stamp_own'))
+       AND g.tgenabled <> 'A'
+  LOOP
+    EXECUTE pg_catalog.format('ALTER TABLE syncular.%I ENABLE ALWAYS TRIGGER %I', t.relname, t.tgname);
+  END LOOP;
 END
 $$;
 CREATE EVENT TRIGGER syncular_stamp_guard ON ddl_command_end
-  WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION syncular._stamp_guard();
+  WHEN TAG IN ('ALTER TABLE', 'CREATE TRIGGER', 'ALTER TRIGGER')
+  EXECUTE FUNCTION syncular._stamp_guard();
 ALTER EVENT TRIGGER syncular_stamp_guard ENABLE ALWAYS;

@@ -293,33 +293,52 @@ CREATE TRIGGER sync_schema_meta_stamp_kept AFTER INSERT OR UPDATE ON syncular.sy
   FOR EACH ROW EXECUTE FUNCTION syncular.schema_marker_stamp();
 ALTER TABLE syncular.sync_schema_meta
   ENABLE ALWAYS TRIGGER sync_schema_meta_stamp, ENABLE ALWAYS TRIGGER sync_schema_meta_stamp_kept;
+CREATE FUNCTION syncular.schema_stamp_own() RETURNS trigger
+LANGUAGE c AS 'MODULE_PATHNAME', 'schema_stamp_own_wrapper';
+ALTER FUNCTION syncular.schema_stamp_own() SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION syncular.schema_stamp_own() FROM PUBLIC;
+COMMENT ON FUNCTION syncular.schema_stamp_own() IS
+  'Native BEFORE INSERT OR UPDATE trigger on sync_schema_stamp (ENABLE ALWAYS): lets through only the stamp''s own write; any other (a subscriber''s apply, a restore, a hand-made write) is skipped.';
+CREATE TRIGGER sync_schema_stamp_own BEFORE INSERT OR UPDATE ON syncular.sync_schema_stamp
+  FOR EACH ROW EXECUTE FUNCTION syncular.schema_stamp_own();
+ALTER TABLE syncular.sync_schema_stamp ENABLE ALWAYS TRIGGER sync_schema_stamp_own;
 CREATE FUNCTION syncular._stamp_guard() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  t record;
 BEGIN
+  -- Only DDL on the two tables in the extension's own schema concerns the guard; every other
+  -- command (on any table of the database) returns here.
   IF NOT EXISTS (
     SELECT 1 FROM pg_catalog.pg_event_trigger_ddl_commands() d
-      JOIN pg_catalog.pg_class c ON c.oid = d.objid
+      LEFT JOIN pg_catalog.pg_trigger g
+        ON d.classid = 'pg_catalog.pg_trigger'::pg_catalog.regclass AND g.oid = d.objid
+      JOIN pg_catalog.pg_class c
+        ON c.oid = CASE WHEN d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+                        THEN d.objid ELSE g.tgrelid END
       JOIN pg_catalog.pg_extension e ON e.extnamespace = c.relnamespace AND e.extname = 'syncular'
-     WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
-       AND c.relname = 'sync_schema_meta') THEN
+     WHERE c.relname IN ('sync_schema_meta', 'sync_schema_stamp')) THEN
     RETURN;
   END IF;
-  IF EXISTS (
-    SELECT 1 FROM pg_catalog.pg_trigger t
-     WHERE t.tgrelid = 'syncular.sync_schema_meta'::pg_catalog.regclass
-       AND t.tgname IN ('sync_schema_meta_stamp', 'sync_schema_meta_stamp_kept')
-       AND t.tgenabled <> 'A') THEN
-    ALTER TABLE syncular.sync_schema_meta
-      ENABLE ALWAYS TRIGGER sync_schema_meta_stamp,
-      ENABLE ALWAYS TRIGGER sync_schema_meta_stamp_kept;
-  END IF;
+  FOR t IN
+    SELECT c.relname, g.tgname FROM pg_catalog.pg_trigger g
+      JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
+     WHERE c.relnamespace = 'syncular'::pg_catalog.regnamespace
+       AND (c.relname, g.tgname) IN (('sync_schema_meta', 'sync_schema_meta_stamp'),
+                                     ('sync_schema_meta', 'sync_schema_meta_stamp_kept'),
+                                     ('sync_schema_stamp', 'sync_schema_stamp_own'))
+       AND g.tgenabled <> 'A'
+  LOOP
+    EXECUTE pg_catalog.format('ALTER TABLE syncular.%I ENABLE ALWAYS TRIGGER %I', t.relname, t.tgname);
+  END LOOP;
 END
 $$;
 REVOKE ALL ON FUNCTION syncular._stamp_guard() FROM PUBLIC;
 COMMENT ON FUNCTION syncular._stamp_guard() IS
-  'Internal: event trigger function keeping the marker''s stamp triggers enabled ALWAYS after any ALTER TABLE of sync_schema_meta.';
+  'Internal: event trigger function keeping the stamp''s three triggers enabled ALWAYS after any ALTER TABLE, CREATE or ALTER TRIGGER of sync_schema_meta or sync_schema_stamp.';
 CREATE EVENT TRIGGER syncular_stamp_guard ON ddl_command_end
-  WHEN TAG IN ('ALTER TABLE') EXECUTE FUNCTION syncular._stamp_guard();
+  WHEN TAG IN ('ALTER TABLE', 'CREATE TRIGGER', 'ALTER TRIGGER')
+  EXECUTE FUNCTION syncular._stamp_guard();
 ALTER EVENT TRIGGER syncular_stamp_guard ENABLE ALWAYS;
 -- A marker set before the update is rewritten by it, stamped with the update: a later id than
 -- its own, so the check is only stricter until the next migration.

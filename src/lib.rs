@@ -124,7 +124,10 @@ extension_sql!(
 extension_sql_file!(
     "../sql/stamp_guard.sql",
     name = "stamp_guard",
-    requires = [schema::stamp::schema_marker_stamp]
+    requires = [
+        schema::stamp::schema_marker_stamp,
+        schema::stamp::schema_stamp_own
+    ]
 );
 // Privileges and comments: after everything else.
 extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);

@@ -789,9 +789,11 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
                     "the stored schema version is {version}, and the schema marker was written \
                      without its stamp (with its triggers and their guard disabled, or before \
                      ALTER EXTENSION syncular UPDATE) and frozen since, so when that migration \
-                     committed cannot be told: update the extension, or have its owner stamp \
-                     the marker again (UPDATE syncular.sync_schema_meta SET id = id; \
-                     docs/API.md), or pass schema_version"
+                     committed cannot be told: update the extension, or have its owner put \
+                     the stamp back and stamp the marker again (ALTER TABLE \
+                     syncular.sync_schema_meta ENABLE ALWAYS TRIGGER sync_schema_meta_stamp, \
+                     ENABLE ALWAYS TRIGGER sync_schema_meta_stamp_kept; UPDATE \
+                     syncular.sync_schema_meta SET id = id; docs/API.md), or pass schema_version"
                 )))
             }
         };

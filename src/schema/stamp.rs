@@ -6,6 +6,29 @@ use crate::db;
 use crate::error::{self, Error};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
+use std::cell::Cell;
+
+thread_local! {
+    /// While the stamp itself writes `sync_schema_stamp` ([`schema_marker_stamp`]): the only
+    /// write [`schema_stamp_own`] lets through.
+    static KEEPING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Sets [`KEEPING`] for its lifetime (an error unwinding through the write resets it too).
+struct Keeping;
+
+impl Keeping {
+    fn begin() -> Keeping {
+        KEEPING.with(|k| k.set(true));
+        Keeping
+    }
+}
+
+impl Drop for Keeping {
+    fn drop(&mut self) {
+        KEEPING.with(|k| k.set(false));
+    }
+}
 
 /// Stamps every row version of the marker with its writer, however it is written — a
 /// migration, a repair, an adoption, a restore's `COPY`, an update script, a subscriber's apply
@@ -36,6 +59,7 @@ fn schema_marker_stamp<'a>(
         if !matches!(when, PgTriggerWhen::Before) {
             // The row is written: keep its number.
             let stamp: Option<i64> = new.get_by_name("stamp")?;
+            let _keeping = Keeping::begin();
             db::with_spi(|client| {
                 db::write(
                     client,
@@ -67,4 +91,17 @@ fn schema_marker_stamp<'a>(
         new.set_by_name("stamp", i64::from_ne_bytes(drawn))?;
         Ok(Some(new))
     }))
+}
+
+/// `sync_schema_stamp` holds only what this database's stamp wrote: every other write of it is
+/// skipped (the row left as it was) — a subscriber's apply of a publication that includes it
+/// (`FOR ALL TABLES`, `TABLES IN SCHEMA`, which cannot leave it out), which would stall on the
+/// first migration or overwrite this database's number with the publisher's (red team 27), and
+/// a restore or a hand-made write. The trigger `sync_schema_stamp_own` (`BEFORE INSERT OR
+/// UPDATE`, `ENABLE ALWAYS`); it reads nothing.
+#[pg_trigger]
+fn schema_stamp_own<'a>(
+    trigger: &'a PgTrigger<'a>,
+) -> std::result::Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgTriggerError> {
+    Ok(KEEPING.with(Cell::get).then(|| trigger.new()).flatten())
 }

@@ -5,8 +5,9 @@ use serde_json::json;
 use syncular_multisession::*;
 
 /// Functions that run as the caller on purpose: they check the caller's privileges (ownership,
-/// the registrant's rights, SELECT on an app table, operator) and switch rights themselves, or
-/// are internal helpers of the fence guard (docs/SECURITY.md).
+/// the registrant's rights, SELECT on an app table, operator) and switch rights themselves, are
+/// internal helpers of the fence guard, or read nothing at all (the stamp table's own trigger)
+/// (docs/SECURITY.md).
 const INVOKER: &[&str] = &[
     "_fence_guard_busy",
     "_fence_guard_hold",
@@ -25,6 +26,7 @@ const INVOKER: &[&str] = &[
     "retire_table",
     "rows_referencing_blob",
     "scan_rows",
+    "schema_stamp_own",
     "pull",
 ];
 

@@ -3094,6 +3094,33 @@ fn a_restore_with_triggers_disabled_is_stamped_all_the_same() {
         b1, "AA==",
         "a write that wrote nothing leaves the stamp as it was"
     );
+    // Red team 27: a subscriber's apply of a publication that includes `sync_schema_stamp`
+    // (replica mode), and a hand-made write, leave it as the stamp wrote it.
+    let kept: i64 = one(&mut c, "SELECT stamp FROM syncular.sync_schema_stamp", &[]);
+    exec(
+        &mut c,
+        "SET session_replication_role = replica;
+         INSERT INTO syncular.sync_schema_stamp VALUES (1, 42)
+           ON CONFLICT (id) DO UPDATE SET stamp = 42;
+         RESET session_replication_role;
+         UPDATE syncular.sync_schema_stamp SET stamp = 43",
+    );
+    let now: i64 = one(&mut c, "SELECT stamp FROM syncular.sync_schema_stamp", &[]);
+    assert_eq!(now, kept, "only the stamp writes sync_schema_stamp");
+    // Red team 27: CREATE OR REPLACE TRIGGER enables a trigger only outside replication.
+    exec(
+        &mut c,
+        "CREATE OR REPLACE TRIGGER sync_schema_meta_stamp
+           BEFORE INSERT OR UPDATE ON syncular.sync_schema_meta
+           FOR EACH ROW EXECUTE FUNCTION syncular.schema_marker_stamp()",
+    );
+    assert_eq!(
+        states(&mut c),
+        always,
+        "the triggers after CREATE OR REPLACE TRIGGER"
+    );
+    let b1: String = one(&mut reader, decode, &[]);
+    assert_eq!(b1, "AA==", "the marker's stamp still agrees");
 }
 
 /// The stamp bypassed — a restore with `--disable-triggers` and the guard disabled, the

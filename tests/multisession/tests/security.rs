@@ -675,6 +675,7 @@ fn the_host_role_cannot_call_triggers_adoption_repairs_or_admin_functions() {
         "syncular.row_meta_trigger()",
         "syncular.schema_marker_stamp()",
         "syncular._stamp_guard()",
+        "syncular.schema_stamp_own()",
         "syncular._fence_guard_on_drop()",
         "syncular._fence_guard_on_create()",
         "syncular._fence_guard_hold(boolean)",
