@@ -2924,6 +2924,18 @@ fn refused_as_read_before(reader: &mut Client, payload: &[u8], case: &str) {
     }
 }
 
+/// Begins a restore's transaction: its version-2 marker and rows (a migration, left open), and
+/// the transaction's id.
+fn s1_begin_restore(c: &mut Client) -> i64 {
+    exec(c, "BEGIN");
+    c.query_one(
+        "SELECT syncular.migrate_schema(2, $1)",
+        &[&s1_layouts(true)],
+    )
+    .unwrap();
+    one(c, "SELECT pg_current_xact_id()::text::bigint", &[])
+}
+
 /// Red teams 23 and 24: the marker is dumped with the extension's configuration, so a restore
 /// writes a row that carries another database's record of its writer — `written_by` naming the
 /// source's migration, an old transaction the reader sees (same cluster), or ids that name
@@ -2948,13 +2960,7 @@ fn a_restored_marker_names_the_restore_frozen_or_not() {
         let (mut reader, payload) = s1_read_then_unlock(&db);
         // The restore: the version-2 marker and rows (a migration here), then the dump's row of
         // the marker copied in with its record.
-        exec(&mut c, "BEGIN");
-        c.query_one(
-            "SELECT syncular.migrate_schema(2, $1)",
-            &[&s1_layouts(true)],
-        )
-        .unwrap();
-        let restore: i64 = one(&mut c, "SELECT pg_current_xact_id()::text::bigint", &[]);
+        let restore = s1_begin_restore(&mut c);
         let carried = if coincidence {
             (3, restore)
         } else {
@@ -3046,13 +3052,7 @@ fn a_restore_with_triggers_disabled_is_stamped_all_the_same() {
         "sync_schema_meta_stamp A".to_string(),
         "sync_schema_meta_stamp_kept A".to_string(),
     ];
-    exec(&mut c, "BEGIN");
-    c.query_one(
-        "SELECT syncular.migrate_schema(2, $1)",
-        &[&s1_layouts(true)],
-    )
-    .unwrap();
-    let restore: i64 = one(&mut c, "SELECT pg_current_xact_id()::text::bigint", &[]);
+    let restore = s1_begin_restore(&mut c);
     exec(
         &mut c,
         &format!(
