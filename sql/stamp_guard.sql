@@ -43,13 +43,15 @@ BEGIN
      WHERE c.relname IN ('sync_schema_meta', 'sync_schema_stamp')) THEN
     RETURN;
   END IF;
+  -- By their functions, whatever their names (a renamed trigger too, red team 28).
   FOR t IN
     SELECT c.relname, g.tgname FROM pg_catalog.pg_trigger g
       JOIN pg_catalog.pg_class c ON c.oid = g.tgrelid
      WHERE c.relnamespace = 'syncular'::pg_catalog.regnamespace
-       AND (c.relname, g.tgname) IN (('sync_schema_meta', 'sync_schema_meta_stamp'),
-                                     ('sync_schema_meta', 'sync_schema_meta_stamp_kept'),
-                                     ('sync_schema_stamp', 'sync_schema_stamp_own'))
+       AND ((c.relname = 'sync_schema_meta'
+             AND g.tgfoid = 'syncular.schema_marker_stamp()'::pg_catalog.regprocedure)
+         OR (c.relname = 'sync_schema_stamp'
+             AND g.tgfoid = 'syncular.schema_stamp_own()'::pg_catalog.regprocedure))
        AND g.tgenabled <> 'A'
   LOOP
     EXECUTE pg_catalog.format('ALTER TABLE syncular.%I ENABLE ALWAYS TRIGGER %I', t.relname, t.tgname);

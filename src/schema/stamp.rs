@@ -57,8 +57,18 @@ fn schema_marker_stamp<'a>(
             .when()
             .map_err(|e| Error::Internal(format!("the marker stamp: {e}")))?;
         if !matches!(when, PgTriggerWhen::Before) {
-            // The row is written: keep its number.
-            let stamp: Option<i64> = new.get_by_name("stamp")?;
+            // The row is written: keep its number — only one the `BEFORE` trigger drew for this
+            // row version in this (sub)transaction (it recorded it as `written_in`). A row that
+            // trigger did not stamp (disabled alone by the owner, red team 28) carries an older
+            // record and number: keep a fresh number instead, which no row has, so that record
+            // is never taken for this row version's.
+            let written_in: Option<i64> = new.get_by_name("written_in")?;
+            // SAFETY: this (sub)transaction's own id, assigned: it is writing this row.
+            let current = unsafe { pg_sys::GetCurrentFullTransactionId().value } as i64;
+            let stamp = match written_in == Some(current) {
+                true => new.get_by_name::<i64>("stamp")?,
+                false => Some(drawn()?),
+            };
             let _keeping = Keeping::begin();
             db::with_spi(|client| {
                 db::write(
@@ -79,18 +89,23 @@ fn schema_marker_stamp<'a>(
                 pg_sys::GetCurrentFullTransactionId().value,
             )
         };
-        let mut drawn = [0u8; 8];
-        // SAFETY: fills exactly the 8 bytes of the buffer; returns false when no source works.
-        if !unsafe { pg_sys::pg_strong_random(drawn.as_mut_ptr().cast(), drawn.len()) } {
-            return Err(Error::Internal(
-                "syncular: could not generate random values".into(),
-            ));
-        }
         new.set_by_name("written_by", written_by as i64)?;
         new.set_by_name("written_in", written_in as i64)?;
-        new.set_by_name("stamp", i64::from_ne_bytes(drawn))?;
+        new.set_by_name("stamp", drawn()?)?;
         Ok(Some(new))
     }))
+}
+
+/// A random number from PostgreSQL's strong random source.
+fn drawn() -> error::Result<i64> {
+    let mut drawn = [0u8; 8];
+    // SAFETY: fills exactly the 8 bytes of the buffer; returns false when no source works.
+    if !unsafe { pg_sys::pg_strong_random(drawn.as_mut_ptr().cast(), drawn.len()) } {
+        return Err(Error::Internal(
+            "syncular: could not generate random values".into(),
+        ));
+    }
+    Ok(i64::from_ne_bytes(drawn))
 }
 
 /// `sync_schema_stamp` holds only what this database's stamp wrote: every other write of it is

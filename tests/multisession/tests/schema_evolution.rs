@@ -3123,6 +3123,62 @@ fn a_restore_with_triggers_disabled_is_stamped_all_the_same() {
     assert_eq!(b1, "AA==", "the marker's stamp still agrees");
 }
 
+/// Red team 28: with only the `BEFORE` stamp trigger off (the guard disabled, or
+/// `event_triggers = off`), a migration left the previous record and number in the row and the
+/// `AFTER` trigger kept that number, so once frozen the old record was trusted. The `AFTER`
+/// trigger now keeps only a number drawn for this row version, else a fresh one: a reader from
+/// before is refused, and every default-version call "cannot be told" until the owner's
+/// remedy. And a renamed stamp trigger is still put back by the guard (found by its function).
+#[test]
+fn only_a_number_the_before_trigger_drew_is_kept() {
+    let (db, mut c) = s1_setup("ev_b28_before_off");
+    exec(
+        &mut c,
+        "ALTER EVENT TRIGGER syncular_stamp_guard DISABLE;
+         ALTER TABLE syncular.sync_schema_meta DISABLE TRIGGER sync_schema_meta_stamp;
+         ALTER EVENT TRIGGER syncular_stamp_guard ENABLE ALWAYS",
+    );
+    let (mut reader, payload) = s1_read_then_unlock(&db);
+    migrate(&mut c, 2, &s1_layouts(true), &json!([]));
+    let agree: bool = one(
+        &mut c,
+        "SELECT m.stamp = s.stamp FROM syncular.sync_schema_meta m, syncular.sync_schema_stamp s",
+        &[],
+    );
+    assert!(!agree, "an unstamped row's number is not kept");
+    freeze_marker(&mut c);
+    match reader
+        .query_one("SELECT syncular.decode_row('t8', $1)->>'b1'", &[&payload])
+        .map_err(|e| sql_error(&e))
+    {
+        Err(e) if e.state == "SY041" => {}
+        other => panic!("bytes read before a migration the stamp missed: {other:?}"),
+    }
+    exec(&mut reader, "ROLLBACK");
+    exec(
+        &mut c,
+        "ALTER TABLE syncular.sync_schema_meta
+           ENABLE ALWAYS TRIGGER sync_schema_meta_stamp,
+           ENABLE ALWAYS TRIGGER sync_schema_meta_stamp_kept;
+         UPDATE syncular.sync_schema_meta SET id = id",
+    );
+    let decode = "SELECT syncular.decode_row('t8', _sync_payload)->>'b1' FROM public.ev_t8";
+    let b1: String = one(&mut reader, decode, &[]);
+    assert_eq!(b1, "AA==", "after the owner's remedy");
+    exec(
+        &mut c,
+        "ALTER TRIGGER sync_schema_meta_stamp ON syncular.sync_schema_meta RENAME TO s2;
+         ALTER TABLE syncular.sync_schema_meta DISABLE TRIGGER s2",
+    );
+    let state: String = one(
+        &mut c,
+        "SELECT tgenabled::text FROM pg_trigger
+          WHERE tgrelid = 'syncular.sync_schema_meta'::regclass AND tgname = 's2'",
+        &[],
+    );
+    assert_eq!(state, "A", "a renamed stamp trigger is put back");
+}
+
 /// The stamp bypassed — a restore with `--disable-triggers` and the guard disabled, the
 /// triggers disabled by a superuser — leaves a record that is not the row version's: while the row is not frozen,
 /// the record names another writer than the row version's and is not used (its own writer is
