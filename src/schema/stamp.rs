@@ -12,6 +12,10 @@ thread_local! {
     /// While the stamp itself writes `sync_schema_stamp` ([`schema_marker_stamp`]): the only
     /// write [`schema_stamp_own`] lets through.
     static KEEPING: Cell<bool> = const { Cell::new(false) };
+    /// What the `BEFORE` trigger last set in a row of this backend (`written_by`, `written_in`,
+    /// `stamp`): the `AFTER` trigger keeps the number only of a row that still carries exactly
+    /// that (red team 29: a later trigger of the owner's could change the record after ours).
+    static DRAWN: Cell<Option<[i64; 3]>> = const { Cell::new(None) };
 }
 
 /// Sets [`KEEPING`] for its lifetime (an error unwinding through the write resets it too).
@@ -62,12 +66,23 @@ fn schema_marker_stamp<'a>(
             // trigger did not stamp (disabled alone by the owner, red team 28) carries an older
             // record and number: keep a fresh number instead, which no row has, so that record
             // is never taken for this row version's.
-            let written_in: Option<i64> = new.get_by_name("written_in")?;
+            // And only while the row carries exactly the record that trigger set (an owner's
+            // later trigger may have changed it, red team 29).
+            let carried = [
+                new.get_by_name::<i64>("written_by")?,
+                new.get_by_name::<i64>("written_in")?,
+                new.get_by_name::<i64>("stamp")?,
+            ];
             // SAFETY: this (sub)transaction's own id, assigned: it is writing this row.
             let current = unsafe { pg_sys::GetCurrentFullTransactionId().value } as i64;
-            let stamp = match written_in == Some(current) {
-                true => new.get_by_name::<i64>("stamp")?,
-                false => Some(drawn()?),
+            let drawn_here = DRAWN.with(|d| d.take());
+            let stamp = match (carried, drawn_here) {
+                ([Some(by), Some(within), Some(stamp)], Some(set))
+                    if within == current && [by, within, stamp] == set =>
+                {
+                    stamp
+                }
+                _ => drawn()?,
             };
             let _keeping = Keeping::begin();
             db::with_spi(|client| {
@@ -89,9 +104,11 @@ fn schema_marker_stamp<'a>(
                 pg_sys::GetCurrentFullTransactionId().value,
             )
         };
-        new.set_by_name("written_by", written_by as i64)?;
-        new.set_by_name("written_in", written_in as i64)?;
-        new.set_by_name("stamp", drawn()?)?;
+        let record = [written_by as i64, written_in as i64, drawn()?];
+        new.set_by_name("written_by", record[0])?;
+        new.set_by_name("written_in", record[1])?;
+        new.set_by_name("stamp", record[2])?;
+        DRAWN.with(|d| d.set(Some(record)));
         Ok(Some(new))
     }))
 }

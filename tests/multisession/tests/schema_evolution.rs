@@ -3179,6 +3179,45 @@ fn only_a_number_the_before_trigger_drew_is_kept() {
     assert_eq!(state, "A", "a renamed stamp trigger is put back");
 }
 
+/// Red team 29: a trigger of the owner's on the marker, after the stamp's, that puts the previous
+/// migration back as `written_by` (nothing disabled): the record no longer is what the stamp
+/// set, its number is not kept, and a reader from before the migration is refused, frozen or
+/// not.
+#[test]
+fn an_owners_trigger_that_changes_the_record_is_not_trusted() {
+    let (db, mut c) = s1_setup("ev_b29_forge");
+    exec(
+        &mut c,
+        "CREATE FUNCTION public.zz_forge() RETURNS trigger LANGUAGE plpgsql
+           AS $$BEGIN NEW.written_by := OLD.written_by; RETURN NEW; END$$;
+         CREATE TRIGGER zz_forge BEFORE UPDATE ON syncular.sync_schema_meta
+           FOR EACH ROW EXECUTE FUNCTION public.zz_forge()",
+    );
+    let (mut reader, payload) = s1_read_then_unlock(&db);
+    migrate(&mut c, 2, &s1_layouts(true), &json!([]));
+    let agree: bool = one(
+        &mut c,
+        "SELECT m.stamp = s.stamp FROM syncular.sync_schema_meta m, syncular.sync_schema_stamp s",
+        &[],
+    );
+    assert!(!agree, "a changed record's number is not kept");
+    // Not frozen: asked by the row version's writer; frozen: "cannot be told", for the bytes
+    // read before as for every call, until the owner's remedy.
+    for freeze in [false, true] {
+        if freeze {
+            freeze_marker(&mut c);
+        }
+        match reader
+            .query_one("SELECT syncular.decode_row('t8', $1)->>'b1'", &[&payload])
+            .map_err(|e| sql_error(&e))
+        {
+            Err(e) if e.state == "SY041" => {}
+            other => panic!("bytes read before, frozen {freeze}: {other:?}"),
+        }
+        exec(&mut reader, "ROLLBACK");
+    }
+}
+
 /// The stamp bypassed — a restore with `--disable-triggers` and the guard disabled, the
 /// triggers disabled by a superuser — leaves a record that is not the row version's: while the row is not frozen,
 /// the record names another writer than the row version's and is not used (its own writer is
