@@ -467,6 +467,10 @@ fn copy(client: &SpiClient<'_>, source: &Source) -> Result<i64> {
             targets.join(", "),
         ))?
         .unwrap_or(0);
+        if source.table == "sync_schema_meta" && copied > 0 && crate::schema::evolution::installed()
+        {
+            crate::schema::stamp::require_stamped()?;
+        }
         Spi::run(&format!("DROP TABLE {STAGE}"))?;
         Ok(copied)
     })

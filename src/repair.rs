@@ -125,6 +125,9 @@ fn repair_schema_marker(
                         SET schema_version = $1, required_writer_version = $2 WHERE id = 1",
                     &[DatumWithOid::from(version), DatumWithOid::from(floor)],
                 )?;
+                if crate::schema::evolution::installed() {
+                    crate::schema::stamp::require_stamped()?;
+                }
                 crate::schema::marker::written_here();
                 let before = json!({"schemaVersion": old_version, "writerFloor": old_floor});
                 let after = json!({"schemaVersion": version, "writerFloor": floor});

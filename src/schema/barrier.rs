@@ -425,6 +425,7 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
             ],
         )?;
         if updated {
+            super::stamp::require_stamped()?;
             push_schema::check_stored_at(client, a.version)?;
             let stored_text = state.stored_layouts.as_deref().filter(|_| stored > 0);
             record_layouts(

@@ -4,6 +4,7 @@
 
 use crate::db;
 use crate::error::{self, Error};
+use crate::heap;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use std::cell::Cell;
@@ -136,4 +137,44 @@ fn schema_stamp_own<'a>(
     trigger: &'a PgTrigger<'a>,
 ) -> std::result::Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgTriggerError> {
     Ok(KEEPING.with(Cell::get).then(|| trigger.new()).flatten())
+}
+
+/// Refuses, once this (sub)transaction wrote the marker, a row its stamp did not stamp — the
+/// stamp's triggers dropped, or changed by their owner so that they do not fire (red team 30):
+/// a migration, a repair or an adoption is then not made, rather than leave the previous
+/// record in the row. Read below SQL as the codec reads the marker, after the command counter
+/// moved past the write; nothing to check where Citus keeps the marker on another node.
+pub fn require_stamped() -> error::Result<()> {
+    // SAFETY: this transaction's own ids; the latest snapshot is registered around the lookup,
+    // whose key is the marker's int4 primary key.
+    let (read, ids) = unsafe {
+        pg_sys::CommandCounterIncrement();
+        let ids = [
+            pg_sys::GetTopFullTransactionId().value as i64,
+            pg_sys::GetCurrentFullTransactionId().value as i64,
+        ];
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let read = heap::bigints_by_key(
+            heap::SyncTable::SchemaMeta,
+            pg_sys::Datum::from(1i32),
+            None,
+            (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
+            [c"written_by", c"written_in"],
+            snapshot,
+        );
+        pg_sys::UnregisterSnapshot(snapshot);
+        (read?, ids)
+    };
+    match read {
+        heap::Lookup::Here([Some(by), Some(within)], _) if [by, within] == ids => Ok(()),
+        heap::Lookup::Elsewhere => Ok(()),
+        heap::Lookup::Here(..) => Err(Error::invalid_argument("database", "unstamped").with_hint(
+            "the schema marker was written without its stamp: the triggers \
+             sync_schema_meta_stamp (BEFORE INSERT OR UPDATE) and sync_schema_meta_stamp_kept \
+             (AFTER INSERT OR UPDATE) on syncular.sync_schema_meta, FOR EACH ROW EXECUTE \
+             FUNCTION syncular.schema_marker_stamp(), ENABLE ALWAYS, were dropped or changed — \
+             have the extension's owner put them back (docs/API.md schema_marker_stamp); nothing \
+             was written",
+        )),
+    }
 }

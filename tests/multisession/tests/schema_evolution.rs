@@ -3123,38 +3123,61 @@ fn a_restore_with_triggers_disabled_is_stamped_all_the_same() {
     assert_eq!(b1, "AA==", "the marker's stamp still agrees");
 }
 
+/// `migrate_schema(2)` by `c`, refused as unstamped (red team 30), nothing written.
+fn unstamped_migration_refused(c: &mut Client, case: &str) {
+    let mut tx = c.transaction().unwrap();
+    let refused = tx
+        .query_one(
+            "SELECT syncular.migrate_schema(2, $1)",
+            &[&s1_layouts(true)],
+        )
+        .map_err(|e| sql_error(&e));
+    tx.rollback().unwrap();
+    match refused {
+        Err(e)
+            if e.state == "SY000"
+                && e.detail == Some(json!({"argument": "database", "reason": "unstamped"}))
+                && e.hint
+                    .as_deref()
+                    .is_some_and(|h| h.contains("without its stamp")) => {}
+        other => panic!("an unstamped migration, {case}: {other:?}"),
+    }
+}
+
+/// Whether the marker's number is the one `sync_schema_stamp` keeps.
+fn stamps_agree(c: &mut Client) -> bool {
+    one(
+        c,
+        "SELECT m.stamp = s.stamp FROM syncular.sync_schema_meta m, syncular.sync_schema_stamp s",
+        &[],
+    )
+}
+
 /// Red team 28: with only the `BEFORE` stamp trigger off (the guard disabled, or
-/// `event_triggers = off`), a migration left the previous record and number in the row and the
-/// `AFTER` trigger kept that number, so once frozen the old record was trusted. The `AFTER`
-/// trigger now keeps only a number drawn for this row version, else a fresh one: a reader from
-/// before is refused, and every default-version call "cannot be told" until the owner's
-/// remedy. And a renamed stamp trigger is still put back by the guard (found by its function).
+/// `event_triggers = off`), a write of the marker left the previous record and number in the
+/// row and the `AFTER` trigger kept that number, so once frozen the old record was trusted. A
+/// migration is now refused then (red team 30); any other write (the owner's, a 0.24 host's)
+/// gets a fresh number from the `AFTER` trigger, which no row has, so its record is never
+/// trusted; the owner's remedy stamps again. And a renamed stamp trigger is still put back by
+/// the guard (found by its function).
 #[test]
 fn only_a_number_the_before_trigger_drew_is_kept() {
-    let (db, mut c) = s1_setup("ev_b28_before_off");
+    let (_db, mut c) = s1_setup("ev_b28_before_off");
     exec(
         &mut c,
         "ALTER EVENT TRIGGER syncular_stamp_guard DISABLE;
          ALTER TABLE syncular.sync_schema_meta DISABLE TRIGGER sync_schema_meta_stamp;
          ALTER EVENT TRIGGER syncular_stamp_guard ENABLE ALWAYS",
     );
-    let (mut reader, payload) = s1_read_then_unlock(&db);
-    migrate(&mut c, 2, &s1_layouts(true), &json!([]));
-    let agree: bool = one(
+    unstamped_migration_refused(&mut c, "the BEFORE trigger off");
+    exec(
         &mut c,
-        "SELECT m.stamp = s.stamp FROM syncular.sync_schema_meta m, syncular.sync_schema_stamp s",
-        &[],
+        "UPDATE syncular.sync_schema_meta SET required_writer_version = required_writer_version",
     );
-    assert!(!agree, "an unstamped row's number is not kept");
-    freeze_marker(&mut c);
-    match reader
-        .query_one("SELECT syncular.decode_row('t8', $1)->>'b1'", &[&payload])
-        .map_err(|e| sql_error(&e))
-    {
-        Err(e) if e.state == "SY041" => {}
-        other => panic!("bytes read before a migration the stamp missed: {other:?}"),
-    }
-    exec(&mut reader, "ROLLBACK");
+    assert!(
+        !stamps_agree(&mut c),
+        "an unstamped row's number is not kept"
+    );
     exec(
         &mut c,
         "ALTER TABLE syncular.sync_schema_meta
@@ -3162,9 +3185,7 @@ fn only_a_number_the_before_trigger_drew_is_kept() {
            ENABLE ALWAYS TRIGGER sync_schema_meta_stamp_kept;
          UPDATE syncular.sync_schema_meta SET id = id",
     );
-    let decode = "SELECT syncular.decode_row('t8', _sync_payload)->>'b1' FROM public.ev_t8";
-    let b1: String = one(&mut reader, decode, &[]);
-    assert_eq!(b1, "AA==", "after the owner's remedy");
+    assert!(stamps_agree(&mut c), "after the owner's remedy");
     exec(
         &mut c,
         "ALTER TRIGGER sync_schema_meta_stamp ON syncular.sync_schema_meta RENAME TO s2;
@@ -3179,13 +3200,12 @@ fn only_a_number_the_before_trigger_drew_is_kept() {
     assert_eq!(state, "A", "a renamed stamp trigger is put back");
 }
 
-/// Red team 29: a trigger of the owner's on the marker, after the stamp's, that puts the previous
-/// migration back as `written_by` (nothing disabled): the record no longer is what the stamp
-/// set, its number is not kept, and a reader from before the migration is refused, frozen or
-/// not.
+/// Red team 29: a trigger of the owner's on the marker, after the stamp's, that puts the
+/// previous migration back as `written_by` (nothing disabled): a migration is refused (red team
+/// 30), and any other write's number is not kept, so its record is never trusted.
 #[test]
 fn an_owners_trigger_that_changes_the_record_is_not_trusted() {
-    let (db, mut c) = s1_setup("ev_b29_forge");
+    let (_db, mut c) = s1_setup("ev_b29_forge");
     exec(
         &mut c,
         "CREATE FUNCTION public.zz_forge() RETURNS trigger LANGUAGE plpgsql
@@ -3193,29 +3213,52 @@ fn an_owners_trigger_that_changes_the_record_is_not_trusted() {
          CREATE TRIGGER zz_forge BEFORE UPDATE ON syncular.sync_schema_meta
            FOR EACH ROW EXECUTE FUNCTION public.zz_forge()",
     );
-    let (mut reader, payload) = s1_read_then_unlock(&db);
-    migrate(&mut c, 2, &s1_layouts(true), &json!([]));
-    let agree: bool = one(
+    unstamped_migration_refused(&mut c, "an owner's trigger after the stamp");
+    exec(
         &mut c,
-        "SELECT m.stamp = s.stamp FROM syncular.sync_schema_meta m, syncular.sync_schema_stamp s",
+        "UPDATE syncular.sync_schema_meta SET required_writer_version = required_writer_version",
+    );
+    assert!(
+        !stamps_agree(&mut c),
+        "a changed record's number is not kept"
+    );
+}
+
+/// Red team 30: the owner dropped the stamp's trigger (or replaced it with one that does not
+/// fire: `WHEN (false)`, INSERT only), and a migration then left the previous record and number
+/// in the row, which a freeze made trusted. A migration whose write was not stamped is now
+/// refused (`SY000`, `database`/`unstamped`, the hint saying what to put back), nothing written;
+/// with the trigger back it migrates, stamped.
+#[test]
+fn a_migration_its_stamp_did_not_stamp_is_refused() {
+    let (_db, mut c) = s1_setup("ev_b30_dropped");
+    exec(
+        &mut c,
+        "DROP TRIGGER sync_schema_meta_stamp ON syncular.sync_schema_meta",
+    );
+    unstamped_migration_refused(&mut c, "the BEFORE trigger dropped");
+    let version: i64 = one(
+        &mut c,
+        "SELECT schema_version FROM syncular.sync_schema_meta",
         &[],
     );
-    assert!(!agree, "a changed record's number is not kept");
-    // Not frozen: asked by the row version's writer; frozen: "cannot be told", for the bytes
-    // read before as for every call, until the owner's remedy.
-    for freeze in [false, true] {
-        if freeze {
-            freeze_marker(&mut c);
-        }
-        match reader
-            .query_one("SELECT syncular.decode_row('t8', $1)->>'b1'", &[&payload])
-            .map_err(|e| sql_error(&e))
-        {
-            Err(e) if e.state == "SY041" => {}
-            other => panic!("bytes read before, frozen {freeze}: {other:?}"),
-        }
-        exec(&mut reader, "ROLLBACK");
-    }
+    assert_eq!(version, 1, "nothing written");
+    exec(
+        &mut c,
+        "CREATE TRIGGER sync_schema_meta_stamp BEFORE INSERT OR UPDATE ON syncular.sync_schema_meta
+           FOR EACH ROW EXECUTE FUNCTION syncular.schema_marker_stamp()",
+    );
+    migrate(&mut c, 2, &s1_layouts(true), &json!([]));
+    let stamped: bool = one(
+        &mut c,
+        "SELECT m.stamp = s.stamp AND m.written_in % 4294967296 = m.xmin::text::bigint
+           FROM syncular.sync_schema_meta m, syncular.sync_schema_stamp s",
+        &[],
+    );
+    assert!(
+        stamped,
+        "the trigger put back (ENABLE ALWAYS by the guard) stamps"
+    );
 }
 
 /// The stamp bypassed — a restore with `--disable-triggers` and the guard disabled, the
