@@ -62,13 +62,12 @@ fn schema_marker_stamp<'a>(
             .when()
             .map_err(|e| Error::Internal(format!("the marker stamp: {e}")))?;
         if !matches!(when, PgTriggerWhen::Before) {
-            // The row is written: keep its number — only one the `BEFORE` trigger drew for this
-            // row version in this (sub)transaction (it recorded it as `written_in`). A row that
-            // trigger did not stamp (disabled alone by the owner, red team 28) carries an older
-            // record and number: keep a fresh number instead, which no row has, so that record
-            // is never taken for this row version's.
-            // And only while the row carries exactly the record that trigger set (an owner's
-            // later trigger may have changed it, red team 29).
+            // The row is written: keep its number only if the `BEFORE` trigger stamped this row
+            // version — in this (sub)transaction (`written_in`), and the row still carries
+            // exactly the record it set (an owner's later trigger may have changed it, red team
+            // 29). A row it did not stamp (disabled alone by the owner, red team 28) carries an
+            // older record and number: keep a fresh number instead, which no row has, so that
+            // record is never taken for this row version's.
             let carried = [
                 new.get_by_name::<i64>("written_by")?,
                 new.get_by_name::<i64>("written_in")?,
