@@ -458,7 +458,7 @@ fn copy(client: &SpiClient<'_>, source: &Source) -> Result<i64> {
     tables::statements::stage_legacy_rows(source.owner, &source.qualified, STAGE, &columns)?;
     access::as_extension_owner(|| {
         // The copied marker row is stamped with this transaction by its trigger (the row codec's
-        // snapshot check, src/schema/marker.rs).
+        // snapshot check, src/schema/stamp.rs).
         let copied = Spi::get_one::<i64>(&format!(
             "WITH copied AS (INSERT INTO syncular.{} ({}) SELECT {} FROM {STAGE} RETURNING 1)
              SELECT count(*) FROM copied",

@@ -118,7 +118,7 @@ fn repair_schema_marker(
                 let version = lowered("schema_version", version, old_version)?;
                 let floor = lowered("writer_floor", floor, old_floor)?;
                 // The marker's trigger records this transaction as its writer
-                // (src/schema/marker.rs).
+                // (src/schema/stamp.rs).
                 db::write(
                     client,
                     "UPDATE syncular.sync_schema_meta

@@ -464,7 +464,7 @@ fn check_schema(
 }
 
 /// The marker's upsert; its trigger stamps the row version with its writer
-/// ([`marker::schema_marker_stamp`]).
+/// ([`super::stamp::schema_marker_stamp`]).
 const MARKER_SQL: &str = "INSERT INTO syncular.sync_schema_meta AS m (id, schema_version, layouts, required_writer_version)
      VALUES (1, $1, $2, $1)
      ON CONFLICT (id) DO UPDATE

@@ -22,8 +22,8 @@ pub struct Settled {
     /// Invalid when unknown: no marker, or read through Citus from another node.
     writer: pg_sys::TransactionId,
     /// The full id of the top-level transaction that wrote this row version, as its stamp
-    /// recorded it (`written_by`, [`super::stamp::schema_marker_stamp`]): unlike the row version's `xmin`,
-    /// never frozen. `None` when the install is not updated yet, or the record is not this row
+    /// recorded it (`written_by`, [`super::stamp::schema_marker_stamp`]): unlike the row
+    /// version's `xmin`, never frozen. `None` when the install is not updated yet, or the record is not this row
     /// version's (written with the stamp bypassed).
     written_by: Option<u64>,
     /// The full id of the (sub)transaction that wrote this row version (`written_in`): the row
@@ -414,10 +414,10 @@ unsafe fn marker_in(snapshot: pg_sys::Snapshot) -> Result<(Option<i64>, pg_sys::
     // int4 primary key.
     unsafe {
         let snapshot = pg_sys::RegisterSnapshot(snapshot);
-        let marker = marker_column(c"schema_version", snapshot);
+        let marker = singleton(heap::SyncTable::SchemaMeta, [c"schema_version"], snapshot);
         pg_sys::UnregisterSnapshot(snapshot);
         match marker? {
-            heap::Lookup::Here(version, writer) => Ok((version, writer)),
+            heap::Lookup::Here([version], writer) => Ok((version, writer)),
             heap::Lookup::Elsewhere => {
                 Ok((db::with_spi(marker_seen)?, pg_sys::InvalidTransactionId))
             }
@@ -425,22 +425,25 @@ unsafe fn marker_in(snapshot: pg_sys::Snapshot) -> Result<(Option<i64>, pg_sys::
     }
 }
 
-/// The bigint `column` of the marker row (its int4 primary key is 1), read below SQL by its key.
+/// The bigint `columns` of the one row of `table` — the marker, or the stamp it keeps
+/// (`sync_schema_stamp`): both singletons whose int4 primary key is 1 — read below SQL by that
+/// key.
 ///
 /// # Safety
 /// `snapshot` is registered.
-unsafe fn marker_column(
-    column: &std::ffi::CStr,
+pub(super) unsafe fn singleton<const N: usize>(
+    table: heap::SyncTable,
+    columns: [&std::ffi::CStr; N],
     snapshot: pg_sys::Snapshot,
-) -> Result<heap::Lookup> {
+) -> Result<heap::Lookup<[Option<i64>; N]>> {
     // SAFETY: the caller's registered snapshot; the key is a datum of the primary key's type.
     unsafe {
-        heap::bigint_by_key(
-            heap::SyncTable::SchemaMeta,
+        heap::bigints_by_key(
+            table,
             pg_sys::Datum::from(1i32),
             None,
             (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
-            column,
+            columns,
             snapshot,
         )
     }
@@ -455,11 +458,8 @@ unsafe fn marker_column(
 unsafe fn marker_with_writers(snapshot: pg_sys::Snapshot) -> Result<Settled> {
     // SAFETY: the caller's registered snapshot; the key is the marker's int4 primary key.
     let read = unsafe {
-        heap::bigints_by_key(
+        singleton(
             heap::SyncTable::SchemaMeta,
-            pg_sys::Datum::from(1i32),
-            None,
-            (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
             [c"schema_version", c"written_by", c"written_in", c"stamp"],
             snapshot,
         )
@@ -477,18 +477,11 @@ unsafe fn marker_with_writers(snapshot: pg_sys::Snapshot) -> Result<Settled> {
             let (next, last) = unsafe {
                 (
                     pg_sys::ReadNextFullTransactionId().value,
-                    heap::bigint_by_key(
-                        heap::SyncTable::SchemaStamp,
-                        pg_sys::Datum::from(1i32),
-                        None,
-                        (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
-                        c"stamp",
-                        snapshot,
-                    )?,
+                    singleton(heap::SyncTable::SchemaStamp, [c"stamp"], snapshot)?,
                 )
             };
             let last = match last {
-                heap::Lookup::Here(last, _) => last,
+                heap::Lookup::Here([last], _) => last,
                 heap::Lookup::Elsewhere => None,
             };
             let ours = stamp.is_some()

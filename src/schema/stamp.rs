@@ -153,11 +153,8 @@ pub fn require_stamped() -> error::Result<()> {
             pg_sys::GetCurrentFullTransactionId().value as i64,
         ];
         let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-        let read = heap::bigints_by_key(
+        let read = super::marker::singleton(
             heap::SyncTable::SchemaMeta,
-            pg_sys::Datum::from(1i32),
-            None,
-            (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
             [c"written_by", c"written_in"],
             snapshot,
         );
