@@ -9,10 +9,17 @@ modes:
 - **off**: nothing announced (database `plain_db`, which the feed does not serve);
 - **notify**: `syncular.notify_commits = on` in the pushers: one NOTIFY per commit (`plain_db`);
 - **feed**: the change feed (`feed_db`), nothing set in the pushers; once per coalescing
-  interval of BENCH_FEED_INTERVALS (ms, default 10), set with ALTER SYSTEM and a reload.
-Reported: push_commit commits a second, relative to *off* with the same listeners; and the delay
+  interval of BENCH_FEED_INTERVALS (ms, default "10"; a comma-separated list), set with ALTER SYSTEM and a reload.
+Each listener count runs BENCH_ROUNDS rounds (default 3) of every mode, interleaved; medians.
+Reported: push_commit commits a second, relative to *off* with the same listeners; the CPU the
+pushers' backends use per commit (the push path's own cost); the delay
 from a probe's commit (one more session pushing to partition `probe` every 20 ms) to the moment a
-listener hears that head — median and p99 — in the two modes that announce.
+listener hears that head — median and p99 — in the two modes that announce; and where the CPU
+went, in cores (CPU seconds per second, from /proc: the bench runs on the cluster's machine):
+the pushers' backends, the listeners' backends, the listener client processes, and the feed's
+worker. BENCH_LISTENER_NICE (default 0) runs the listener client processes at that nice value:
+19 stands in for host processes on other machines (they then take only CPU nobody else wants),
+while their backends — the server's real share of listening — stay at the server's priority.
 """
 import json
 import multiprocessing as mp
@@ -29,6 +36,9 @@ PUSHERS = int(os.environ.get("BENCH_PUSHERS", "4"))
 LISTENERS = [int(x) for x in os.environ.get("BENCH_LISTENERS", "0,1,10,50").split(",")]
 # The feed's coalescing intervals to measure (`syncular.feed_interval_ms`, reloaded between rows).
 INTERVALS = [int(x) for x in os.environ.get("BENCH_FEED_INTERVALS", "10").split(",")]
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+LISTENER_NICE = int(os.environ.get("BENCH_LISTENER_NICE", "0"))
+TICKS = os.sysconf("SC_CLK_TCK")
 NOW = 1_750_000_000_000
 LAYOUT = [{"name": "id", "type": "string", "nullable": False},
           {"name": "project_id", "type": "string", "nullable": False}]
@@ -68,29 +78,51 @@ def push_once(c, partition, n):
     return int(c.execute(PUSH, (partition, f"k{row_id}", NOW, row_id, row)).fetchone()[0])
 
 
+def cpu_of(pid):
+    """CPU seconds (user + system) a process has used so far; 0.0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def pusher(db, partition, notify, start, stop, out):
     with conn(db) as c:
         c.execute("SET synchronous_commit = off")
         if notify:
             c.execute("SET syncular.notify_commits = on")
+        backend = c.execute("SELECT pg_backend_pid()").fetchone()[0]
         n = 0
         while time.time() < start:
             time.sleep(0.001)
+        used = cpu_of(backend)
         while time.time() < stop:
             push_once(c, partition, n)
             n += 1
-        out.put(n)
+        out.put((n, cpu_of(backend) - used))
 
 
 def listener(db, start, stop, ready, heard):
-    """Drains every notification; records when it first hears each probe head."""
+    """Drains every notification; records when it first hears each probe head, and the CPU it
+    and its backend used between `start` and `stop`."""
+    if LISTENER_NICE:
+        os.nice(LISTENER_NICE)
     with conn(db) as c:
         channel = c.execute("SELECT syncular.notify_channel()").fetchone()[0]
+        backend = c.execute("SELECT pg_backend_pid()").fetchone()[0]
         c.execute(f'LISTEN "{channel}"')
         ready.put(1)
         pg = c.pgconn
         seen = {}
+        used = None
         while time.time() < stop + 1.0:
+            now = time.time()
+            if used is None and now >= start:
+                used = (time.process_time(), cpu_of(backend))
+            elif used is not None and len(used) == 2 and now >= stop:
+                used = (time.process_time() - used[0], cpu_of(backend) - used[1], None)
             r, _, _ = select.select([pg.socket], [], [], 0.05)
             if not r:
                 continue
@@ -103,7 +135,7 @@ def listener(db, start, stop, ready, heard):
                 seq = heads.get("probe")
                 if seq is not None and seq not in seen:
                     seen[seq] = t
-        heard.put(seen)
+        heard.put((seen, used[:2] if used and len(used) == 3 else (0.0, 0.0)))
 
 
 def probe(db, notify, start, stop, out):
@@ -138,20 +170,41 @@ def run(mode, listeners):
     procs.append(mp.Process(target=probe, args=(db, notify, start, stop, probes)))
     for p in procs[listeners:]:
         p.start()
-    commits = sum(counts.get() for _ in range(PUSHERS))
+    worker = feed_worker_pid()
+    while time.time() < start:
+        time.sleep(0.001)
+    worker_used = cpu_of(worker) if worker else 0.0
+    while time.time() < stop:
+        time.sleep(0.01)
+    worker_used = (cpu_of(worker) - worker_used) if worker else 0.0
+    pushed = [counts.get() for _ in range(PUSHERS)]
+    commits = sum(n for n, _ in pushed)
     committed = probes.get()
     delays = []
+    clients_cpu = backends_cpu = 0.0
     for _ in range(listeners):
-        seen = heard.get()
+        seen, (client, backend) = heard.get()
+        clients_cpu += client
+        backends_cpu += backend
         delays += [(seen[s] - t) * 1000 for s, t in committed.items() if s in seen]
     for p in procs:
         p.join()
+    cpu = {"pushers": sum(u for _, u in pushed) / SECONDS, "listener backends": backends_cpu / SECONDS,
+           "listener clients": clients_cpu / SECONDS, "feed worker": worker_used / SECONDS}
     tps = commits / SECONDS
     delay = None
     if delays and mode != "off":
         delays.sort()
         delay = (statistics.median(delays), delays[min(len(delays) - 1, int(len(delays) * 0.99))])
-    return tps, delay
+    return tps, delay, cpu
+
+
+def feed_worker_pid():
+    """The feed's background worker (None when it is not running)."""
+    with conn("postgres") as c:
+        row = c.execute("SELECT pid FROM pg_stat_activity WHERE backend_type LIKE 'syncular%'"
+                        " ORDER BY pid LIMIT 1").fetchone()
+    return row[0] if row else None
 
 
 def interval(ms):
@@ -167,23 +220,44 @@ def main():
     setup("plain_db")
     with conn("feed_db") as c:
         status = c.execute("SELECT syncular.feed_status()").fetchone()[0]
+    modes = ["off", "notify"] + [f"feed {i} ms" for i in INTERVALS]
     rows = []
     for listeners in LISTENERS:
-        base = None
-        for mode in ["off", "notify"] + [f"feed {i} ms" for i in INTERVALS]:
-            if mode.startswith("feed"):
-                interval(int(mode.split()[1]))
-            tps, delay = run(mode, listeners)
-            base = base or tps
-            rows.append((listeners, mode, tps, tps / base, delay))
-            d = f"{delay[0]:.1f} / {delay[1]:.1f}" if delay else "—"
-            print(f"listeners {listeners:>2} {mode:>11}: {tps:7.0f} commits/s  ({tps / base:.2f}× off)  delay ms median/p99 {d}", flush=True)
-    print("\n| listening host processes | mode | push_commit commits/s | vs off | delay median / p99 (ms) |")
-    print("|---|---|---|---|---|")
-    for listeners, mode, tps, rel, delay in rows:
+        # Rounds interleave the modes, and each round's ratios are to that round's *off*: the
+        # machine's drift between rounds cancels; the table reports the medians.
+        rounds = {mode: [] for mode in modes}
+        for r in range(ROUNDS):
+            base = None
+            for mode in modes:
+                if mode.startswith("feed"):
+                    interval(int(mode.split()[1]))
+                tps, delay, cpu = run(mode, listeners)
+                base = base or tps
+                rounds[mode].append((tps, tps / base, delay, cpu))
+                d = f"{delay[0]:.1f} / {delay[1]:.1f}" if delay else "—"
+                used = "  ".join(f"{k} {v:.2f}" for k, v in cpu.items())
+                print(f"round {r + 1} listeners {listeners:>2} {mode:>11}: {tps:7.0f} commits/s  ({tps / base:.2f}× off)"
+                      f"  delay ms median/p99 {d}  cores: {used}", flush=True)
+        for mode in modes:
+            runs = rounds[mode]
+            med = lambda xs: statistics.median(xs)  # noqa: E731
+            delays = [d for _, _, d, _ in runs if d]
+            cpu = {k: med([c[k] for *_, c in runs]) for k in runs[0][3]}
+            tps = med([t for t, *_ in runs])
+            # The pushers' backends' CPU per commit: what the push path itself pays.
+            per_commit = med([c["pushers"] / t * 1000 for t, _, _, c in runs])
+            rows.append((listeners, mode, tps, med([x for _, x, _, _ in runs]),
+                         (med([d[0] for d in delays]), med([d[1] for d in delays])) if delays else None,
+                         per_commit, cpu))
+    print(f"\n| listening host processes | mode | push_commit commits/s | vs off | pushers' CPU ms/commit "
+          "| delay median / p99 (ms) | cores: listeners' backends / listener clients / feed worker |")
+    print("|---|---|---|---|---|---|---|")
+    for listeners, mode, tps, rel, delay, per_commit, cpu in rows:
         d = f"{delay[0]:.1f} / {delay[1]:.1f}" if delay else "—"
-        print(f"| {listeners} | {mode} | {tps:.0f} | {rel:.2f}× | {d} |")
-    print(f"\nfeed: {json.dumps(status)}; {PUSHERS} pushers, {SECONDS:.0f} s per row, synchronous_commit = off")
+        used = " / ".join(f"{cpu[k]:.2f}" for k in ("listener backends", "listener clients", "feed worker"))
+        print(f"| {listeners} | {mode} | {tps:.0f} | {rel:.2f}× | {per_commit:.2f} | {d} | {used} |")
+    print(f"\nfeed: {json.dumps(status)}; {PUSHERS} pushers, {SECONDS:.0f} s per row, {ROUNDS} rounds (medians),"
+          f" synchronous_commit = off, listener clients at nice {LISTENER_NICE}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The change feed against per-commit notifications (issue 31), measured by bench/feed.py: a
 # throwaway cluster that preloads the library with the feed for database feed_db. Prints the
-# table of docs/BENCHMARKS.md's "## Change feed" section. About 3 minutes.
-# BENCH_PG_MAJOR=18 runs it on PostgreSQL 18; BENCH_SECONDS, BENCH_PUSHERS, BENCH_LISTENERS tune
-# the load (bench/feed.py).
+# table of docs/BENCHMARKS.md's "## Change feed" section. About 3 minutes a round and interval.
+# BENCH_PG_MAJOR=18 runs it on PostgreSQL 18; BENCH_SECONDS, BENCH_PUSHERS, BENCH_LISTENERS,
+# BENCH_FEED_INTERVALS, BENCH_ROUNDS and BENCH_LISTENER_NICE tune it (bench/feed.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh

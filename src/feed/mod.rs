@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 static FEED_DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
-static FEED_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(10);
+static FEED_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(50);
 
 /// Whether the library was preloaded, so the mailbox exists (set in the postmaster, inherited
 /// by every process it forks).
