@@ -30,9 +30,12 @@ pub enum SyncTable {
     Partitions = 5,
     PushResults = 6,
     SchemaStamp = 7,
+    AppTables = 8,
+    PushSchemas = 9,
+    SchemaLayouts = 10,
 }
 
-const TABLES: usize = 8;
+const TABLES: usize = 11;
 
 impl SyncTable {
     pub fn name(self) -> &'static CStr {
@@ -45,6 +48,9 @@ impl SyncTable {
             SyncTable::Partitions => c"sync_partitions",
             SyncTable::PushResults => c"sync_push_results",
             SyncTable::SchemaStamp => c"sync_schema_stamp",
+            SyncTable::AppTables => c"sync_app_tables",
+            SyncTable::PushSchemas => c"sync_push_schemas",
+            SyncTable::SchemaLayouts => c"sync_schema_layouts",
         }
     }
 }
@@ -151,39 +157,35 @@ pub unsafe fn bigints_by_key<const N: usize>(
     columns: [&CStr; N],
     snapshot: pg_sys::Snapshot,
 ) -> Result<Lookup<[Option<i64>; N]>> {
-    // SAFETY: the caller's guarantees; the attribute numbers come from the relation's own
-    // descriptor and are checked to be live int8 columns before the tuple's are read.
+    // SAFETY: the caller's guarantees, passed on.
     unsafe {
-        by_primary_key(
-            table,
-            distribution,
-            &[(key, equality)],
-            snapshot,
-            |relation, tuple| {
-                let descriptor = (*relation).rd_att;
-                let attnums = columns.map(|column| {
-                    crate::catalog::live_attribute(descriptor, column, |t| t == pg_sys::INT8OID)
-                });
-                if attnums.iter().any(Option::is_none) {
-                    return Err(Error::Internal(format!(
-                        "syncular: {:?} has not every bigint column of {columns:?}",
-                        table.name()
-                    )));
+        by_primary_key(table, distribution, &[(key, equality)], snapshot, |row| {
+            let mut values = [None; N];
+            if let Some(row) = row {
+                for (value, column) in values.iter_mut().zip(columns) {
+                    *value = row.bigint(column)?;
                 }
-                Ok(attnums.map(|attnum| {
-                    let tuple = tuple?;
-                    let mut is_null = false;
-                    let datum = pg_sys::heap_getattr(
-                        tuple,
-                        attnum.unwrap_or_default().into(),
-                        descriptor,
-                        &mut is_null,
-                    );
-                    (!is_null).then(|| i64::from_datum(datum, false).unwrap_or_default())
-                }))
-            },
-        )
+            }
+            Ok(values)
+        })
     }
+}
+
+/// The key of a text primary-key column (every one `COLLATE "C"`), for [`by_primary_key`]: the
+/// datum lives in the current memory context.
+pub fn text_key(key: &str) -> (pg_sys::Datum, (u32, pg_sys::Oid)) {
+    (
+        key.into_datum().unwrap_or(pg_sys::Datum::null()),
+        (pg_sys::F_TEXTEQ, pg_sys::C_COLLATION_OID),
+    )
+}
+
+/// The key of a `bigint` primary-key column, for [`by_primary_key`].
+pub fn bigint_key(key: i64) -> (pg_sys::Datum, (u32, pg_sys::Oid)) {
+    (
+        pg_sys::Datum::from(key),
+        (pg_sys::F_INT8EQ, pg_sys::InvalidOid),
+    )
 }
 
 /// The `jsonb` column `column` of the row of `table` whose text primary key (every column
@@ -200,54 +202,189 @@ pub unsafe fn jsonb_by_text_key<const N: usize>(
     column: &CStr,
     snapshot: pg_sys::Snapshot,
 ) -> Result<Lookup<Option<pgrx::JsonB>>> {
-    let keys = keys.map(|key| {
-        (
-            key.into_datum().unwrap_or(pg_sys::Datum::null()),
-            (pg_sys::F_TEXTEQ, pg_sys::C_COLLATION_OID),
-        )
-    });
-    // SAFETY: the keys are text datums built above, alive to the end of the call; the attribute
-    // is found by name and checked to be a live jsonb column before the tuple's is read.
+    let keys = keys.map(text_key);
+    // SAFETY: the keys are text datums built above, alive to the end of the call.
     unsafe {
-        by_primary_key(table, distribution, &keys, snapshot, |relation, tuple| {
-            let descriptor = (*relation).rd_att;
-            let Some(attnum) =
-                crate::catalog::live_attribute(descriptor, column, |t| t == pg_sys::JSONBOID)
-            else {
-                return Err(Error::Internal(format!(
-                    "syncular: {:?} has no jsonb column {column:?}",
-                    table.name()
-                )));
-            };
-            Ok(tuple.and_then(|tuple| {
-                let mut is_null = false;
-                let datum = pg_sys::heap_getattr(tuple, attnum.into(), descriptor, &mut is_null);
-                pgrx::JsonB::from_datum(datum, is_null)
-            }))
+        by_primary_key(table, distribution, &keys, snapshot, |row| {
+            row.map_or(Ok(None), |row| row.jsonb(column))
         })
     }
 }
 
-/// The lookups' one scan: opens `table` — where Citus manages it, its shard on this node that
-/// holds `distribution` (the key's value of a distributed table; `None` for a reference table),
-/// never the empty shell under the table's name, and [`Lookup::Elsewhere`] when that shard is
-/// on another node —, scans its primary-key index for the row whose leading key columns equal
-/// `keys` (each a datum compared with its equality function under its collation) with
-/// `snapshot`, and hands the relation and the row found (`None`: no such row) to `read`, with
-/// the row version's writer (`xmin`; invalid without a row). Everything is closed here.
+/// One row version a lookup found, lent to its reader for the length of the scan: its columns
+/// are found by name in the relation's own descriptor and checked for their type before they
+/// are read, so a column an update added or dropped never shifts what is read.
+pub struct Row {
+    table: SyncTable,
+    relation: pg_sys::Relation,
+    tuple: pg_sys::HeapTuple,
+}
+
+impl Row {
+    /// The datum of the live column `column` whose type `accepts`: `None` when null; an internal
+    /// error when the table has no such column (an install that is not as created).
+    fn datum(
+        &self,
+        column: &CStr,
+        accepts: impl Fn(pg_sys::Oid) -> bool,
+    ) -> Result<Option<pg_sys::Datum>> {
+        // SAFETY: a `Row` is made only by [`scan`], with the relation it opened and the tuple its
+        // scan returned, both alive while the reader holds the borrowed `Row`.
+        unsafe {
+            let descriptor = (*self.relation).rd_att;
+            let Some(attnum) = crate::catalog::live_attribute(descriptor, column, accepts) else {
+                return Err(Error::Internal(format!(
+                    "syncular: {:?} has no column {column:?} of the type read",
+                    self.table.name()
+                )));
+            };
+            let mut is_null = false;
+            let datum = pg_sys::heap_getattr(self.tuple, attnum.into(), descriptor, &mut is_null);
+            Ok((!is_null).then_some(datum))
+        }
+    }
+
+    /// A `bigint` column.
+    pub fn bigint(&self, column: &CStr) -> Result<Option<i64>> {
+        let datum = self.datum(column, |t| t == pg_sys::INT8OID)?;
+        // SAFETY: a non-null int8 datum of the row (a pass-by-value type on 64-bit builds).
+        Ok(datum.and_then(|d| unsafe { i64::from_datum(d, false) }))
+    }
+
+    /// An `oid`, `regclass` or `regrole` column.
+    pub fn oid(&self, column: &CStr) -> Result<Option<pg_sys::Oid>> {
+        let datum = self.datum(column, |t| {
+            [pg_sys::OIDOID, pg_sys::REGCLASSOID, pg_sys::REGROLEOID].contains(&t)
+        })?;
+        // SAFETY: a non-null datum of an OID type, passed by value.
+        Ok(datum.and_then(|d| unsafe { pg_sys::Oid::from_datum(d, false) }))
+    }
+
+    /// A `text` column, copied out (detoasted).
+    pub fn text(&self, column: &CStr) -> Result<Option<String>> {
+        let datum = self.datum(column, |t| t == pg_sys::TEXTOID)?;
+        // SAFETY: a non-null text datum of the row, read while the row is.
+        let text = datum.and_then(|d| unsafe { String::from_datum(d, false) });
+        crate::alloc::check()?;
+        Ok(text)
+    }
+
+    /// A `jsonb` column, as its value.
+    pub fn jsonb(&self, column: &CStr) -> Result<Option<pgrx::JsonB>> {
+        let datum = self.datum(column, |t| t == pg_sys::JSONBOID)?;
+        // SAFETY: a non-null jsonb datum of the row, converted while the row is read.
+        Ok(datum.and_then(|d| unsafe { pgrx::JsonB::from_datum(d, false) }))
+    }
+
+    /// A `jsonb` column, as its container's bytes (copied out; no text round trip).
+    pub fn jsonb_bytes(&self, column: &CStr) -> Result<Option<crate::jsonb::OwnedJsonb>> {
+        let datum = self.datum(column, |t| t == pg_sys::JSONBOID)?;
+        // SAFETY: a non-null jsonb datum of the row; its bytes are copied before the row goes.
+        let bytes = datum.and_then(|d| unsafe {
+            crate::jsonb::OwnedJsonb::from_polymorphic_datum(d, false, pg_sys::JSONBOID)
+        });
+        crate::alloc::check()?;
+        Ok(bytes)
+    }
+}
+
+/// The lookups' one index scan: the row of `table` whose leading primary-key columns equal
+/// `keys` (each a datum compared with its equality function under its collation), read with
+/// `snapshot` by [`scan`] and handed to `read` (`None`: no such row), with the row version's
+/// writer (`xmin`; invalid without a row).
 ///
 /// # Safety
 /// Must run inside a transaction; each key is a datum of its key column's type; `snapshot` is
-/// registered or active; `read` reads the tuple only during the call.
-unsafe fn by_primary_key<T>(
+/// registered or active.
+pub unsafe fn by_primary_key<T>(
     table: SyncTable,
     distribution: Option<&str>,
     keys: &[(pg_sys::Datum, (u32, pg_sys::Oid))],
     snapshot: pg_sys::Snapshot,
-    read: impl FnOnce(pg_sys::Relation, Option<pg_sys::HeapTuple>) -> Result<T>,
+    read: impl FnOnce(Option<&Row>) -> Result<T>,
 ) -> Result<Lookup<T>> {
+    let mut read = Some(read);
+    let mut result = None;
+    let mut writer = pg_sys::InvalidTransactionId;
+    // SAFETY: the caller's guarantees, passed on.
+    let scanned = unsafe {
+        scan(
+            table,
+            distribution,
+            Keys::PrimaryKey(keys),
+            snapshot,
+            |row, xmin| {
+                writer = xmin;
+                if let Some(read) = read.take() {
+                    result = Some(read(Some(row))?);
+                }
+                Ok(false)
+            },
+        )?
+    };
+    if !scanned {
+        return Ok(Lookup::Elsewhere);
+    }
+    let read = match (result, read) {
+        (Some(result), _) => result,
+        (None, Some(read)) => read(None)?,
+        (None, None) => unreachable!("the reader runs once, with the row or without"),
+    };
+    Ok(Lookup::Here(read, writer))
+}
+
+/// Every row of `table` whose `column` equals `value` (compared with `equality` under its
+/// collation), by a scan of the whole table — for the small tables with no index on that column
+/// — handed to `each` in turn until it answers `false`. `false` when Citus keeps the table on
+/// another node (as [`Lookup::Elsewhere`]).
+///
+/// # Safety
+/// As for [`by_primary_key`]; `value` is a datum of the column's type.
+pub unsafe fn rows_where(
+    table: SyncTable,
+    column: &CStr,
+    (value, equality): (pg_sys::Datum, (u32, pg_sys::Oid)),
+    snapshot: pg_sys::Snapshot,
+    mut each: impl FnMut(&Row) -> Result<bool>,
+) -> Result<bool> {
+    // SAFETY: the caller's guarantees, passed on.
+    unsafe {
+        scan(
+            table,
+            None,
+            Keys::Column(column, value, equality),
+            snapshot,
+            |row, _| each(row),
+        )
+    }
+}
+
+/// What [`scan`] looks for.
+enum Keys<'a> {
+    /// The leading columns of the primary key, through its index.
+    PrimaryKey(&'a [(pg_sys::Datum, (u32, pg_sys::Oid))]),
+    /// One column by name, through the whole table.
+    Column(&'a CStr, pg_sys::Datum, (u32, pg_sys::Oid)),
+}
+
+/// Opens `table` — where Citus manages it, its shard on this node that holds `distribution`
+/// (the key's value of a distributed table; `None` for a reference table), never the empty
+/// shell under the table's name; `false` when that shard is on another node —, scans it for the
+/// rows `keys` name with `snapshot`, and hands each to `each` with its writer (`xmin`) until
+/// `each` answers `false`. Everything is closed here, on error too.
+///
+/// # Safety
+/// Must run inside a transaction; each key is a datum of its column's type; `snapshot` is
+/// registered or active.
+unsafe fn scan(
+    table: SyncTable,
+    distribution: Option<&str>,
+    keys: Keys<'_>,
+    snapshot: pg_sys::Snapshot,
+    mut each: impl FnMut(&Row, pg_sys::TransactionId) -> Result<bool>,
+) -> Result<bool> {
     let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
-    // SAFETY: the relation is opened and closed here; the scan keys, scan and tuple follow
+    // SAFETY: the relation is opened and closed here; the scan keys, scan and tuples follow
     // genam.h's systable protocol under the caller's snapshot. A shard is a table of the same
     // columns and primary key, opened by the OID Citus's metadata names.
     unsafe {
@@ -257,52 +394,115 @@ unsafe fn by_primary_key<T>(
             pg_sys::table_close(relation, lock);
             match crate::citus::local_shard(shell, distribution)? {
                 Some(shard) => relation = pg_sys::table_open(shard, lock),
-                None => return Ok(Lookup::Elsewhere),
+                None => return Ok(false),
             }
         }
-        let index_id = port::relation_primary_key_index(relation);
-        if index_id == pg_sys::InvalidOid {
+        let fail = |relation, message: String| {
             pg_sys::table_close(relation, lock);
-            return Err(Error::Internal(format!(
-                "syncular: {:?} has no primary key",
+            Err(Error::Internal(format!(
+                "syncular: {:?} {message}",
                 table.name()
-            )));
-        }
-        // The key columns, by their numbers in the table (what `systable_beginscan` maps to the
-        // index's own), in the primary key's order.
-        let index = pg_sys::index_open(index_id, lock);
-        let indkey = &(*(*index).rd_index).indkey;
-        let columns = indkey.values.as_slice(indkey.dim1.max(0) as usize).to_vec();
-        pg_sys::index_close(index, lock);
-        if columns.len() < keys.len() {
-            pg_sys::table_close(relation, lock);
-            return Err(Error::Internal(format!(
-                "syncular: {:?}'s primary key has fewer columns than the lookup",
-                table.name()
-            )));
-        }
-        let mut scan_keys: Vec<pg_sys::ScanKeyData> = keys
-            .iter()
-            .zip(columns)
-            .map(|(&(key, equality), column)| crate::catalog::equality_key(column, equality, key))
-            .collect();
+            )))
+        };
+        let (index_id, mut scan_keys) = match keys {
+            Keys::PrimaryKey(keys) => {
+                let index_id = port::relation_primary_key_index(relation);
+                if index_id == pg_sys::InvalidOid {
+                    return fail(relation, "has no primary key".into());
+                }
+                // The key columns, by their numbers in the table (what `systable_beginscan`
+                // maps to the index's own), in the primary key's order.
+                let index = pg_sys::index_open(index_id, lock);
+                let indkey = &(*(*index).rd_index).indkey;
+                let columns = indkey.values.as_slice(indkey.dim1.max(0) as usize).to_vec();
+                pg_sys::index_close(index, lock);
+                if columns.len() < keys.len() {
+                    return fail(
+                        relation,
+                        "has a primary key of fewer columns than the lookup".into(),
+                    );
+                }
+                let scan_keys: Vec<pg_sys::ScanKeyData> = keys
+                    .iter()
+                    .zip(columns)
+                    .map(|(&(key, equality), column)| {
+                        crate::catalog::equality_key(column, equality, key)
+                    })
+                    .collect();
+                (index_id, scan_keys)
+            }
+            Keys::Column(column, value, equality) => {
+                let Some(attnum) =
+                    crate::catalog::live_attribute((*relation).rd_att, column, |_| true)
+                else {
+                    return fail(relation, format!("has no column {column:?}"));
+                };
+                let key = crate::catalog::equality_key(attnum, equality, value);
+                (pg_sys::InvalidOid, vec![key])
+            }
+        };
         let scan = pg_sys::systable_beginscan(
             relation,
             index_id,
-            true,
+            index_id != pg_sys::InvalidOid,
             snapshot,
             scan_keys.len() as i32,
             scan_keys.as_mut_ptr(),
         );
-        let tuple = pg_sys::systable_getnext(scan);
-        let found = (!tuple.is_null()).then_some(tuple);
-        let writer = found.map_or(pg_sys::InvalidTransactionId, |tuple| {
-            port::heap_tuple_header_get_xmin((*tuple).t_data)
-        });
-        let read = read(relation, found);
+        let mut outcome = Ok(true);
+        loop {
+            crate::interrupts::check();
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() {
+                break;
+            }
+            let writer = port::heap_tuple_header_get_xmin((*tuple).t_data);
+            let row = Row {
+                table,
+                relation,
+                tuple,
+            };
+            match each(&row, writer) {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => {
+                    outcome = Err(e);
+                    break;
+                }
+            }
+        }
         pg_sys::systable_endscan(scan);
         pg_sys::table_close(relation, lock);
-        Ok(Lookup::Here(read?, writer))
+        outcome
+    }
+}
+
+/// The snapshot a lookup below SQL reads with, registered for the length of `read`: the one the
+/// statement it replaces read with (`src/db.rs`). `fresh` — [`crate::db::write`]'s, after a lock
+/// wait — is a new one, as a statement's under READ COMMITTED (the transaction's otherwise),
+/// taken after the command counter moved past this transaction's own earlier writes, as a
+/// statement's would be. Otherwise [`crate::db::read`]'s: pgrx runs a read through SPI
+/// read-only, in the calling statement's active snapshot, only while the current transaction has
+/// no id (`Spi::is_xact_still_immutable`); once it has written, a read takes a fresh snapshot
+/// too, and sees those writes.
+pub fn with_snapshot<T>(
+    fresh: bool,
+    read: impl FnOnce(pg_sys::Snapshot) -> Result<T>,
+) -> Result<T> {
+    // SAFETY: inside a transaction (every caller is a function call); the snapshot is
+    // registered around `read` and unregistered after it, on error too.
+    unsafe {
+        let written = pg_sys::GetCurrentTransactionIdIfAny() != pg_sys::InvalidTransactionId;
+        let snapshot = if fresh || written || !pg_sys::ActiveSnapshotSet() {
+            pg_sys::CommandCounterIncrement();
+            pg_sys::GetTransactionSnapshot()
+        } else {
+            pg_sys::GetActiveSnapshot()
+        };
+        let snapshot = pg_sys::RegisterSnapshot(snapshot);
+        let read = read(snapshot);
+        pg_sys::UnregisterSnapshot(snapshot);
+        read
     }
 }
 

@@ -196,36 +196,28 @@ pub fn validate(doc: &Value) -> Result<()> {
 const RESULT_SQL: &str = "SELECT result FROM syncular.sync_push_results
   WHERE partition = $1 AND client_id = $2 AND client_commit_id = $3";
 
-/// The stored result, normalized. `fresh`: after a lock wait, with a new snapshot (a statement's
-/// under READ COMMITTED, the transaction's otherwise) — else the calling statement's. Read by
-/// its primary key below SQL, one index scan instead of a statement (docs/BENCHMARKS.md,
-/// issue 28); through SQL where Citus keeps the partition's shard on another node.
+/// The stored result, normalized. `fresh`: after a lock wait, with a new snapshot — else in the
+/// snapshot the statement it replaces read with (`heap::with_snapshot`). Read by its primary key
+/// below SQL, one index scan instead of a statement (docs/BENCHMARKS.md, issue 28); through SQL
+/// where Citus keeps the partition's shard on another node.
 pub fn stored_result(
     client: &SpiClient<'_>,
     key: &[&str; 3],
     fresh: bool,
 ) -> Result<Option<Value>> {
-    // SAFETY: the snapshot is registered around the lookup: the transaction's (after the
-    // command counter moved past this transaction's own earlier writes, as a statement's
-    // would) or the active one, which the calling statement holds.
-    let read = unsafe {
-        let snapshot = if fresh || !pg_sys::ActiveSnapshotSet() {
-            pg_sys::CommandCounterIncrement();
-            pg_sys::GetTransactionSnapshot()
-        } else {
-            pg_sys::GetActiveSnapshot()
-        };
-        let snapshot = pg_sys::RegisterSnapshot(snapshot);
-        let read = heap::jsonb_by_text_key(
-            heap::SyncTable::PushResults,
-            *key,
-            Some(key[0]),
-            c"result",
-            snapshot,
-        );
-        pg_sys::UnregisterSnapshot(snapshot);
-        read?
-    };
+    let read = heap::with_snapshot(fresh, |snapshot| {
+        // SAFETY: the keys are text datums built inside, alive for the lookup; the snapshot is
+        // registered around it.
+        unsafe {
+            heap::jsonb_by_text_key(
+                heap::SyncTable::PushResults,
+                *key,
+                Some(key[0]),
+                c"result",
+                snapshot,
+            )
+        }
+    })?;
     let stored = match read {
         heap::Lookup::Here(stored, _) => stored,
         heap::Lookup::Elsewhere => {

@@ -275,6 +275,103 @@ const LAYOUTS_AT: &str = "SELECT l.layouts FROM syncular.sync_schema_layouts l
                            WHERE m.id = 1 AND m.schema_version = $1
                           LIMIT 1";
 
+/// How many documents a backend keeps parsed ([`KEPT_SCHEMAS`], [`KEPT_LAYOUTS`]), and up to what
+/// size each: a bound on what a backend holds, whatever the stored documents (a larger one is
+/// parsed on every read, as before it was kept).
+const KEPT_DOCUMENTS: usize = 4;
+const KEPT_DOCUMENT_BYTES: usize = 1 << 20;
+
+thread_local! {
+    /// The push schemas this backend read last: each version's stored `tables` bytes with the
+    /// table schemas parsed from them so far (`None`: not in the schema). A read below SQL
+    /// compares the bytes it finds with the kept ones and parses only what changed: the bytes
+    /// read in the snapshot of the statement the read replaces decide, so nothing kept can
+    /// outlive a change (docs/BENCHMARKS.md, "Server CPU").
+    static KEPT_SCHEMAS: std::cell::RefCell<Vec<KeptSchema>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The stored layouts this backend parsed last, by their text (as [`KEPT_SCHEMAS`]).
+    static KEPT_LAYOUTS: std::cell::RefCell<Vec<(String, Layouts)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Stored layouts, parsed: each table's columns by its name.
+type Layouts = std::rc::Rc<Map<String, Value>>;
+
+struct KeptSchema {
+    version: i64,
+    bytes: crate::jsonb::OwnedJsonb,
+    tables: HashMap<String, Option<TableSchema>>,
+}
+
+/// Keeps `entry` first in `kept`, bounded by [`KEPT_DOCUMENTS`].
+fn keep<T>(kept: &mut Vec<T>, entry: T) {
+    kept.insert(0, entry);
+    kept.truncate(KEPT_DOCUMENTS);
+}
+
+/// The layouts `migrate_schema` recorded for `version` (`sync_schema_layouts`, or the marker's
+/// when the marker is at `version`), parsed; read with a fresh snapshot, below SQL by their
+/// primary keys (through SQL where Citus keeps the tables on another node).
+fn layouts_at(client: &SpiClient<'_>, version: i64) -> Result<Option<Layouts>> {
+    use crate::heap::{self, Lookup, SyncTable};
+    let here = heap::with_snapshot(true, |snapshot| {
+        // SAFETY: the keys are datums passed by value; the snapshot is registered around the
+        // lookups.
+        unsafe {
+            let text = |row: Option<&heap::Row>| row.map_or(Ok(None), |row| row.text(c"layouts"));
+            let key = [heap::bigint_key(version)];
+            match heap::by_primary_key(SyncTable::SchemaLayouts, None, &key, snapshot, text)? {
+                Lookup::Here(Some(text), _) => return Ok(Some(Some(text))),
+                Lookup::Here(None, _) => {}
+                Lookup::Elsewhere => return Ok(None),
+            }
+            let key = [(
+                pg_sys::Datum::from(1i32),
+                (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
+            )];
+            let marker =
+                heap::by_primary_key(SyncTable::SchemaMeta, None, &key, snapshot, |row| {
+                    let Some(row) = row else { return Ok(None) };
+                    if row.bigint(c"schema_version")? != Some(version) {
+                        return Ok(None);
+                    }
+                    row.text(c"layouts")
+                })?;
+            Ok(match marker {
+                Lookup::Here(text, _) => Some(text),
+                Lookup::Elsewhere => None,
+            })
+        }
+    })?;
+    let text = match here {
+        Some(text) => text,
+        None => db::first::<String>(db::write(
+            client,
+            LAYOUTS_AT,
+            &[DatumWithOid::from(version)],
+        )?)?,
+    };
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    let kept = KEPT_LAYOUTS.with(|kept| {
+        let kept = kept.borrow();
+        kept.iter()
+            .find(|(t, _)| *t == text)
+            .map(|(_, map)| map.clone())
+    });
+    if let Some(map) = kept {
+        return Ok(Some(map));
+    }
+    let map = std::rc::Rc::new(match serde_json::from_str::<Value>(&text) {
+        Ok(Value::Object(map)) => map,
+        _ => Map::new(),
+    });
+    if text.len() <= KEPT_DOCUMENT_BYTES {
+        KEPT_LAYOUTS.with(|kept| keep(&mut kept.borrow_mut(), (text, map.clone())));
+    }
+    Ok(Some(map))
+}
+
 /// When layouts are recorded for `version` (the marker's, or a migration's before it), the push
 /// schema must have exactly their tables (`whole`: and no table fewer), columns, types,
 /// nullability and order.
@@ -286,13 +383,8 @@ fn check_layouts(
 ) -> Result<()> {
     // A fresh snapshot: after the lock `set_push_schema` waited on, a migration committed in the
     // meantime is seen (red team 6, R6-1).
-    let stored = db::write(client, LAYOUTS_AT, &[DatumWithOid::from(version)])?;
-    let Some(text) = db::first::<String>(stored)? else {
+    let Some(layouts) = layouts_at(client, version)? else {
         return Ok(());
-    };
-    let layouts = match serde_json::from_str::<Value>(&text) {
-        Ok(Value::Object(map)) => map,
-        _ => Map::new(),
     };
     let differs = |at: &str, what: String| {
         mismatch(
@@ -630,8 +722,98 @@ pub fn table_at(
     table_as_of(client, version, tbl, false)
 }
 
-/// [`table_at`], read with a fresh snapshot (`fresh`, under READ COMMITTED) or the caller's.
+/// [`table_at`], read with a fresh snapshot (`fresh`, under READ COMMITTED) or the caller's:
+/// below SQL by the primary key, parsed only when the stored bytes differ from the ones this
+/// backend kept ([`KEPT_SCHEMAS`]); through SQL where Citus keeps the table on another node.
 fn table_as_of(
+    client: &SpiClient<'_>,
+    version: i64,
+    tbl: &str,
+    fresh: bool,
+) -> Result<Option<Option<TableSchema>>> {
+    use crate::heap::{self, Lookup, SyncTable};
+    let read = heap::with_snapshot(fresh, |snapshot| {
+        // SAFETY: the key is a datum passed by value; the snapshot is registered around the
+        // lookup.
+        unsafe {
+            heap::by_primary_key(
+                SyncTable::PushSchemas,
+                None,
+                &[heap::bigint_key(version)],
+                snapshot,
+                |row| row.map(|row| row.jsonb_bytes(c"tables")).transpose(),
+            )
+        }
+    })?;
+    match read {
+        Lookup::Here(None, _) => Ok(None),
+        Lookup::Here(Some(None), _) => Ok(Some(None)),
+        Lookup::Here(Some(Some(bytes)), _) => kept_table(version, tbl, bytes).map(Some),
+        Lookup::Elsewhere => table_through_sql(client, version, tbl, fresh),
+    }
+}
+
+/// The schema of `tbl` in the push schema `bytes` stored at `version`: the one this backend
+/// parsed from the same bytes, else parsed now and kept.
+fn kept_table(
+    version: i64,
+    tbl: &str,
+    bytes: crate::jsonb::OwnedJsonb,
+) -> Result<Option<TableSchema>> {
+    let kept = KEPT_SCHEMAS.with(|kept| {
+        let kept = kept.borrow();
+        let entry = kept
+            .iter()
+            .find(|k| k.version == version && k.bytes.as_bytes() == bytes.as_bytes())?;
+        entry.tables.get(tbl).cloned()
+    });
+    if let Some(schema) = kept {
+        return Ok(schema);
+    }
+    let unreadable = || unreadable_schema(version, tbl);
+    let container = bytes.container().map_err(|_| unreadable())?;
+    let [descriptor] = container.fields([tbl]).map_err(|_| unreadable())?;
+    let schema = match descriptor {
+        None => None,
+        Some(crate::jsonb::Node::Object(descriptor)) => {
+            let text = descriptor.to_jsonb().printed();
+            let descriptor: Value = serde_json::from_str(&text).map_err(|_| unreadable())?;
+            Some(table_schema(tbl, &descriptor).map_err(|_| unreadable())?)
+        }
+        Some(_) => return Err(unreadable()),
+    };
+    if bytes.len() <= KEPT_DOCUMENT_BYTES {
+        KEPT_SCHEMAS.with(|kept| {
+            let mut kept = kept.borrow_mut();
+            let at = kept
+                .iter()
+                .position(|k| k.version == version && k.bytes.as_bytes() == bytes.as_bytes());
+            let mut entry = match at {
+                Some(at) => kept.remove(at),
+                None => {
+                    kept.retain(|k| k.version != version);
+                    KeptSchema {
+                        version,
+                        bytes,
+                        tables: HashMap::new(),
+                    }
+                }
+            };
+            entry.tables.insert(tbl.to_string(), schema.clone());
+            keep(&mut kept, entry);
+        });
+    }
+    Ok(schema)
+}
+
+fn unreadable_schema(version: i64, tbl: &str) -> Error {
+    Error::Internal(format!(
+        "syncular: the stored push schema of {tbl} at version {version} no longer validates"
+    ))
+}
+
+/// [`table_as_of`] through SQL.
+fn table_through_sql(
     client: &SpiClient<'_>,
     version: i64,
     tbl: &str,
@@ -647,11 +829,7 @@ fn table_as_of(
     let Some(text) = found.first().get::<String>(1)? else {
         return Ok(Some(None));
     };
-    let unreadable = || {
-        Error::Internal(format!(
-            "syncular: the stored push schema of {tbl} at version {version} no longer validates"
-        ))
-    };
+    let unreadable = || unreadable_schema(version, tbl);
     let descriptor: Value = serde_json::from_str(&text).map_err(|_| unreadable())?;
     Ok(Some(Some(
         table_schema(tbl, &descriptor).map_err(|_| unreadable())?,
@@ -833,17 +1011,13 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
         }
         None => {}
     }
-    let stored = db::write(client, LAYOUTS_AT, &[DatumWithOid::from(version)])?;
-    let Some(text) = db::first::<String>(stored)? else {
+    let Some(layouts) = layouts_at(client, version)? else {
         return Err(tables::unknown_table(tbl).with_hint(format!(
             "neither a push schema nor layouts are stored at {at}"
         )));
     };
-    let columns = match serde_json::from_str::<Value>(&text) {
-        Ok(Value::Object(mut layouts)) => match layouts.remove(tbl) {
-            Some(Value::Array(columns)) => columns,
-            _ => Vec::new(),
-        },
+    let columns = match layouts.get(tbl) {
+        Some(Value::Array(columns)) => columns.clone(),
         _ => Vec::new(),
     };
     if columns.is_empty() {

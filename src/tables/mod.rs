@@ -292,11 +292,19 @@ struct Registration {
 }
 
 /// The registration of `tbl`, read as the extension owner; `FOR UPDATE` when it will change.
+/// Without, it is read below SQL — a lookup by the primary key and a scan for the relation's
+/// other names, no statement (docs/BENCHMARKS.md, "Server CPU"); through SQL where Citus keeps
+/// the table on another node.
 fn registration(
     client: &SpiClient<'_>,
     tbl: &str,
     for_update: bool,
 ) -> error::Result<Option<Registration>> {
+    if !for_update {
+        if let Some(found) = registration_here(tbl)? {
+            return Ok(found);
+        }
+    }
     let args = [DatumWithOid::from(tbl)];
     let table = access::as_extension_owner(|| {
         if for_update {
@@ -326,6 +334,80 @@ fn registration(
         registered_by: row.get::<pg_sys::Oid>(2)?.unwrap_or(pg_sys::InvalidOid),
         also: row.get::<String>(3)?,
     }))
+}
+
+/// [`registration`] below SQL: `None` when Citus keeps `sync_app_tables` on another node (read
+/// it through SQL then), else the registration and the least other name (`COLLATE "C"`) of its
+/// relation, both in the snapshot the statement it replaces read with (`heap::with_snapshot`).
+fn registration_here(tbl: &str) -> error::Result<Option<Option<Registration>>> {
+    use crate::heap::{self, SyncTable};
+    heap::with_snapshot(false, |snapshot| {
+        // SAFETY: the snapshot is registered around the lookups.
+        let Some(found) = (unsafe { registered_in(tbl, snapshot)? }) else {
+            return Ok(None);
+        };
+        let Some((relation, registered_by)) = found else {
+            return Ok(Some(None));
+        };
+        let mut also: Option<String> = None;
+        let key = (
+            pg_sys::Datum::from(relation),
+            (pg_sys::F_OIDEQ, pg_sys::InvalidOid),
+        );
+        // SAFETY: as above; the key is an OID datum, passed by value.
+        let here = unsafe {
+            heap::rows_where(SyncTable::AppTables, c"relation", key, snapshot, |row| {
+                let name = row.text(c"tbl")?.unwrap_or_default();
+                if name != tbl && also.as_ref().is_none_or(|least| name < *least) {
+                    also = Some(name);
+                }
+                Ok(true)
+            })?
+        };
+        Ok(here.then_some(Some(Registration {
+            relation,
+            registered_by,
+            also,
+        })))
+    })
+}
+
+/// `(relation, registered_by)` of `tbl` by the primary key of `sync_app_tables`, in `snapshot`:
+/// `None` when Citus keeps the table on another node, `Some(None)` without a registration.
+///
+/// # Safety
+/// Inside a transaction; `snapshot` is registered or active.
+unsafe fn registered_in(
+    tbl: &str,
+    snapshot: pg_sys::Snapshot,
+) -> error::Result<Option<Option<(pg_sys::Oid, pg_sys::Oid)>>> {
+    use crate::heap::{self, Lookup, SyncTable};
+    let key = [heap::text_key(tbl)];
+    // SAFETY: the key is a text datum built here, alive for the lookup; the caller's snapshot.
+    let found = unsafe {
+        heap::by_primary_key(SyncTable::AppTables, None, &key, snapshot, |row| {
+            row.map(|row| {
+                let oid = |column| row.oid(column).map(|o| o.unwrap_or(pg_sys::InvalidOid));
+                Ok((oid(c"relation")?, oid(c"registered_by")?))
+            })
+            .transpose()
+        })?
+    };
+    Ok(match found {
+        Lookup::Here(found, _) => Some(found),
+        Lookup::Elsewhere => None,
+    })
+}
+
+/// The relation registered as `tbl` now — with a fresh snapshot, as after a lock wait — below
+/// SQL: `None` when Citus keeps `sync_app_tables` on another node, `Some(None)` without a
+/// registration.
+pub fn registered_relation_now(tbl: &str) -> error::Result<Option<Option<pg_sys::Oid>>> {
+    crate::heap::with_snapshot(true, |snapshot| {
+        // SAFETY: the snapshot is registered around the lookup.
+        let found = unsafe { registered_in(tbl, snapshot)? };
+        Ok(found.map(|found| found.map(|(relation, _)| relation)))
+    })
 }
 
 /// The registered relation of `tbl`, checked and locked, or why it cannot be used (a hint for

@@ -1884,3 +1884,58 @@ fn configuration_errors_name_their_fix() {
     expect_error(at(&mut c, 1), "SY002", "sync.schema_not_ready", None);
     unchanged(&mut c, &before);
 }
+
+/// Issue 28: the push reads its push schema and its tables' registrations below SQL and keeps
+/// what it parsed per backend (docs/BENCHMARKS.md, "Server CPU"). What another session changes
+/// is seen by the very next push of a backend that kept the earlier state: a push schema replaced
+/// at the same version (its scopes), and a table registered to another relation.
+#[test]
+fn what_another_session_changes_the_next_push_of_every_backend_sees() {
+    let (db, mut c) = fixture("np_kept");
+    let mut pusher = db.connect();
+    let op = up(&mut pusher, "tasks", "t1", None, task("t1", "p1"));
+    assert_eq!(push(&mut pusher, "k1", &[op])["outcome"], "applied");
+    // The same version's push schema, replaced: `tasks` is scoped by a variable the pushes'
+    // `allowed` does not grant.
+    let mut changed = schema();
+    changed["tasks"]["scopes"] = json!([{"variable": "team", "column": "project_id"}]);
+    let n: i32 = one(
+        &mut c,
+        "SELECT syncular.set_push_schema($1, $2)",
+        &[&V, &changed],
+    );
+    assert_eq!(n, 7);
+    let op = up(&mut pusher, "tasks", "t2", None, task("t2", "p1"));
+    let kept = push(&mut pusher, "k2", from_ref(&op));
+    let mut fresh = db.connect();
+    let cold = push(&mut fresh, "k2-fresh", from_ref(&op));
+    assert_eq!(record(&kept), record(&cold), "{kept} / {cold}");
+    assert_eq!(record(&kept)["code"], "sync.forbidden", "{kept}");
+    // Back to the fixture's schema, and `tasks` registered to another relation.
+    let n: i32 = one(
+        &mut c,
+        "SELECT syncular.set_push_schema($1, $2)",
+        &[&V, &schema()],
+    );
+    assert_eq!(n, 7);
+    exec(
+        &mut c,
+        "CREATE TABLE public.np_tasks2 (LIKE public.np_tasks INCLUDING ALL);
+         SELECT syncular.retire_table('tasks');
+         SELECT syncular.register_table('tasks', 'public.np_tasks2');",
+    );
+    let op = up(&mut pusher, "tasks", "t3", None, task("t3", "p1"));
+    assert_eq!(push(&mut pusher, "k3", &[op])["outcome"], "applied");
+    assert_eq!(count(&mut c, "public.np_tasks2 WHERE id = 't3'"), 1);
+    assert_eq!(
+        count(&mut c, "public.np_tasks"),
+        1,
+        "only t1, pushed before"
+    );
+    // Retired: the next push of the backend that kept the registration falls back.
+    exec(&mut c, "SELECT syncular.retire_table('tasks')");
+    let op = up(&mut pusher, "tasks", "t4", None, task("t4", "p1"));
+    let out = push(&mut pusher, "k4", &[op]);
+    assert_eq!(out["outcome"], "fallback", "{out}");
+    assert_eq!(out["reason"], "schema_not_registered", "{out}");
+}
