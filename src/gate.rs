@@ -36,14 +36,20 @@ SELECT coalesce(m.schema_version, 0),
 FROM (SELECT 1) AS one
 LEFT JOIN syncular.sync_schema_meta m ON m.id = 1";
 
-/// Reads the state in one statement. `fresh`: with a new snapshot (a writer that just waited
-/// for a lock); otherwise in the caller's snapshot.
+/// Reads the state from one snapshot. `fresh`: a new one (a writer that just waited for a
+/// lock); otherwise the caller's, as a read-only statement has it. Below SQL — the marker and
+/// the partition's registry row by their primary keys, the pending checkpoints through the
+/// partial index made for them (docs/BENCHMARKS.md, "Server CPU") —; in one statement where
+/// Citus keeps a table on another node.
 pub fn read_state(
     client: &SpiClient<'_>,
     partition: Option<&str>,
     running: i64,
     fresh: bool,
 ) -> Result<SchemaState> {
+    if let Some(state) = state_here(partition, running, fresh)? {
+        return Ok(state);
+    }
     let params = [DatumWithOid::from(partition), DatumWithOid::from(running)];
     let table = if fresh {
         db::write(client, STATE_SQL, &params)?
@@ -57,6 +63,80 @@ pub fn read_state(
         stored_layouts: row.get::<String>(2)?,
         log_epoch: row.get::<String>(3)?,
         pending,
+    })
+}
+
+/// [`read_state`] below SQL, in one registered snapshot: `None` when a table is on another
+/// Citus node, or the pending checkpoints' index is not as created (read through SQL then).
+fn state_here(partition: Option<&str>, running: i64, fresh: bool) -> Result<Option<SchemaState>> {
+    use crate::heap::{self, Lookup, SyncTable};
+    heap::with_snapshot(fresh, |snapshot| {
+        // SAFETY: every key is a datum built here (text in the current memory context, the
+        // others by value), alive for its lookup; the snapshot is registered around them.
+        unsafe {
+            let marker_key = [(
+                pg_sys::Datum::from(1i32),
+                (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
+            )];
+            let marker =
+                heap::by_primary_key(SyncTable::SchemaMeta, None, &marker_key, snapshot, |row| {
+                    row.map(|row| Ok((row.bigint(c"schema_version")?, row.text(c"layouts")?)))
+                        .transpose()
+                })?;
+            let Lookup::Here(marker, _) = marker else {
+                return Ok(None);
+            };
+            let log_epoch = match partition {
+                None => None,
+                Some(p) => {
+                    let key = [heap::text_key(p)];
+                    let epoch =
+                        |row: Option<&heap::Row>| row.map_or(Ok(None), |r| r.text(c"log_epoch"));
+                    match heap::by_primary_key(
+                        SyncTable::PartitionRegistry,
+                        Some(p),
+                        &key,
+                        snapshot,
+                        epoch,
+                    )? {
+                        Lookup::Here(epoch, _) => epoch,
+                        Lookup::Elsewhere => return Ok(None),
+                    }
+                }
+            };
+            let mut pending = Vec::new();
+            let keys = [(
+                c"schema_version",
+                pg_sys::Datum::from(running),
+                (pg_sys::F_INT8EQ, pg_sys::InvalidOid),
+            )];
+            let here = heap::rows_where(
+                SyncTable::BackfillCheckpoints,
+                Some(c"sync_backfill_checkpoints_pending"),
+                &keys,
+                snapshot,
+                |row| {
+                    // The index holds only these, as created; checked all the same.
+                    if row.text(c"state")?.as_deref() != Some("activated") {
+                        let text = |column| row.text(column).map(Option::unwrap_or_default);
+                        pending.push((text(c"partition")?, text(c"name")?));
+                    }
+                    Ok(true)
+                },
+            )?;
+            if !here {
+                return Ok(None);
+            }
+            // By partition, then name, both COLLATE "C": byte order (gap B9).
+            pending.sort();
+            let (version, layouts) = marker.unwrap_or((None, None));
+            Ok(Some(SchemaState {
+                stored_schema_version: version.unwrap_or(0),
+                stored_layouts: layouts,
+                log_epoch,
+                pending,
+            }))
+        }
     })
 }
 

@@ -33,9 +33,11 @@ pub enum SyncTable {
     AppTables = 8,
     PushSchemas = 9,
     SchemaLayouts = 10,
+    PartitionRegistry = 11,
+    BackfillCheckpoints = 12,
 }
 
-const TABLES: usize = 11;
+const TABLES: usize = 13;
 
 impl SyncTable {
     pub fn name(self) -> &'static CStr {
@@ -51,6 +53,8 @@ impl SyncTable {
             SyncTable::AppTables => c"sync_app_tables",
             SyncTable::PushSchemas => c"sync_push_schemas",
             SyncTable::SchemaLayouts => c"sync_schema_layouts",
+            SyncTable::PartitionRegistry => c"sync_partition_registry",
+            SyncTable::BackfillCheckpoints => c"sync_backfill_checkpoints",
         }
     }
 }
@@ -333,17 +337,20 @@ pub unsafe fn by_primary_key<T>(
     Ok(Lookup::Here(read, writer))
 }
 
-/// Every row of `table` whose `column` equals `value` (compared with `equality` under its
-/// collation), by a scan of the whole table — for the small tables with no index on that column
-/// — handed to `each` in turn until it answers `false`. `false` when Citus keeps the table on
-/// another node (as [`Lookup::Elsewhere`]).
+/// Every row of `table` whose columns equal the values `keys` name (each compared with its
+/// equality function under its collation), handed to `each` in turn until it answers `false`:
+/// through the index named `index` — which must be the table's and hold every key column —, or
+/// without one through the whole table (for small tables with no index on the columns).
+/// `false` when Citus keeps the table on another node (as [`Lookup::Elsewhere`]), and when an
+/// index is named and the table has none of that name: read through SQL then (a Citus shard's
+/// indexes carry the shard's suffix).
 ///
 /// # Safety
-/// As for [`by_primary_key`]; `value` is a datum of the column's type.
+/// As for [`by_primary_key`]; each value is a datum of its column's type.
 pub unsafe fn rows_where(
     table: SyncTable,
-    column: &CStr,
-    (value, equality): (pg_sys::Datum, (u32, pg_sys::Oid)),
+    index: Option<&CStr>,
+    keys: &[(&CStr, pg_sys::Datum, (u32, pg_sys::Oid))],
     snapshot: pg_sys::Snapshot,
     mut each: impl FnMut(&Row) -> Result<bool>,
 ) -> Result<bool> {
@@ -352,7 +359,7 @@ pub unsafe fn rows_where(
         scan(
             table,
             None,
-            Keys::Column(column, value, equality),
+            Keys::Columns(index, keys),
             snapshot,
             |row, _| each(row),
         )
@@ -363,8 +370,11 @@ pub unsafe fn rows_where(
 enum Keys<'a> {
     /// The leading columns of the primary key, through its index.
     PrimaryKey(&'a [(pg_sys::Datum, (u32, pg_sys::Oid))]),
-    /// One column by name, through the whole table.
-    Column(&'a CStr, pg_sys::Datum, (u32, pg_sys::Oid)),
+    /// Columns by name, through the index of that name or the whole table ([`rows_where`]).
+    Columns(
+        Option<&'a CStr>,
+        &'a [(&'a CStr, pg_sys::Datum, (u32, pg_sys::Oid))],
+    ),
 }
 
 /// Opens `table` — where Citus manages it, its shard on this node that holds `distribution`
@@ -431,14 +441,29 @@ unsafe fn scan(
                     .collect();
                 (index_id, scan_keys)
             }
-            Keys::Column(column, value, equality) => {
-                let Some(attnum) =
-                    crate::catalog::live_attribute((*relation).rd_att, column, |_| true)
-                else {
-                    return fail(relation, format!("has no column {column:?}"));
+            Keys::Columns(index, keys) => {
+                let mut scan_keys = Vec::with_capacity(keys.len());
+                let mut attnums = Vec::with_capacity(keys.len());
+                for &(column, value, equality) in keys {
+                    let Some(attnum) =
+                        crate::catalog::live_attribute((*relation).rd_att, column, |_| true)
+                    else {
+                        return fail(relation, format!("has no column {column:?}"));
+                    };
+                    attnums.push(attnum);
+                    scan_keys.push(crate::catalog::equality_key(attnum, equality, value));
+                }
+                let index_id = match index {
+                    None => pg_sys::InvalidOid,
+                    Some(name) => match index_of(relation, name, &attnums, lock) {
+                        Some(index_id) => index_id,
+                        None => {
+                            pg_sys::table_close(relation, lock);
+                            return Ok(false);
+                        }
+                    },
                 };
-                let key = crate::catalog::equality_key(attnum, equality, value);
-                (pg_sys::InvalidOid, vec![key])
+                (index_id, scan_keys)
             }
         };
         let scan = pg_sys::systable_beginscan(
@@ -474,6 +499,40 @@ unsafe fn scan(
         pg_sys::systable_endscan(scan);
         pg_sys::table_close(relation, lock);
         outcome
+    }
+}
+
+/// The index named `name` in `relation`'s schema, when it is an index of `relation` holding
+/// every column of `attnums` (what `systable_beginscan` needs to map the keys onto it).
+///
+/// # Safety
+/// `relation` is open; `lock` is held on it.
+unsafe fn index_of(
+    relation: pg_sys::Relation,
+    name: &CStr,
+    attnums: &[i16],
+    lock: pg_sys::LOCKMODE,
+) -> Option<pg_sys::Oid> {
+    // SAFETY: a catalog lookup by name; the index is opened and closed here, under the lock its
+    // table is held with.
+    unsafe {
+        let index_id = pg_sys::get_relname_relid(name.as_ptr(), (*(*relation).rd_rel).relnamespace);
+        if index_id == pg_sys::InvalidOid
+            || pg_sys::get_rel_relkind(index_id) != pg_sys::RELKIND_INDEX as std::ffi::c_char
+        {
+            return None;
+        }
+        let index = pg_sys::index_open(index_id, lock);
+        let form = &*(*index).rd_index;
+        let columns = form
+            .indkey
+            .values
+            .as_slice(form.indkey.dim1.max(0) as usize);
+        let fits = form.indrelid == (*relation).rd_id
+            && form.indisvalid
+            && attnums.iter().all(|a| columns.contains(a));
+        pg_sys::index_close(index, lock);
+        fits.then_some(index_id)
     }
 }
 

@@ -350,13 +350,14 @@ fn registration_here(tbl: &str) -> error::Result<Option<Option<Registration>>> {
             return Ok(Some(None));
         };
         let mut also: Option<String> = None;
-        let key = (
+        let key = [(
+            c"relation",
             pg_sys::Datum::from(relation),
             (pg_sys::F_OIDEQ, pg_sys::InvalidOid),
-        );
+        )];
         // SAFETY: as above; the key is an OID datum, passed by value.
         let here = unsafe {
-            heap::rows_where(SyncTable::AppTables, c"relation", key, snapshot, |row| {
+            heap::rows_where(SyncTable::AppTables, None, &key, snapshot, |row| {
                 let name = row.text(c"tbl")?.unwrap_or_default();
                 if name != tbl && also.as_ref().is_none_or(|least| name < *least) {
                     also = Some(name);

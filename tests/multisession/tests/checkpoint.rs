@@ -1,6 +1,6 @@
 //! docs/SCENARIOS.md: backfill checkpoints (CKP-01 … CKP-16).
 
-use serde_json::json;
+use serde_json::{json, Value};
 use std::thread;
 use syncular_multisession::*;
 
@@ -457,4 +457,41 @@ fn ckp_16_read_checkpoints_order_and_shape() {
     );
     let names: Vec<String> = rows.iter().map(|r| r.get(1)).collect();
     assert_eq!(names, vec!["a", "b"]);
+}
+
+/// The gate's pending checkpoints are read below SQL (issue 28; docs/DESIGN.md §Serve gate):
+/// every checkpoint at the running version not activated, ordered by partition, then name, in
+/// byte order (gap B9) — the same list the statement it replaced returns, for every version.
+#[test]
+fn the_gate_lists_what_its_statement_listed_in_the_same_order() {
+    let db = TestDb::new("ckp_order");
+    let mut c = db.connect();
+    let partitions = ["b", "a", "B", "a-1", "é", "A"];
+    let names = ["y", "x", "Y", "x2"];
+    for (i, p) in partitions.iter().enumerate() {
+        for (j, name) in names.iter().enumerate() {
+            declare(&mut c, p, name, 1 + ((i + j) % 2) as i64, NOW);
+        }
+    }
+    exec(
+        &mut c,
+        "UPDATE syncular.sync_backfill_checkpoints SET state = 'activated'
+          WHERE (partition, name) IN (('a', 'x'), ('B', 'Y'), ('é', 'x2'))",
+    );
+    for v in 1..=3i64 {
+        let listed: Value = one(
+            &mut c,
+            "SELECT coalesce(jsonb_agg(jsonb_build_object('partition', c.partition, 'name', c.name)
+                                       ORDER BY c.partition, c.name), '[]')
+               FROM syncular.sync_backfill_checkpoints c
+              WHERE c.schema_version = $1 AND c.state <> 'activated'",
+            &[&v],
+        );
+        for p in ["a", "zz"] {
+            let gate: Value = one(&mut c, "SELECT syncular.read_serve_gate($1, $2)", &[&p, &v]);
+            assert_eq!(gate["pending"], listed, "version {v}, partition {p}");
+        }
+    }
+    let gate: Value = one(&mut c, "SELECT syncular.read_serve_gate('a', 2)", &[]);
+    assert_eq!(gate["pending"].as_array().map(Vec::len), Some(11), "{gate}");
 }

@@ -182,13 +182,37 @@ fn idx_01_to_07_index_usage() {
         by_source,
     );
 
-    // IDX-07: the pending read of the gate.
-    assert_uses(
-        &mut c,
-        &notices,
+    // IDX-07: the pending read of the gate. It runs below SQL (issue 28: no statement, so no
+    // plan to explain): the index's scans and the table's sequential scans counted by this
+    // transaction's statistics.
+    exec(&mut plain, "BEGIN");
+    let gate: serde_json::Value = one(
+        &mut plain,
         "SELECT syncular.read_serve_gate('part-1', 1)",
-        "sync_backfill_checkpoints_pending",
+        &[],
     );
+    let scans: i64 = one(
+        &mut plain,
+        "SELECT pg_stat_get_xact_numscans('syncular.sync_backfill_checkpoints_pending'::regclass)",
+        &[],
+    );
+    let seq: i64 = one(
+        &mut plain,
+        "SELECT coalesce(seq_scan, 0) FROM pg_stat_xact_user_tables
+          WHERE relid = 'syncular.sync_backfill_checkpoints'::regclass",
+        &[],
+    );
+    exec(&mut plain, "COMMIT");
+    assert_eq!(
+        gate["pending"],
+        json!([{"partition": "part-1", "name": "x"}]),
+        "{gate}"
+    );
+    assert!(
+        scans >= 1,
+        "sync_backfill_checkpoints_pending scanned {scans} times"
+    );
+    assert_eq!(seq, 0, "sequential scans of sync_backfill_checkpoints");
 }
 
 /// With statistics where one partition holds every row (a single-tenant database), the plan
