@@ -2,7 +2,7 @@
 //! its declared backfills, serve? Whole-server semantics (upstream's): a pending checkpoint in
 //! any partition refuses every partition for a process that did not declare it.
 //!
-//! The token is read by one statement, hence from one snapshot (upstream read it in three
+//! The token is read from one snapshot, below SQL or by one statement (upstream read it in three
 //! statements, possibly on different pooled connections: docs/DESIGN.md, gap B11 — torn gate
 //! token), and `pending` is ordered by partition, then name (gap B9 — nondeterministic order).
 
