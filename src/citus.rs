@@ -74,25 +74,61 @@ pub unsafe fn manages(relation: pg_sys::Oid) -> bool {
 
 /// The relation on this node that holds the row of Citus table `table` whose distribution
 /// column is `key` (`None` for a reference table, which has one shard, placed on every node
-/// that has reference tables): its shard, found by name from Citus's own metadata functions
-/// (`get_shard_id_for_distribution_column`, `shard_name`); `None` when that shard is not on this
-/// node (a call through the coordinator: the row is read through Citus, by SQL, instead).
+/// that has reference tables): its shard, found from Citus's own metadata functions
+/// (`get_shard_id_for_distribution_column`, `shard_name`); `None` when that shard is not placed
+/// on this node (a call through the coordinator, or one routed here before a move: the row is
+/// read through Citus, by SQL, instead).
+///
+/// A shard table of that name on this node is not enough: after a move Citus keeps the old copy
+/// until its maintenance daemon drops it, and a delegated call takes no lock that keeps it off
+/// the old node (docs/SCALING.md, "a moved shard's old copy"). So the shard's metadata is locked
+/// first in share mode — the lock Citus's own writes take and a move's last phase holds
+/// exclusively, `lock_shard_metadata`, as the extension owner, who owns the shards — and the
+/// placement is then read in a snapshot taken after the lock: the shard is used only while an
+/// active placement of it is in this node's group (`pg_dist_placement`, `pg_dist_local_group`),
+/// and no move can switch it before this transaction ends.
 pub fn local_shard(table: pg_sys::Oid, key: Option<&str>) -> Result<Option<pg_sys::Oid>> {
-    let found = Spi::connect(|client| {
-        let rows = client.select(
-            "SELECT pg_catalog.to_regclass(pg_catalog.shard_name(p.logicalrelid, CASE
-                      WHEN p.partmethod = 'n'
-                        THEN (SELECT s.shardid FROM pg_catalog.pg_dist_shard s
-                               WHERE s.logicalrelid = p.logicalrelid
-                               ORDER BY s.shardid LIMIT 1)
-                      ELSE pg_catalog.get_shard_id_for_distribution_column(p.logicalrelid, $2)
-                    END))::pg_catalog.oid
-               FROM pg_catalog.pg_dist_partition p
-              WHERE p.logicalrelid = $1::pg_catalog.oid::pg_catalog.regclass",
-            None,
-            &[DatumWithOid::from(table), DatumWithOid::from(key)],
-        )?;
-        rows.first().get::<pg_sys::Oid>(1)
-    })?;
-    Ok(found.filter(|oid| *oid != pg_sys::InvalidOid))
+    crate::access::as_extension_owner(|| {
+        Spi::connect_mut(|client| {
+            let shard = client
+                .update(
+                    "SELECT CASE WHEN p.partmethod = 'n'
+                              THEN (SELECT s.shardid FROM pg_catalog.pg_dist_shard s
+                                     WHERE s.logicalrelid = p.logicalrelid
+                                     ORDER BY s.shardid LIMIT 1)
+                              ELSE pg_catalog.get_shard_id_for_distribution_column(p.logicalrelid, $2)
+                            END
+                       FROM pg_catalog.pg_dist_partition p
+                      WHERE p.logicalrelid = $1::pg_catalog.oid::pg_catalog.regclass",
+                    None,
+                    &[DatumWithOid::from(table), DatumWithOid::from(key)],
+                )?
+                .first()
+                .get::<i64>(1)?;
+            let Some(shard) = shard else {
+                return Ok(None);
+            };
+            client.update(
+                "SELECT pg_catalog.lock_shard_metadata(5, ARRAY[$1::pg_catalog.int8])",
+                None,
+                &[DatumWithOid::from(shard)],
+            )?;
+            // A new statement, so a snapshot taken after the lock under READ COMMITTED, the
+            // level the one-call functions require (under REPEATABLE READ the transaction's
+            // snapshot answers, as it does for Citus's own routing).
+            let placed = client.update(
+                "SELECT pg_catalog.to_regclass(pg_catalog.shard_name($1::pg_catalog.oid::pg_catalog.regclass, $2))::pg_catalog.oid
+                  WHERE EXISTS (SELECT FROM pg_catalog.pg_dist_placement pl
+                                 WHERE pl.shardid = $2 AND pl.shardstate = 1
+                                   AND pl.groupid = (SELECT g.groupid FROM pg_catalog.pg_dist_local_group g))",
+                None,
+                &[DatumWithOid::from(table), DatumWithOid::from(shard)],
+            )?;
+            if placed.is_empty() {
+                return Ok(None);
+            }
+            Ok(placed.first().get::<pg_sys::Oid>(1)?)
+        })
+    })
+    .map(|found| found.filter(|oid| *oid != pg_sys::InvalidOid))
 }
