@@ -87,7 +87,32 @@ pub unsafe fn manages(relation: pg_sys::Oid) -> bool {
 /// placement is then read in a snapshot taken after the lock: the shard is used only while an
 /// active placement of it is in this node's group (`pg_dist_placement`, `pg_dist_local_group`),
 /// and no move can switch it before this transaction ends.
+///
+/// The answer is kept for the rest of the (sub)transaction that took the lock (`txn_local`,
+/// which drops it with a rolled-back subtransaction, as PostgreSQL releases its locks): a push
+/// looks its partition's shards up a dozen times.
 pub fn local_shard(table: pg_sys::Oid, key: Option<&str>) -> Result<Option<pg_sys::Oid>> {
+    use crate::txn_local::{self, Key};
+    // The table, and the key (a reference table has none): the value is "<shard oid>|<this>".
+    let of = match key {
+        None => format!("{}|r", table.to_u32()),
+        Some(key) => format!("{}|d|{key}", table.to_u32()),
+    };
+    let kept = txn_local::find(Key::CitusShard, |value| {
+        let (shard, named) = value.split_once('|')?;
+        (named == of).then(|| shard.parse::<u32>().ok().map(pg_sys::Oid::from))
+    });
+    if let Some(shard) = kept {
+        return Ok(shard.filter(|oid| *oid != pg_sys::InvalidOid));
+    }
+    let found = placed_shard(table, key)?;
+    let shard = found.map_or(0, |oid| oid.to_u32());
+    txn_local::set(Key::CitusShard, &format!("{shard}|{of}"));
+    Ok(found)
+}
+
+/// [`local_shard`], asked of Citus: the shard's metadata locked, then its placement read.
+fn placed_shard(table: pg_sys::Oid, key: Option<&str>) -> Result<Option<pg_sys::Oid>> {
     crate::access::as_extension_owner(|| {
         Spi::connect_mut(|client| {
             let shard = client

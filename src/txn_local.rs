@@ -31,6 +31,10 @@ pub enum Key {
     PushStagedId,
     /// The extension owner's OID, read once per transaction ([`crate::access::extension_owner`]).
     ExtensionOwner,
+    /// A Citus shard found for a lookup below SQL, with the shard-metadata lock that keeps the
+    /// answer true while the (sub)transaction that took it lasts ([`crate::citus::local_shard`]):
+    /// one value per table and distribution key.
+    CitusShard,
 }
 
 struct Entry {
@@ -67,6 +71,19 @@ pub fn get(key: Key) -> Option<String> {
             .rev()
             .find(|e| e.key == key)
             .map(|e| e.value.clone())
+    })
+}
+
+/// The first answer of `matches`, over the values set for `key` in this transaction, newest
+/// first (for keys set once per thing they name).
+pub fn find<T>(key: Key, matches: impl Fn(&str) -> Option<T>) -> Option<T> {
+    ENTRIES.with(|entries| {
+        entries
+            .borrow()
+            .iter()
+            .rev()
+            .filter(|e| e.key == key)
+            .find_map(|e| matches(&e.value))
     })
 }
 
