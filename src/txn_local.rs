@@ -64,14 +64,7 @@ pub fn set(key: Key, value: &str) {
 
 /// The value last set for `key` in this transaction, if any.
 pub fn get(key: Key) -> Option<String> {
-    ENTRIES.with(|entries| {
-        entries
-            .borrow()
-            .iter()
-            .rev()
-            .find(|e| e.key == key)
-            .map(|e| e.value.clone())
-    })
+    find(key, |value| Some(value.to_string()))
 }
 
 /// The first answer of `matches`, over the values set for `key` in this transaction, newest
