@@ -34,11 +34,12 @@ pub fn requirement(partition: &str) -> error::Result<Option<i64>> {
             c"required_writer_version",
             snapshot,
         );
+        let (marker, equality) = heap::singleton_key();
         let floor = heap::bigint_by_key(
             SyncTable::SchemaMeta,
-            pg_sys::Datum::from(1i32),
+            marker,
             None,
-            (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
+            equality,
             c"required_writer_version",
             snapshot,
         );

@@ -74,10 +74,7 @@ fn state_here(partition: Option<&str>, running: i64, fresh: bool) -> Result<Opti
         // SAFETY: every key is a datum built here (text in the current memory context, the
         // others by value), alive for its lookup; the snapshot is registered around them.
         unsafe {
-            let marker_key = [(
-                pg_sys::Datum::from(1i32),
-                (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
-            )];
+            let marker_key = [heap::singleton_key()];
             let marker =
                 heap::by_primary_key(SyncTable::SchemaMeta, None, &marker_key, snapshot, |row| {
                     row.map(|row| Ok((row.bigint(c"schema_version")?, row.text(c"layouts")?)))

@@ -184,6 +184,15 @@ pub fn text_key(key: &str) -> (pg_sys::Datum, (u32, pg_sys::Oid)) {
     )
 }
 
+/// The key of the one row of the singleton tables (`sync_schema_meta`, `sync_schema_stamp`:
+/// an `integer` primary key that is always 1), for [`by_primary_key`].
+pub fn singleton_key() -> (pg_sys::Datum, (u32, pg_sys::Oid)) {
+    (
+        pg_sys::Datum::from(1i32),
+        (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
+    )
+}
+
 /// The key of a `bigint` primary-key column, for [`by_primary_key`].
 pub fn bigint_key(key: i64) -> (pg_sys::Datum, (u32, pg_sys::Oid)) {
     (

@@ -438,14 +438,8 @@ pub(super) unsafe fn singleton<const N: usize>(
 ) -> Result<heap::Lookup<[Option<i64>; N]>> {
     // SAFETY: the caller's registered snapshot; the key is a datum of the primary key's type.
     unsafe {
-        heap::bigints_by_key(
-            table,
-            pg_sys::Datum::from(1i32),
-            None,
-            (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
-            columns,
-            snapshot,
-        )
+        let (key, equality) = heap::singleton_key();
+        heap::bigints_by_key(table, key, None, equality, columns, snapshot)
     }
 }
 

@@ -324,10 +324,7 @@ fn layouts_at(client: &SpiClient<'_>, version: i64) -> Result<Option<Layouts>> {
                 Lookup::Here(None, _) => {}
                 Lookup::Elsewhere => return Ok(None),
             }
-            let key = [(
-                pg_sys::Datum::from(1i32),
-                (pg_sys::F_INT4EQ, pg_sys::InvalidOid),
-            )];
+            let key = [heap::singleton_key()];
             let marker =
                 heap::by_primary_key(SyncTable::SchemaMeta, None, &key, snapshot, |row| {
                     let Some(row) = row else { return Ok(None) };
