@@ -744,6 +744,20 @@ fn shard_port(c: &mut Client, partition: &str) -> i32 {
     ports[0]
 }
 
+/// Moves `shard`'s colocated group from the worker on port `from` to the one on `to`, blocking
+/// writes while it copies.
+fn move_shard(c: &mut Client, shard: i64, from: i32, to: i32) {
+    exec(
+        c,
+        &format!(
+            "SET citus.enable_unsafe_triggers = on;
+             SELECT citus_move_shard_placement({shard}, '127.0.0.1', {from}, '127.0.0.1', {to},
+                                               shard_transfer_mode => 'block_writes');
+             RESET citus.enable_unsafe_triggers;"
+        ),
+    );
+}
+
 /// The connection parameters of node `i` of the cluster (0: the coordinator, 1 and 2: the
 /// workers, on the coordinator's port + i, as scripts/citus.sh starts them). Citus keeps its
 /// metadata on every node: a worker routes a call as the coordinator does.
@@ -907,15 +921,7 @@ fn a_shard_move_under_load_keeps_every_acknowledged_commit() {
         .get::<_, i32>(0);
     for (src, dst) in [(from, to), (to, from)] {
         std::thread::sleep(std::time::Duration::from_millis(1000));
-        exec(
-            &mut c,
-            &format!(
-                "SET citus.enable_unsafe_triggers = on;
-                 SELECT citus_move_shard_placement({shard}, '127.0.0.1', {src}, '127.0.0.1',
-                                                    {dst}, shard_transfer_mode => 'block_writes');
-                 RESET citus.enable_unsafe_triggers;"
-            ),
-        );
+        move_shard(&mut c, shard, src, dst);
         assert_eq!(
             shard_port(&mut c, p),
             dst,
@@ -1179,15 +1185,7 @@ fn a_moved_shards_old_copy_is_never_read() {
     );
     exec(&mut c, "SELECT pg_reload_conf()");
     std::thread::sleep(std::time::Duration::from_millis(500));
-    exec(
-        &mut c,
-        &format!(
-            "SET citus.enable_unsafe_triggers = on;
-             SELECT citus_move_shard_placement({shard}, '127.0.0.1', {from}, '127.0.0.1', {to},
-                                               shard_transfer_mode => 'block_writes');
-             RESET citus.enable_unsafe_triggers;"
-        ),
-    );
+    move_shard(&mut c, shard, from, to);
     assert_eq!(shard_port(&mut c, &p), to, "moved");
     let fenced: i64 = one(&mut c, "SELECT syncular.raise_writer_fence($1, 7)", &[&p]);
     assert_eq!(fenced, 7);
