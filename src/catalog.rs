@@ -112,3 +112,46 @@ pub unsafe fn extension_owner(name: &CStr) -> Option<pg_sys::Oid> {
         owner.flatten()
     }
 }
+
+/// The module path this library is loaded by (`module_pathname` in syncular.control): what
+/// `pg_proc.probin` holds for the extension's C functions.
+const MODULE_PATHNAME: &CStr = c"syncular";
+
+/// Whether function `oid` is this library's C function `symbol`: `pg_proc` names language C
+/// (which only a superuser can create a function in), `symbol` as its link symbol (`prosrc`)
+/// and the extension's module path as its library (`probin`). Read from the catalog cache.
+/// (`fmgr_info` cannot answer it: it resolves a `SECURITY DEFINER` function or one with its own
+/// settings, as the fence trigger's is, to the security wrapper, not to the function.)
+///
+/// # Safety
+/// Must run inside a transaction.
+pub unsafe fn is_native_function(oid: pg_sys::Oid, symbol: &CStr) -> bool {
+    /// `ClanguageId` (`pg_language.dat`: the bootstrap OID of language `c`).
+    const C_LANGUAGE: pg_sys::Oid = pg_sys::Oid::from_u32(13);
+    // SAFETY: a catalog-cache tuple, released below; its fixed part read as `pg_proc`'s form,
+    // its two text columns read (detoasted and copied) through `SysCacheGetAttr` while held.
+    unsafe {
+        let cache = pg_sys::SysCacheIdentifier::PROCOID as std::ffi::c_int;
+        let tuple = pg_sys::SearchSysCache1(cache, pg_sys::Datum::from(oid));
+        if tuple.is_null() {
+            return false;
+        }
+        let form = pg_sys::GETSTRUCT(tuple) as *const pg_sys::FormData_pg_proc;
+        let text = |column: u32| {
+            let mut is_null = false;
+            let datum = pg_sys::SysCacheGetAttr(cache, tuple, column as i16, &mut is_null);
+            String::from_datum(datum, is_null)
+        };
+        let native = (*form).prolang == C_LANGUAGE
+            && text(pg_sys::Anum_pg_proc_prosrc)
+                .as_deref()
+                .map(str::as_bytes)
+                == Some(symbol.to_bytes())
+            && text(pg_sys::Anum_pg_proc_probin)
+                .as_deref()
+                .map(str::as_bytes)
+                == Some(MODULE_PATHNAME.to_bytes());
+        pg_sys::ReleaseSysCache(tuple);
+        native
+    }
+}

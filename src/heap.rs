@@ -35,9 +35,10 @@ pub enum SyncTable {
     SchemaLayouts = 10,
     PartitionRegistry = 11,
     BackfillCheckpoints = 12,
+    Commits = 13,
 }
 
-const TABLES: usize = 13;
+const TABLES: usize = 14;
 
 impl SyncTable {
     pub fn name(self) -> &'static CStr {
@@ -55,6 +56,7 @@ impl SyncTable {
             SyncTable::SchemaLayouts => c"sync_schema_layouts",
             SyncTable::PartitionRegistry => c"sync_partition_registry",
             SyncTable::BackfillCheckpoints => c"sync_backfill_checkpoints",
+            SyncTable::Commits => c"sync_commits",
         }
     }
 }
@@ -584,6 +586,7 @@ const ROW_EXCLUSIVE: pg_sys::LOCKMODE = pg_sys::RowExclusiveLock as pg_sys::LOCK
 /// are the heap's own; nothing else runs, which is why [`DirectInsert::open`] checks that
 /// nothing else is defined on the table.
 pub struct DirectInsert {
+    table: SyncTable,
     relation: pg_sys::Relation,
     /// The columns the table was checked to have, in order: every row is checked against them.
     columns: &'static [(&'static CStr, pg_sys::Oid)],
@@ -592,6 +595,22 @@ pub struct DirectInsert {
     slot: *mut pg_sys::TupleTableSlot,
     /// The table has CHECK constraints: every row is checked before it is written.
     checks: bool,
+    /// The one trigger the table has, run natively before each row ([`NativeTrigger`]).
+    before: Option<NativeTrigger>,
+}
+
+/// A `BEFORE INSERT FOR EACH ROW` trigger of the extension's own that
+/// [`DirectInsert::open_with_trigger`] accepts as a table's only trigger and runs natively for
+/// each row instead: the writer fence on `sync_commits` (src/log.rs). Accepted only when the
+/// trigger would fire now, has no `WHEN` condition, and its function is this library's C
+/// function `symbol` ([`crate::catalog::is_native_function`]): then running `run` is what the
+/// trigger would do.
+#[derive(Clone, Copy)]
+pub struct NativeTrigger {
+    /// The link symbol of the trigger function in this library.
+    pub symbol: &'static CStr,
+    /// What the trigger checks for the row (`row` in the columns' order); an error refuses it.
+    pub run: fn(&[Option<Value<'_>>]) -> Result<()>,
 }
 
 /// One value of a directly inserted row, typed, so that [`DirectInsert::insert`] can check it
@@ -640,6 +659,16 @@ impl DirectInsert {
         table: SyncTable,
         columns: &'static [(&'static CStr, pg_sys::Oid)],
     ) -> Result<Option<Self>> {
+        Self::open_with_trigger(table, columns, None)
+    }
+
+    /// [`DirectInsert::open`] for a table whose only trigger is `trigger` (and which must have
+    /// it, firing: otherwise `None`, and the caller's statement writes, firing what is there).
+    pub fn open_with_trigger(
+        table: SyncTable,
+        columns: &'static [(&'static CStr, pg_sys::Oid)],
+        trigger: Option<NativeTrigger>,
+    ) -> Result<Option<Self>> {
         // SAFETY: `open` returns a locked relation; the result relation info, executor state and
         // slot are made for it as `CopyFrom` makes them, and are released in `drop` (or by the
         // transaction's abort after an error).
@@ -648,7 +677,7 @@ impl DirectInsert {
                 return Ok(None);
             }
             let relation = open(table, ROW_EXCLUSIVE)?;
-            if !is_plain(relation, columns) {
+            if !is_plain(relation, columns, trigger) {
                 // Keep the lock: the statement that writes instead takes it anyway.
                 pg_sys::table_close(relation, pg_sys::NoLock as pg_sys::LOCKMODE);
                 return Ok(None);
@@ -668,12 +697,14 @@ impl DirectInsert {
             let constraints = (*(*relation).rd_att).constr;
             let checks = !constraints.is_null() && (*constraints).num_check > 0;
             Ok(Some(DirectInsert {
+                table,
                 relation,
                 columns,
                 info,
                 estate,
                 slot,
                 checks,
+                before: trigger,
             }))
         }
     }
@@ -704,6 +735,9 @@ impl DirectInsert {
             }
         }
         let (values, nulls) = (&values[..row.len()], &nulls[..row.len()]);
+        if let Some(trigger) = self.before {
+            (trigger.run)(row)?;
+        }
         // SAFETY: `open` checked that the relation has exactly `self.columns` (names, types,
         // order) and nothing else; every value was just checked to be of its column's type, so
         // the slot receives a well-formed virtual tuple. The slot, estate and index info were
@@ -750,6 +784,116 @@ impl DirectInsert {
     }
 }
 
+impl DirectInsert {
+    /// Adds one to the `bigint` column `column` of the row whose text primary key is `key`, a row
+    /// this transaction holds — it wrote the row version, or holds the exclusive row lock on it
+    /// (`SELECT … FOR UPDATE`: the partition lock, src/log.rs) — and returns the new value: a
+    /// heap update, plus the row's index entries where it is not a heap-only tuple, as an
+    /// `UPDATE` makes it (the table was checked by [`DirectInsert::open`] to have nothing else
+    /// to run). `None`, with nothing written, when the row is missing, not held so, or its value
+    /// null or at the type's end, or the table is not a heap: the caller's statement then writes
+    /// (and waits, checks and raises as statements do).
+    pub fn increment_held(&mut self, key: &str, column: &CStr) -> Result<Option<i64>> {
+        // SAFETY: the relation, executor state and slot are `open`'s, alive until `drop`. The row
+        // is found with a fresh snapshot taken after the command counter moved past this
+        // transaction's earlier writes (the newest version: the one held), copied out of the
+        // scan, and replaced by `heap_update` under this transaction's command id; nobody else
+        // can change a row this transaction holds, so the update finds the version read (any
+        // other outcome writes nothing and is answered `None`). The new tuple's index entries
+        // are inserted through the slot with the tuple's values and new location.
+        unsafe {
+            let descriptor = (*self.relation).rd_att;
+            if (*(*self.relation).rd_rel).relam != pg_sys::HEAP_TABLE_AM_OID {
+                return Ok(None);
+            }
+            let Some(attnum) =
+                crate::catalog::live_attribute(descriptor, column, |t| t == pg_sys::INT8OID)
+            else {
+                return Err(Error::Internal(format!(
+                    "syncular: {:?} has no column {column:?} of the type read",
+                    self.table.name()
+                )));
+            };
+            pg_sys::CommandCounterIncrement();
+            let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+            let found = by_primary_key(self.table, None, &[text_key(key)], snapshot, |row| {
+                Ok(row.map(|row| pg_sys::heap_copytuple(row.tuple)))
+            });
+            pg_sys::UnregisterSnapshot(snapshot);
+            let Lookup::Here(Some(old), _) = found? else {
+                return Ok(None);
+            };
+            let mut is_null = false;
+            let value = pg_sys::heap_getattr(old, attnum.into(), descriptor, &mut is_null);
+            let next = i64::from_datum(value, is_null).and_then(|v| v.checked_add(1));
+            let (Some(next), true) = (next, held((*old).t_data)) else {
+                return Ok(None);
+            };
+            let width = (*descriptor).natts as usize;
+            let mut values = vec![pg_sys::Datum::from(0usize); width];
+            let nulls = vec![false; width];
+            let mut replace = vec![false; width];
+            let at = attnum as usize - 1;
+            values[at] = pg_sys::Datum::from(next);
+            replace[at] = true;
+            let new = pg_sys::heap_modify_tuple(
+                old,
+                descriptor,
+                values.as_mut_ptr(),
+                nulls.as_ptr().cast_mut(),
+                replace.as_mut_ptr(),
+            );
+            let Some(indexes) = port::heap_update(self.relation, &mut (*old).t_self, new) else {
+                return Ok(None);
+            };
+            if let Some(only_summarizing) = indexes {
+                let slot = self.slot;
+                port::exec_clear_tuple(slot);
+                pg_sys::heap_deform_tuple(new, descriptor, (*slot).tts_values, (*slot).tts_isnull);
+                pg_sys::ExecStoreVirtualTuple(slot);
+                (*slot).tts_tid = (*new).t_self;
+                let recheck =
+                    port::exec_update_index_tuples(self.info, slot, self.estate, only_summarizing);
+                pg_sys::list_free(recheck);
+                let econtext = (*self.estate).es_per_tuple_exprcontext;
+                if !econtext.is_null() {
+                    pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
+                }
+            }
+            pg_sys::heap_freetuple(new);
+            pg_sys::heap_freetuple(old);
+            Ok(Some(next))
+        }
+    }
+}
+
+/// Whether this transaction holds the row version `header` heads: it wrote it (no other
+/// transaction can see it yet), or its `xmax` is this transaction's exclusive lock only (`FOR
+/// UPDATE` / `FOR NO KEY UPDATE`, not shared through a multixact): no other transaction can
+/// update or lock it until this one ends.
+///
+/// # Safety
+/// `header` is a valid heap tuple header.
+unsafe fn held(header: pg_sys::HeapTupleHeader) -> bool {
+    // SAFETY: the caller's valid header, read; htup_details.h's `HEAP_XMAX_IS_LOCKED_ONLY` and
+    // `HEAP_XMAX_IS_EXCL_LOCKED`, written out.
+    unsafe {
+        let xmin = port::heap_tuple_header_get_xmin(header);
+        if xmin != pg_sys::FrozenTransactionId && pg_sys::TransactionIdIsCurrentTransactionId(xmin)
+        {
+            return true;
+        }
+        let mask = u32::from((*header).t_infomask);
+        let lock_mask = pg_sys::HEAP_XMAX_KEYSHR_LOCK | pg_sys::HEAP_XMAX_EXCL_LOCK;
+        let locked_only = mask & pg_sys::HEAP_XMAX_LOCK_ONLY != 0
+            || mask & (pg_sys::HEAP_XMAX_IS_MULTI | lock_mask) == pg_sys::HEAP_XMAX_EXCL_LOCK;
+        mask & (pg_sys::HEAP_XMAX_INVALID | pg_sys::HEAP_XMAX_IS_MULTI) == 0
+            && locked_only
+            && mask & lock_mask == pg_sys::HEAP_XMAX_EXCL_LOCK
+            && pg_sys::TransactionIdIsCurrentTransactionId((*header).t_choice.t_heap.t_xmax)
+    }
+}
+
 impl Drop for DirectInsert {
     fn drop(&mut self) {
         // After an ERROR the (sub)transaction's abort releases all of this; calling into
@@ -771,20 +915,30 @@ impl Drop for DirectInsert {
 /// or check on insert that [`DirectInsert::insert`] does not: owned by the current user (the
 /// extension's functions run as the owner, who needs no privilege check and is exempt from row
 /// security unless it is forced), not a partition (whose partition constraint a statement
-/// checks), no triggers, rules, generated columns or forced row security. CHECK constraints are
-/// evaluated by the insert itself.
+/// checks), no rules, generated columns or forced row security, and no trigger but `trigger`
+/// (which it must have). CHECK constraints are evaluated by the insert itself.
 ///
 /// # Safety
 /// `relation` is an open relation.
-unsafe fn is_plain(relation: pg_sys::Relation, columns: &[(&CStr, pg_sys::Oid)]) -> bool {
-    // SAFETY: the caller's open relation; its `rd_rel`, `rd_att` and `constr` are read only.
+unsafe fn is_plain(
+    relation: pg_sys::Relation,
+    columns: &[(&CStr, pg_sys::Oid)],
+    trigger: Option<NativeTrigger>,
+) -> bool {
+    // SAFETY: the caller's open relation; its `rd_rel`, `rd_att`, `constr` and `trigdesc` are
+    // read only.
     unsafe {
         let form = &*(*relation).rd_rel;
+        let triggers = match (trigger, (*relation).trigdesc.is_null()) {
+            (None, true) => true,
+            (Some(trigger), false) => only_trigger(&*(*relation).trigdesc, trigger),
+            _ => false,
+        };
         if crate::citus::manages((*relation).rd_id)
             || form.relkind != pg_sys::RELKIND_RELATION as std::ffi::c_char
             || form.relowner != pg_sys::GetUserId()
             || form.relispartition
-            || !(*relation).trigdesc.is_null()
+            || !triggers
             || !(*relation).rd_rules.is_null()
             || (form.relrowsecurity && form.relforcerowsecurity)
         {
@@ -806,4 +960,41 @@ unsafe fn is_plain(relation: pg_sys::Relation, columns: &[(&CStr, pg_sys::Oid)])
                         && CStr::from_ptr(attribute.attname.data.as_ptr()) == *name
                 })
     }
+}
+
+/// Whether `triggers` is exactly `trigger`: one `BEFORE INSERT FOR EACH ROW` trigger without a
+/// `WHEN` condition, firing in this session (`session_replication_role` against its enabled
+/// state, as `trigger.c` decides), whose function is the native one.
+///
+/// # Safety
+/// `triggers` is an open relation's trigger descriptor.
+unsafe fn only_trigger(triggers: &pg_sys::TriggerDesc, trigger: NativeTrigger) -> bool {
+    if triggers.numtriggers != 1 {
+        return false;
+    }
+    // SAFETY: the descriptor holds `numtriggers` (one) triggers.
+    let found = unsafe { &*triggers.triggers };
+    let kind = (pg_sys::TRIGGER_TYPE_ROW
+        | pg_sys::TRIGGER_TYPE_BEFORE
+        | pg_sys::TRIGGER_TYPE_INSTEAD
+        | pg_sys::TRIGGER_TYPE_INSERT) as i16;
+    let row_before_insert = (pg_sys::TRIGGER_TYPE_ROW
+        | pg_sys::TRIGGER_TYPE_BEFORE
+        | pg_sys::TRIGGER_TYPE_INSERT) as i16;
+    // SAFETY: a backend global, read.
+    let replica = unsafe { pg_sys::SessionReplicationRole }
+        == pg_sys::SESSION_REPLICATION_ROLE_REPLICA as std::ffi::c_int;
+    let enabled = found.tgenabled as u8;
+    let fires = enabled == pg_sys::TRIGGER_FIRES_ALWAYS
+        || enabled
+            == if replica {
+                pg_sys::TRIGGER_FIRES_ON_REPLICA
+            } else {
+                pg_sys::TRIGGER_FIRES_ON_ORIGIN
+            };
+    if found.tgtype & kind != row_before_insert || !found.tgqual.is_null() || !fires {
+        return false;
+    }
+    // SAFETY: inside the caller's transaction.
+    unsafe { crate::catalog::is_native_function(found.tgfoid, trigger.symbol) }
 }

@@ -161,6 +161,66 @@ impl Writer {
     }
 }
 
+/// The binary form of `document`, an object or array whose numbers are all 64-bit integers and
+/// whose strings hold no NUL — every document the extension builds itself (push results,
+/// `push_commit`'s answer): the bytes `jsonb_in` makes of its text, without the text, so that
+/// reading it back gives `document` again. `None` for any other document (a float, a NUL, which
+/// `jsonb_in` refuses, a scalar root, or past jsonb's sizes): the caller converts its text.
+pub fn from_json(document: &serde_json::Value) -> Option<OwnedJsonb> {
+    if !document.is_object() && !document.is_array() || !writable(document) {
+        return None;
+    }
+    let mut w = Writer::with_capacity(256);
+    w.json(document).ok()?;
+    Some(w.finish())
+}
+
+/// Whether [`Writer::json`] writes `value` as `jsonb_in` reads its text: every number an `i64`,
+/// no string or key with a NUL.
+fn writable(value: &serde_json::Value) -> bool {
+    crate::interrupts::check();
+    let text = |s: &str| !s.contains('\0');
+    match value {
+        serde_json::Value::Number(n) => n.is_i64(),
+        serde_json::Value::String(s) => text(s),
+        serde_json::Value::Array(items) => items.iter().all(writable),
+        serde_json::Value::Object(members) => members.iter().all(|(k, v)| text(k) && writable(v)),
+        _ => true,
+    }
+}
+
+impl Writer {
+    /// One JSON value whose numbers are `i64` ([`integral`]); any other number is refused.
+    fn json(&mut self, value: &serde_json::Value) -> Result<EntryType, Malformed> {
+        use serde_json::Value as Json;
+        match value {
+            Json::Null => Ok(JENTRY_ISNULL),
+            Json::Bool(false) => Ok(JENTRY_ISBOOL_FALSE),
+            Json::Bool(true) => Ok(JENTRY_ISBOOL_TRUE),
+            Json::Number(n) => self.value(Value::Int(n.as_i64().ok_or(Malformed)?)),
+            Json::String(s) => self.value(Value::String(s.as_bytes())),
+            Json::Array(items) => self.array(items.len(), |w, i| w.json(&items[i])),
+            Json::Object(members) => {
+                let mut pairs: Vec<(&String, &Json)> = members.iter().collect();
+                pairs.sort_unstable_by(|(a, _), (b, _)| {
+                    a.len().cmp(&b.len()).then_with(|| a.cmp(b))
+                });
+                let n = pairs.len();
+                if n > JB_CMASK as usize {
+                    return Err(Malformed);
+                }
+                self.container(n as u32 | JB_FOBJECT, 2 * n, |w, i| {
+                    if i < n {
+                        w.value(Value::String(pairs[i].0.as_bytes()))
+                    } else {
+                        w.json(pairs[i - n].1)
+                    }
+                })
+            }
+        }
+    }
+}
+
 /// Appends the `numeric` of `n` as `int8_numeric` builds it (`int64_to_numericvar`, then
 /// `make_result`): a 4-byte varlena header, the short header word (sign, display scale 0,
 /// weight), the base-10000 digits without leading or trailing zero digits; zero has none.
@@ -316,6 +376,33 @@ mod tests {
             prop_assert_eq!(bytes(&written(&doc)), bytes(&parsed(&text)), "{}", text);
             Ok(())
         });
+    }
+
+    /// Thousands of generated JSON documents: [`from_json`] writes `jsonb_in`'s bytes for every
+    /// one whose numbers are integers, and declines every other (a float, a scalar root).
+    #[pg_test]
+    fn json_documents_are_written_as_jsonb_in_writes_them() {
+        let (written, declined) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
+        run_cases(2000, any_json(), |doc| {
+            let expected = writable(&doc) && (doc.is_object() || doc.is_array());
+            match from_json(&doc) {
+                Some(binary) => {
+                    prop_assert!(expected, "{}", doc);
+                    prop_assert_eq!(bytes(&binary), bytes(&parsed(&doc.to_string())), "{}", doc);
+                    written.set(written.get() + 1);
+                }
+                None => {
+                    prop_assert!(!expected, "{}", doc);
+                    declined.set(declined.get() + 1);
+                }
+            }
+            Ok(())
+        });
+        let (written, declined) = (written.get(), declined.get());
+        assert!(
+            written > 200 && declined > 200,
+            "{written} written, {declined} declined"
+        );
     }
 
     /// Every integer the digits rule can meet, against `int8_numeric` through `jsonb_in`.

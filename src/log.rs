@@ -9,7 +9,7 @@ use crate::args;
 use crate::commit::{self, Change, Commit};
 use crate::db;
 use crate::error::{self, Error, Result};
-use crate::heap::{DirectInsert, SyncTable, Value};
+use crate::heap::{DirectInsert, NativeTrigger, SyncTable, Value};
 use crate::jsonb::JsonbArg;
 use crate::notify;
 use crate::push_guard;
@@ -130,10 +130,32 @@ macro_rules! tombstones_fragment {
 }
 
 /// `[without tombstones, with tombstones]`, for each way of writing the change rows.
+/// The tombstones of a commit appended below SQL (`$2`: its `commit_seq`).
+const TOMBSTONES_SQL: &str =
+    "INSERT INTO syncular.sync_tombstones (partition, tbl, row_id, commit_seq)
+SELECT $1, unnest($3::text[]), unnest($4::text[]), $2::int8
+ON CONFLICT (partition, tbl, row_id) DO UPDATE SET commit_seq = EXCLUDED.commit_seq";
+
 const COMMIT_ONLY_SQL: [&str; 2] = [append_sql!(), append_sql!(tombstones_fragment!())];
 const WHOLE_COMMIT_SQL: [&str; 2] = [
     append_sql!(rows_fragment!()),
     append_sql!(rows_fragment!(), tombstones_fragment!()),
+];
+
+const PARTITION_COLUMNS: &[(&CStr, pg_sys::Oid)] = &[
+    (c"partition", pg_sys::TEXTOID),
+    (c"max_commit_seq", pg_sys::INT8OID),
+    (c"horizon_seq", pg_sys::INT8OID),
+];
+
+const COMMIT_COLUMNS: &[(&CStr, pg_sys::Oid)] = &[
+    (c"partition", pg_sys::TEXTOID),
+    (c"commit_seq", pg_sys::INT8OID),
+    (c"client_id", pg_sys::TEXTOID),
+    (c"client_commit_id", pg_sys::TEXTOID),
+    (c"actor_id", pg_sys::TEXTOID),
+    (c"created_at_ms", pg_sys::INT8OID),
+    (c"writer_version", pg_sys::INT8OID),
 ];
 
 const CHANGE_COLUMNS: &[(&CStr, pg_sys::Oid)] = &[
@@ -158,35 +180,59 @@ const SCOPE_COLUMNS: &[(&CStr, pg_sys::Oid)] = &[
 
 /// Appends a validated commit; returns its `commit_seq`.
 ///
-/// The commit row goes through SQL (the allocation is an upsert with its row lock, and the fence
-/// trigger must fire), the change rows and scope index are inserted directly ([`heap`]) unless
-/// those tables carry anything a statement would have to run, then everything is one statement.
+/// Below SQL where the tables are as created ([`heap::DirectInsert`]) and this transaction holds
+/// the partition row ([`lock`]): the fence's check (what its trigger on `sync_commits` runs),
+/// the allocation (an update of the held row), the commit row, the change rows and the scope
+/// index; the tombstones, an upsert, as one statement. Otherwise as SQL: the allocation and
+/// commit row as one statement (an upsert taking the row lock, the fence trigger firing), the
+/// change rows and scope index directly where those tables allow it, else in that statement too.
 pub fn append<'a>(client: &SpiClient<'_>, partition: &str, commit: &Commit<'a>) -> Result<i64> {
     let direct = (
         DirectInsert::open(SyncTable::Changes, CHANGE_COLUMNS)?,
         DirectInsert::open(SyncTable::ChangeScopes, SCOPE_COLUMNS)?,
     );
     let tombstones = commit.tombstones();
-    let mut args = vec![
-        DatumWithOid::from(partition),
-        DatumWithOid::from(commit.client_id),
-        DatumWithOid::from(commit.client_commit_id),
-        DatumWithOid::from(commit.actor_id),
-        DatumWithOid::from(commit.created_at_ms),
-        DatumWithOid::from(commit.writer_version),
-        DatumWithOid::from(tombstones.iter().map(|t| t.0).collect::<Vec<_>>()),
-        DatumWithOid::from(tombstones.iter().map(|t| t.1).collect::<Vec<_>>()),
-    ];
-    let with_tombstones = !tombstones.is_empty() as usize;
+    let (tombstone_tables, tombstone_rows) = (
+        tombstones.iter().map(|t| t.0).collect::<Vec<_>>(),
+        tombstones.iter().map(|t| t.1).collect::<Vec<_>>(),
+    );
     let (Some(mut changes), Some(mut scopes)) = direct else {
+        let mut args = commit_args(partition, commit);
+        args.push(DatumWithOid::from(tombstone_tables));
+        args.push(DatumWithOid::from(tombstone_rows));
         args.extend(change_arrays(commit));
-        let sql = WHOLE_COMMIT_SQL[with_tombstones];
+        let sql = WHOLE_COMMIT_SQL[!tombstones.is_empty() as usize];
         return commit_seq(db::write(client, sql, &args)?);
     };
-    if with_tombstones == 0 {
-        args.truncate(6);
-    }
-    let seq = commit_seq(db::write(client, COMMIT_ONLY_SQL[with_tombstones], &args)?)?;
+    let seq = match allocate_held(partition, commit)? {
+        Some(seq) => {
+            if !tombstones.is_empty() {
+                db::write(
+                    client,
+                    TOMBSTONES_SQL,
+                    &[
+                        DatumWithOid::from(partition),
+                        DatumWithOid::from(seq),
+                        DatumWithOid::from(tombstone_tables),
+                        DatumWithOid::from(tombstone_rows),
+                    ],
+                )?;
+            }
+            seq
+        }
+        None => {
+            let mut args = commit_args(partition, commit);
+            if !tombstones.is_empty() {
+                args.push(DatumWithOid::from(tombstone_tables));
+                args.push(DatumWithOid::from(tombstone_rows));
+            }
+            commit_seq(db::write(
+                client,
+                COMMIT_ONLY_SQL[!tombstones.is_empty() as usize],
+                &args,
+            )?)?
+        }
+    };
     for (idx, change) in commit.changes.iter().enumerate() {
         crate::interrupts::check();
         changes.insert(&[
@@ -212,6 +258,63 @@ pub fn append<'a>(client: &SpiClient<'_>, partition: &str, commit: &Commit<'a>) 
         ])?;
     }
     Ok(seq)
+}
+
+/// `$1`…`$6` of the append statements: the commit row but its `commit_seq`.
+fn commit_args<'a>(partition: &'a str, commit: &Commit<'a>) -> Vec<DatumWithOid<'a>> {
+    vec![
+        DatumWithOid::from(partition),
+        DatumWithOid::from(commit.client_id),
+        DatumWithOid::from(commit.client_commit_id),
+        DatumWithOid::from(commit.actor_id),
+        DatumWithOid::from(commit.created_at_ms),
+        DatumWithOid::from(commit.writer_version),
+    ]
+}
+
+/// The allocation and the commit row below SQL, when this transaction holds the partition row
+/// (it took the partition lock, [`lock`], or created the row) and both tables are as created:
+/// the fence checked as its trigger checks (the trigger must be there, the only one, and
+/// firing), `max_commit_seq` raised by one in the held row, the commit row inserted. `None`,
+/// with nothing written, otherwise: the statement does it.
+fn allocate_held(partition: &str, commit: &Commit<'_>) -> Result<Option<i64>> {
+    let fence = NativeTrigger {
+        symbol: c"writer_fence_trigger_wrapper",
+        run: fence_row,
+    };
+    let (Some(mut partitions), Some(mut commits)) = (
+        DirectInsert::open(SyncTable::Partitions, PARTITION_COLUMNS)?,
+        DirectInsert::open_with_trigger(SyncTable::Commits, COMMIT_COLUMNS, Some(fence))?,
+    ) else {
+        return Ok(None);
+    };
+    let Some(seq) = partitions.increment_held(partition, c"max_commit_seq")? else {
+        return Ok(None);
+    };
+    // As in the statement: the fence is checked on the commit row, after the allocation; its
+    // error aborts both.
+    commits.insert(&[
+        Some(Value::Text(partition)),
+        Some(Value::Int8(seq)),
+        Some(Value::Text(commit.client_id)),
+        Some(Value::Text(commit.client_commit_id)),
+        Some(Value::Text(commit.actor_id)),
+        Some(Value::Int8(commit.created_at_ms)),
+        commit.writer_version.map(Value::Int8),
+    ])?;
+    Ok(Some(seq))
+}
+
+/// The writer fence's trigger (src/fence.rs) for one `sync_commits` row in [`COMMIT_COLUMNS`].
+fn fence_row(row: &[Option<Value<'_>>]) -> Result<()> {
+    let writer_version = match row.get(6) {
+        Some(Some(Value::Int8(w))) => Some(*w),
+        _ => None,
+    };
+    match row.first() {
+        Some(Some(Value::Text(partition))) => crate::fence::check(partition, writer_version),
+        _ => Err(Error::Internal("a commit row without its partition".into())),
+    }
 }
 
 /// `$9`…`$18` of the whole-commit statement: the change rows and the scope index as arrays.
@@ -360,6 +463,117 @@ mod tests {
         assert!(direct.contains("tasks|org|o|1"), "{direct}");
         assert_eq!(rows("triggered"), direct);
         assert_eq!(rows("altered"), direct);
+    }
+
+    /// How often this transaction called the fence's trigger function (`track_functions`).
+    fn fence_trigger_calls() -> i64 {
+        bigint(
+            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_catalog.pg_stat_xact_user_functions
+              WHERE schemaname = 'syncular' AND funcname = 'writer_fence_trigger'",
+        )
+    }
+
+    /// Where this transaction holds the partition row (`lock_partition`), the allocation and the
+    /// commit row are written below SQL: the fence is checked natively (its trigger function is
+    /// never called), the numbers stay dense, and the row's primary-key index follows its new
+    /// versions once they leave their page (hundreds of updates of one row in one transaction,
+    /// none prunable). Without the lock (a partition this transaction never locked) the
+    /// statement appends, firing the trigger.
+    #[pg_test]
+    fn a_held_partition_is_appended_below_sql_and_its_index_follows() {
+        Spi::run("SET LOCAL track_functions = 'all'").expect("set");
+        Spi::run("SELECT syncular.lock_partition('held')").expect("lock");
+        for expected in 1..=400 {
+            assert_eq!(
+                bigint(&format!("SELECT syncular.append_commit('held', {COMMIT})")),
+                expected
+            );
+        }
+        assert_eq!(fence_trigger_calls(), 0);
+        assert_eq!(
+            bigint("SELECT count(*) FROM syncular.sync_commits WHERE partition = 'held'"),
+            400
+        );
+        // Through the index alone: the newest version is found by its key, and is no longer on
+        // the row's first page (so its index entry was written here, not inherited by HOT).
+        Spi::run("SET LOCAL enable_seqscan = off").expect("set");
+        Spi::run("SET LOCAL enable_bitmapscan = off").expect("set");
+        let plan = Spi::get_one::<String>(
+            "EXPLAIN (COSTS OFF) SELECT max_commit_seq FROM syncular.sync_partitions
+              WHERE partition = 'held'",
+        )
+        .expect("explain")
+        .expect("plan");
+        assert!(plan.contains("Index Scan"), "{plan}");
+        assert_eq!(
+            bigint("SELECT max_commit_seq FROM syncular.sync_partitions WHERE partition = 'held'"),
+            400
+        );
+        assert!(
+            bigint(
+                "SELECT (ctid::text::point)[0]::bigint FROM syncular.sync_partitions
+                  WHERE partition = 'held'"
+            ) > 0
+        );
+        let amcheck = Spi::get_one::<bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_available_extensions WHERE name = 'amcheck')",
+        )
+        .expect("query")
+        .expect("answer");
+        if amcheck {
+            Spi::run("CREATE EXTENSION IF NOT EXISTS amcheck").expect("amcheck");
+            Spi::run("SELECT bt_index_check('syncular.sync_partitions_pkey'::regclass, true)")
+                .expect("every row version the heap holds is in the index");
+        }
+        assert_eq!(
+            bigint(&format!(
+                "SELECT syncular.append_commit('unheld', {COMMIT})"
+            )),
+            1
+        );
+        assert_eq!(fence_trigger_calls(), 1);
+    }
+
+    /// The commit row goes below SQL only under the fence trigger alone, firing: with another
+    /// trigger beside it, or in a session where it does not fire (`session_replication_role =
+    /// replica`: it is enabled for origin sessions), the statement appends, and the outcome is
+    /// the statement's — every trigger fires, and the fence is checked exactly where its
+    /// trigger fires.
+    #[pg_test]
+    fn the_commit_row_goes_below_sql_only_under_the_fence_alone() {
+        Spi::run("SET LOCAL track_functions = 'all'").expect("set");
+        Spi::run(
+            "CREATE TABLE public.commit_audit (seq bigint);
+             CREATE FUNCTION public.audit_commit() RETURNS trigger LANGUAGE plpgsql AS
+               $$BEGIN INSERT INTO public.commit_audit VALUES (NEW.commit_seq); RETURN NEW; END$$;
+             CREATE TRIGGER commit_audit AFTER INSERT ON syncular.sync_commits
+               FOR EACH ROW EXECUTE FUNCTION public.audit_commit();",
+        )
+        .expect("trigger");
+        Spi::run("SELECT syncular.lock_partition('audited')").expect("lock");
+        let append = |p: &str| bigint(&format!("SELECT syncular.append_commit('{p}', {COMMIT})"));
+        assert_eq!(append("audited"), 1);
+        assert_eq!(bigint("SELECT count(*) FROM public.commit_audit"), 1);
+        assert_eq!(fence_trigger_calls(), 1);
+        Spi::run("DROP TRIGGER commit_audit ON syncular.sync_commits").expect("drop");
+        assert_eq!(append("audited"), 2);
+        assert_eq!(fence_trigger_calls(), 1);
+        // The commit's writer version is 2: below a fence of 3, which only a firing trigger checks.
+        Spi::run("SELECT syncular.raise_writer_fence('replica', 3)").expect("fence");
+        Spi::run("SET LOCAL session_replication_role = replica").expect("set");
+        Spi::run("SELECT syncular.lock_partition('replica')").expect("lock");
+        assert_eq!(append("replica"), 1);
+        assert_eq!(fence_trigger_calls(), 1);
+    }
+
+    #[pg_test(error = "sync.storage.writer_fence_rejected")]
+    fn a_held_partition_below_its_fence_is_refused_below_sql() {
+        Spi::run("SELECT syncular.raise_writer_fence('fenced', 3)").expect("fence");
+        Spi::run("SELECT syncular.lock_partition('fenced')").expect("lock");
+        Spi::run(&format!(
+            "SELECT syncular.append_commit('fenced', {COMMIT})"
+        ))
+        .expect("refused");
     }
 
     #[pg_test(error = "sync.storage.invalid_commit")]

@@ -104,6 +104,99 @@ pub unsafe fn exec_insert_index_tuples(
     }
 }
 
+/// [`exec_insert_index_tuples`] for the new version of an updated row (`update` set, as
+/// `ExecUpdate` calls it); `only_summarizing`: PostgreSQL 16+'s answer that only summarizing
+/// indexes need the new version (never on 15, which then makes no heap-only tuple).
+///
+/// # Safety
+/// As for [`exec_insert_index_tuples`]; `slot` holds the new version with its `tts_tid`.
+pub unsafe fn exec_update_index_tuples(
+    info: *mut pg_sys::ResultRelInfo,
+    slot: *mut pg_sys::TupleTableSlot,
+    estate: *mut pg_sys::EState,
+    only_summarizing: bool,
+) -> *mut pg_sys::List {
+    let (no_conflict, no_arbiters) = (std::ptr::null_mut(), std::ptr::null_mut());
+    // SAFETY: the caller's contract.
+    unsafe {
+        #[cfg(feature = "pg15")]
+        {
+            let _ = only_summarizing;
+            pg_sys::ExecInsertIndexTuples(info, slot, estate, true, false, no_conflict, no_arbiters)
+        }
+        #[cfg(feature = "pg18")]
+        {
+            pg_sys::ExecInsertIndexTuples(
+                info,
+                slot,
+                estate,
+                true,
+                false,
+                no_conflict,
+                no_arbiters,
+                only_summarizing,
+            )
+        }
+    }
+}
+
+/// `heap_update` (`src/backend/access/heap/heapam.c`) of the row version at `old` by `new`
+/// under this transaction's command id, waiting for nobody but as the executor's update does;
+/// PostgreSQL 16 made it answer which indexes need the new version. `None`: not updated (the
+/// version is no longer the newest, or was changed by this command); `Some(None)`: a heap-only
+/// tuple, no index entry needed; `Some(Some(only_summarizing))`: the indexes need entries.
+///
+/// # Safety
+/// `relation` is an open heap relation locked for writing; `old` names a row version of it,
+/// `new` is a tuple of its descriptor.
+pub unsafe fn heap_update(
+    relation: pg_sys::Relation,
+    old: pg_sys::ItemPointer,
+    new: pg_sys::HeapTuple,
+) -> Option<Option<bool>> {
+    let mut failure = pg_sys::TM_FailureData::default();
+    let mut lock_mode: pg_sys::LockTupleMode::Type = 0;
+    // SAFETY: the caller's contract; no crosscheck snapshot, as outside RI checks.
+    unsafe {
+        let command = pg_sys::GetCurrentCommandId(true);
+        #[cfg(feature = "pg15")]
+        {
+            let result = pg_sys::heap_update(
+                relation,
+                old,
+                new,
+                command,
+                std::ptr::null_mut(),
+                true,
+                &mut failure,
+                &mut lock_mode,
+            );
+            let heap_only = u32::from((*(*new).t_data).t_infomask2) & pg_sys::HEAP_ONLY_TUPLE != 0;
+            (result == pg_sys::TM_Result::TM_Ok).then_some((!heap_only).then_some(false))
+        }
+        #[cfg(feature = "pg18")]
+        {
+            let mut indexes: pg_sys::TU_UpdateIndexes::Type = pg_sys::TU_UpdateIndexes::TU_None;
+            let result = pg_sys::heap_update(
+                relation,
+                old,
+                new,
+                command,
+                std::ptr::null_mut(),
+                true,
+                &mut failure,
+                &mut lock_mode,
+                &mut indexes,
+            );
+            (result == pg_sys::TM_Result::TM_Ok).then_some(match indexes {
+                pg_sys::TU_UpdateIndexes::TU_None => None,
+                pg_sys::TU_UpdateIndexes::TU_Summarizing => Some(true),
+                _ => Some(false),
+            })
+        }
+    }
+}
+
 /// The `numeric` varlena's header word (`src/backend/utils/adt/numeric.c`): sign and format bits,
 /// the short format's sign, weight sign and weight; digits are base `NBASE`. Read by
 /// [`crate::jsonb`], written by [`crate::jsonb_write`].

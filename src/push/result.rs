@@ -297,9 +297,19 @@ fn put_push_result(
 }
 
 /// Stores a validated push result, first writer wins (a concurrent insert of the same key is
-/// waited for); returns the stored (winning) document, normalized.
+/// waited for); returns the stored (winning) document, normalized. A document of integers and
+/// strings (every one a push builds) goes in as binary jsonb, written directly
+/// ([`crate::jsonb_write::from_json`]), and when it is the one stored its reading is its own
+/// normalized form (the jsonb round trip gives the same document back); any other is converted
+/// from its text and read back as stored.
 pub fn store_result(client: &SpiClient<'_>, key: &[&str; 3], document: Value) -> Result<Value> {
     let [p, c, k] = *key;
+    let binary = crate::jsonb_write::from_json(&document);
+    let written = binary.is_some();
+    let value = match binary {
+        Some(binary) => DatumWithOid::from(binary),
+        None => DatumWithOid::from(JsonB(document.clone())),
+    };
     let inserted = db::write(
         client,
         "INSERT INTO syncular.sync_push_results (partition, client_id, client_commit_id, result)
@@ -308,11 +318,16 @@ pub fn store_result(client: &SpiClient<'_>, key: &[&str; 3], document: Value) ->
             DatumWithOid::from(p),
             DatumWithOid::from(c),
             DatumWithOid::from(k),
-            DatumWithOid::from(JsonB(document)),
+            value,
         ],
     )?;
-    match db::first::<JsonB>(inserted)? {
-        Some(stored) => normalize(stored.0).map_err(|_| cache_miss_of(key)),
+    let stored = if written {
+        (!inserted.is_empty()).then_some(document)
+    } else {
+        db::first::<JsonB>(inserted)?.map(|stored| stored.0)
+    };
+    match stored {
+        Some(stored) => normalize(stored).map_err(|_| cache_miss_of(key)),
         None => stored_result(client, key, true)?
             .ok_or_else(|| Error::Internal("push result vanished".into())),
     }
