@@ -155,3 +155,31 @@ pub unsafe fn is_native_function(oid: pg_sys::Oid, symbol: &CStr) -> bool {
         native
     }
 }
+
+/// The attribute number of `relation`'s primary key when it is one `text` column (the
+/// extension's keyed tables: `sync_partitions`, `sync_writer_fence`), else `None`.
+///
+/// # Safety
+/// `relation` is an open relation.
+pub unsafe fn primary_key_text_attribute(relation: pg_sys::Relation) -> Option<i16> {
+    // SAFETY: the caller's open relation; its primary-key index is opened and closed here under
+    // the lock the relation is held with (any lock keeps the index's definition).
+    unsafe {
+        let index_id = crate::port::relation_primary_key_index(relation);
+        if index_id == pg_sys::InvalidOid {
+            return None;
+        }
+        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        let index = pg_sys::index_open(index_id, lock);
+        let indkey = &(*(*index).rd_index).indkey;
+        let columns = indkey.values.as_slice(indkey.dim1.max(0) as usize).to_vec();
+        pg_sys::index_close(index, lock);
+        let [attnum] = columns[..] else {
+            return None;
+        };
+        let attribute = pgrx::PgTupleDesc::from_pg_unchecked((*relation).rd_att)
+            .get(attnum as usize - 1)
+            .map(|a| a.atttypid == pg_sys::TEXTOID && !a.attisdropped);
+        (attribute == Some(true)).then_some(attnum)
+    }
+}

@@ -867,6 +867,90 @@ impl DirectInsert {
     }
 }
 
+/// Takes this transaction's exclusive row lock (`SELECT … FOR UPDATE`'s) on the newest version
+/// of the row of `table` whose text primary key is `key`, waiting for other holders as that
+/// statement waits (`lock_timeout`, deadlock detection and cancels included: the heap's own
+/// wait), and returns the `bigint` column `column` of the version locked. The row is found by
+/// its key with a new snapshot, as a READ COMMITTED statement's, and the newest version of its
+/// update chain is locked (`TUPLE_LOCK_FLAG_FIND_LAST_VERSION`, what the executor does for a
+/// row lock in READ COMMITTED). `None`, with no row locked (and the caller's statement then
+/// locks, creates or raises): outside READ COMMITTED or in a read-only transaction, where the
+/// table has anything a statement would check ([`DirectInsert::open`]'s rule) or is not a heap,
+/// and where the row is missing, was deleted before it could be locked, or its newest version
+/// no longer has the key (then the statement's own lock on it is what the statement would have
+/// left too).
+pub fn lock_by_key(
+    table: SyncTable,
+    columns: &[(&CStr, pg_sys::Oid)],
+    key: &str,
+    column: &CStr,
+) -> Result<Option<i64>> {
+    let lock = pg_sys::RowShareLock as pg_sys::LOCKMODE;
+    // SAFETY: inside the caller's transaction. The relation is opened here with the lock a
+    // `SELECT … FOR UPDATE` takes and closed keeping it, as the statement keeps it; the snapshot
+    // is registered around the lookup and the row lock; the slot is the table AM's own, made and
+    // dropped here; the table AM's `tuple_lock` is called as `ExecLockRows` calls it.
+    unsafe {
+        if pg_sys::XactReadOnly || pg_sys::XactIsoLevel != pg_sys::XACT_READ_COMMITTED as i32 {
+            return Ok(None);
+        }
+        let relation = open(table, lock)?;
+        let descriptor = (*relation).rd_att;
+        let attributes = (
+            crate::catalog::live_attribute(descriptor, column, |t| t == pg_sys::INT8OID),
+            crate::catalog::primary_key_text_attribute(relation),
+        );
+        let (Some(attnum), Some(key_attnum), true, true) = (
+            attributes.0,
+            attributes.1,
+            is_plain(relation, columns, None),
+            (*(*relation).rd_rel).relam == pg_sys::HEAP_TABLE_AM_OID,
+        ) else {
+            pg_sys::table_close(relation, pg_sys::NoLock as pg_sys::LOCKMODE);
+            return Ok(None);
+        };
+        pg_sys::CommandCounterIncrement();
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
+        let found = by_primary_key(table, None, &[text_key(key)], snapshot, |row| {
+            Ok(row.map(|row| (*row.tuple).t_self))
+        });
+        let locked = match found {
+            Ok(Lookup::Here(Some(mut tid), _)) => {
+                let slot = pg_sys::table_slot_create(relation, std::ptr::null_mut());
+                let mut failure = pg_sys::TM_FailureData::default();
+                let tuple_lock = (*(*relation).rd_tableam).tuple_lock;
+                let result = tuple_lock.map(|tuple_lock| {
+                    tuple_lock(
+                        relation,
+                        &mut tid,
+                        snapshot,
+                        slot,
+                        pg_sys::GetCurrentCommandId(true),
+                        pg_sys::LockTupleMode::LockTupleExclusive,
+                        pg_sys::LockWaitPolicy::LockWaitBlock,
+                        pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION as u8,
+                        &mut failure,
+                    )
+                });
+                let value = (result == Some(pg_sys::TM_Result::TM_Ok)).then(|| {
+                    let mut is_null = false;
+                    let found = pg_sys::slot_getattr(slot, key_attnum.into(), &mut is_null);
+                    let same_key = String::from_datum(found, is_null).as_deref() == Some(key);
+                    let value = pg_sys::slot_getattr(slot, attnum.into(), &mut is_null);
+                    same_key.then(|| i64::from_datum(value, is_null)).flatten()
+                });
+                pg_sys::ExecDropSingleTupleTableSlot(slot);
+                Ok(value.flatten())
+            }
+            Ok(_) => Ok(None),
+            Err(e) => Err(e),
+        };
+        pg_sys::UnregisterSnapshot(snapshot);
+        pg_sys::table_close(relation, pg_sys::NoLock as pg_sys::LOCKMODE);
+        locked
+    }
+}
+
 /// Whether this transaction holds the row version `header` heads: it wrote it (no other
 /// transaction can see it yet), or its `xmax` is this transaction's exclusive lock only (`FOR
 /// UPDATE` / `FOR NO KEY UPDATE`, not shared through a multixact): no other transaction can

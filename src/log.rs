@@ -9,7 +9,7 @@ use crate::args;
 use crate::commit::{self, Change, Commit};
 use crate::db;
 use crate::error::{self, Error, Result};
-use crate::heap::{DirectInsert, NativeTrigger, SyncTable, Value};
+use crate::heap::{self, DirectInsert, NativeTrigger, SyncTable, Value};
 use crate::jsonb::JsonbArg;
 use crate::notify;
 use crate::push_guard;
@@ -29,6 +29,20 @@ pub struct Locked {
 
 /// Takes the partition write lock (L1), creating the row with `max_commit_seq = 0` if needed.
 pub fn lock(client: &SpiClient<'_>, partition: &str) -> Result<Locked> {
+    // Common case: the row exists. Below SQL where the table is as created and the transaction
+    // READ COMMITTED (docs/DESIGN.md §Commit log); the statement otherwise.
+    let below = heap::lock_by_key(
+        SyncTable::Partitions,
+        PARTITION_COLUMNS,
+        partition,
+        c"max_commit_seq",
+    )?;
+    if let Some(max) = below {
+        return Ok(Locked {
+            max_commit_seq: max,
+            created: false,
+        });
+    }
     let key = || [DatumWithOid::from(partition)];
     // Common case: the row exists. FOR UPDATE waits for the holder and returns the newest version.
     let existing = db::write(

@@ -24,7 +24,7 @@
 
 use crate::error::{Error, Result};
 use crate::txn_local::{self, Key};
-use serde_json::{json, Value};
+
 
 /// `push_begin` of this transaction began this push.
 pub fn begin(partition: &str, client_id: &str, client_commit_id: &str) {
@@ -165,15 +165,17 @@ pub fn check_result(
     }
 }
 
-/// After storing the applied result of a push this transaction appended as `commit_seq`:
-/// `canonical`, the result stored for the key (first writer wins), must be the applied one
-/// naming that commit. Another transaction may have stored a result first (`put_push_result`
-/// takes no lock); the commit must not stand next to it, so the call fails and its append goes
-/// with it.
-pub fn check_stored(commit_seq: i64, canonical: &Value) -> Result<()> {
-    if canonical["status"] == "applied" && canonical["commitSeq"] == json!(commit_seq) {
+/// After storing the applied result of a push this transaction appended as `commit_seq`: the
+/// result stored for the key (first writer wins) must be the one this call inserted — which
+/// names that commit (the caller built or checked it so). Another transaction may have stored a
+/// result first (`put_push_result` takes no lock), whatever it says, even the same
+/// `commitSeq` (red team 32, F1): the commit must not stand next to it, so the call fails and
+/// its append goes with it.
+pub fn check_stored(commit_seq: i64, stored: &crate::push::result::Stored) -> Result<()> {
+    if stored.inserted {
         return Ok(());
     }
+    let canonical = &stored.document;
     Err(
         Error::invalid_argument("client_commit_id", "range").with_hint(format!(
             "another transaction stored a result for this push (status {}) while this one \

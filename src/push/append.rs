@@ -174,9 +174,9 @@ pub fn store_applied(
         "results": (0..results).map(|k| json!({"opIndex": k, "status": "applied"})).collect::<Vec<_>>(),
         "recordedAtMs": header.created_at_ms, "cacheIdentity": header.identity,
     });
-    let canonical = result::store_result(client, &header.key, document)?;
+    let stored = result::store_result(client, &header.key, document)?;
     // First writer wins, but the commit just appended must not stand next to another
     // transaction's result for the key (D8): then the call fails and the append goes with it.
-    push_guard::check_stored(appended.seq, &canonical)?;
-    Ok(finished(canonical, header.identity, appended.returned))
+    push_guard::check_stored(appended.seq, &stored)?;
+    Ok(finished(stored.document, header.identity, appended.returned))
 }

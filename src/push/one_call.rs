@@ -231,7 +231,7 @@ fn push(client: &SpiClient<'_>, caller: pg_sys::Oid, request: &Request<'_>) -> R
             // C9: only the rejection is stored; no commit_seq is consumed.
             let document = json!({"status": "rejected", "results": [record],
                                   "recordedAtMs": request.created_at_ms, "cacheIdentity": identity});
-            let canonical = result::store_result(client, &request.key, document)?;
+            let canonical = result::store_result(client, &request.key, document)?.document;
             Ok(append::finished(canonical, &identity, None))
         }
     }

@@ -285,24 +285,33 @@ fn put_push_result(
             .flatten();
         let names_append = push_guard::check_result(p, c, k, applied_seq)?;
         db::with_spi(|client| {
-            let canonical = store_result(client, &key.parts(), document)?;
+            let stored = store_result(client, &key.parts(), document)?;
             // The push's commit stands in this transaction: only its own result may be stored.
             if let (true, Some(seq)) = (names_append, applied_seq) {
-                push_guard::check_stored(seq, &canonical)?;
+                push_guard::check_stored(seq, &stored)?;
             }
-            Ok(canonical)
+            Ok(stored.document)
         })
         .map(JsonB)
     })
 }
 
+/// The result stored for a push key by [`store_result`].
+pub struct Stored {
+    /// The stored (winning) document, normalized.
+    pub document: Value,
+    /// The document stored is the one this call inserted (not another transaction's).
+    pub inserted: bool,
+}
+
 /// Stores a validated push result, first writer wins (a concurrent insert of the same key is
-/// waited for); returns the stored (winning) document, normalized. A document of integers and
+/// waited for); returns the stored (winning) document, normalized, and whether it is the one
+/// this call inserted. A document of integers and
 /// strings (every one a push builds) goes in as binary jsonb, written directly
 /// ([`crate::jsonb_write::from_json`]), and when it is the one stored its reading is its own
 /// normalized form (the jsonb round trip gives the same document back); any other is converted
 /// from its text and read back as stored.
-pub fn store_result(client: &SpiClient<'_>, key: &[&str; 3], document: Value) -> Result<Value> {
+pub fn store_result(client: &SpiClient<'_>, key: &[&str; 3], document: Value) -> Result<Stored> {
     let [p, c, k] = *key;
     let binary = crate::jsonb_write::from_json(&document);
     let written = binary.is_some();
@@ -326,9 +335,15 @@ pub fn store_result(client: &SpiClient<'_>, key: &[&str; 3], document: Value) ->
     } else {
         db::first::<JsonB>(inserted)?.map(|stored| stored.0)
     };
-    match stored {
-        Some(stored) => normalize(stored).map_err(|_| cache_miss_of(key)),
-        None => stored_result(client, key, true)?
-            .ok_or_else(|| Error::Internal("push result vanished".into())),
-    }
+    Ok(match stored {
+        Some(stored) => Stored {
+            document: normalize(stored).map_err(|_| cache_miss_of(key))?,
+            inserted: true,
+        },
+        None => Stored {
+            document: stored_result(client, key, true)?
+                .ok_or_else(|| Error::Internal("push result vanished".into()))?,
+            inserted: false,
+        },
+    })
 }

@@ -385,3 +385,113 @@ fn log_09_the_partition_lock_serializes_writers() {
     exec(&mut s1, "COMMIT");
     assert_eq!(waiter.join().unwrap(), 1);
 }
+
+/// The partition lock taken below SQL (docs/DESIGN.md §Commit log) waits, follows and gives up
+/// exactly as its statement (`SELECT … FOR UPDATE`) does: a waiter is granted the newest
+/// version once the holder commits its allocation; a row deleted while it waited is created
+/// again (as the statement's path creates it); `lock_timeout`, a cancel and a deadlock end the
+/// wait with PostgreSQL's own errors; under REPEATABLE READ a row changed after the snapshot is
+/// refused (40001) by the statement the lock falls back to there.
+#[test]
+fn log_10_the_partition_lock_below_sql_waits_follows_and_gives_up_as_the_statement() {
+    let db = TestDb::new("log10");
+    let mut s1 = db.connect();
+    let pid1 = backend_pid(&mut s1);
+    let mut observer = db.connect();
+    let lock = "SELECT syncular.lock_partition($1)";
+    // Follows: s2 waits on s1's allocation, then locks the version s1 committed.
+    append(&mut s1, P, "tasks", "t0", Some(V));
+    exec(&mut s1, "BEGIN");
+    one::<i64>(&mut s1, lock, &[&P]);
+    append(&mut s1, P, "tasks", "t1", Some(V));
+    let mut s2 = db.connect();
+    let pid = backend_pid(&mut s2);
+    let waiter = thread::spawn(move || {
+        let max = one::<i64>(&mut s2, lock, &[&P]);
+        (s2, max)
+    });
+    wait_until_blocked(&mut observer, pid);
+    exec(&mut s1, "COMMIT");
+    let (mut s2, max) = waiter.join().unwrap();
+    assert_eq!(max, 2);
+    // Deleted while waiting: the row is created again, at 0.
+    one::<i64>(&mut s1, lock, &[&"gone"]);
+    exec(&mut s1, "BEGIN");
+    exec(
+        &mut s1,
+        "DELETE FROM syncular.sync_partitions WHERE partition = 'gone'",
+    );
+    let waiter = thread::spawn(move || {
+        let max = one::<i64>(&mut s2, lock, &[&"gone"]);
+        (s2, max)
+    });
+    wait_until_blocked(&mut observer, pid);
+    exec(&mut s1, "COMMIT");
+    let (mut s2, max) = waiter.join().unwrap();
+    assert_eq!(max, 0);
+    assert_eq!(
+        count(&mut s1, "syncular.sync_partitions WHERE partition = 'gone'"),
+        1
+    );
+    // lock_timeout and a cancel end the wait.
+    exec(&mut s1, "BEGIN");
+    one::<i64>(&mut s1, lock, &[&P]);
+    exec(&mut s2, "SET lock_timeout = '200ms'");
+    expect_error(
+        s2.query_one(lock, &[&P]),
+        "55P03",
+        "canceling statement due to lock timeout",
+        None,
+    );
+    exec(&mut s2, "RESET lock_timeout");
+    let waiter = thread::spawn(move || {
+        let result = s2.query_one(lock, &[&P]).map(|r| r.get::<_, i64>(0));
+        (s2, result)
+    });
+    wait_until_blocked(&mut observer, pid);
+    assert!(one::<bool>(
+        &mut observer,
+        "SELECT pg_cancel_backend($1)",
+        &[&pid]
+    ));
+    let (mut s2, result) = waiter.join().unwrap();
+    expect_error(
+        result,
+        "57014",
+        "canceling statement due to user request",
+        None,
+    );
+    exec(&mut s1, "ROLLBACK");
+    // A deadlock between two partitions locked in opposite orders: one of them is refused.
+    one::<i64>(&mut s1, lock, &[&"a"]);
+    one::<i64>(&mut s1, lock, &[&"b"]);
+    exec(&mut s1, "BEGIN");
+    one::<i64>(&mut s1, lock, &[&"a"]);
+    exec(&mut s2, "BEGIN");
+    one::<i64>(&mut s2, lock, &[&"b"]);
+    let first = thread::spawn(move || {
+        let result = s1.query_one(lock, &[&"b"]).map(|r| r.get::<_, i64>(0));
+        (s1, result)
+    });
+    wait_until_blocked(&mut observer, pid1);
+    let second = s2.query_one(lock, &[&"a"]).map(|r| r.get::<_, i64>(0));
+    let (mut s1, first) = first.join().unwrap();
+    let refused: Vec<String> = [&first, &second]
+        .into_iter()
+        .filter_map(|r| r.as_ref().err().map(|e| sql_error(e).state))
+        .collect();
+    assert_eq!(refused, ["40P01"], "{first:?} {second:?}");
+    exec(&mut s1, "ROLLBACK");
+    exec(&mut s2, "ROLLBACK");
+    // REPEATABLE READ: the statement, which refuses a row changed after the snapshot.
+    exec(&mut s2, "BEGIN ISOLATION LEVEL REPEATABLE READ");
+    one::<i64>(&mut s2, "SELECT 1::int8", &[]);
+    append(&mut s1, P, "tasks", "t2", Some(V));
+    expect_error(
+        s2.query_one(lock, &[&P]),
+        "40001",
+        "could not serialize access due to concurrent update",
+        None,
+    );
+    exec(&mut s2, "ROLLBACK");
+}

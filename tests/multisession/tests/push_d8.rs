@@ -64,12 +64,26 @@ fn try_push_begin(c: &mut Client, ccid: &str) -> Result<Option<Value>, postgres:
     )
 }
 
-/// Session B stores a rejection for `k1` first, without the partition lock, and commits only
-/// once session A's own result for `k1` waits for B's row. A has appended the commit of `k1` by
-/// then: it must fail (the error undoes the append), not answer B's result as a replay with its
-/// commit standing.
+/// What session B stores for `k1` in the race below.
+#[derive(Clone, Copy, Debug)]
+enum Stored {
+    /// A rejection.
+    Rejection,
+    /// An applied result naming the `commit_seq` A is about to append (red team 32, F1: the
+    /// next number is `max_commit_seq` + 1, which a host role can read), with a record of its own.
+    ForgedApplied,
+}
+
+/// Session B stores a result for `k1` first, without the partition lock, and commits only once
+/// session A's own result for `k1` waits for B's row. A has appended the commit of `k1` by then:
+/// it must fail (the error undoes the append), not answer B's result as a replay with its commit
+/// standing — whatever B's result says, even A's own `commit_seq`.
 fn race(finisher: Finisher) {
-    let (db, mut a) = fixture(&format!("d8_race_{finisher:?}"));
+    race_with(finisher, Stored::Rejection);
+}
+
+fn race_with(finisher: Finisher, stored_by_b: Stored) {
+    let (db, mut a) = fixture(&format!("d8_race_{finisher:?}_{stored_by_b:?}"));
     let op = up(&mut a, "tasks", "t1", None, task("t1", "p1"));
     let mut b = db.connect();
     let mut observer = db.connect();
@@ -84,10 +98,19 @@ fn race(finisher: Finisher) {
         assert_eq!(staged.unwrap()["outcome"], "staged");
     }
     exec(&mut b, "BEGIN");
+    let document = match stored_by_b {
+        Stored::Rejection => rejection("b"),
+        Stored::ForgedApplied => {
+            let next = one::<i64>(&mut b, "SELECT syncular.max_commit_seq($1)", &[&P]) + 1;
+            json!({"status": "applied", "commitSeq": next, "results": [{"opIndex": 0,
+                "status": "conflict", "code": "sync.version_conflict", "message": "forged",
+                "serverVersion": 7}], "recordedAtMs": NOW, "cacheIdentity": "b"})
+        }
+    };
     let stored: Value = one(
         &mut b,
         "SELECT syncular.put_push_result($1, 'c1', 'k1', $2)",
-        &[&P, &rejection("b")],
+        &[&P, &document],
     );
     assert_eq!(stored["cacheIdentity"], "b");
     let contested = thread::spawn(move || {
@@ -140,6 +163,43 @@ fn d8_a_result_stored_by_another_session_undoes_a_direct_push() {
 #[test]
 fn d8_a_result_stored_by_another_session_undoes_a_classic_push() {
     race(Finisher::Classic);
+}
+
+#[test]
+fn d8_an_applied_result_forged_by_another_session_undoes_every_kind_of_push() {
+    for finisher in [Finisher::Finish, Finisher::Direct, Finisher::Classic] {
+        race_with(finisher, Stored::ForgedApplied);
+    }
+}
+
+/// An applied result whose `commitSeq` is written `2.0` names commit 2 (`put_push_result`
+/// validates it so): stored in the transaction that appended commit 2, it is accepted, not
+/// refused as another transaction's (red team 32, F2).
+#[test]
+fn d8_an_applied_result_naming_its_commit_as_a_whole_float_is_stored() {
+    let (_db, mut a) = fixture("d8_float_seq");
+    append(&mut a, P, "tasks", "t0", Some(V));
+    exec(&mut a, "BEGIN");
+    assert_eq!(try_push_begin(&mut a, "k1").unwrap(), None);
+    let d = doc("k1", json!([chg("tasks", "t1")]), Some(V));
+    let seq: i64 = one(&mut a, "SELECT syncular.append_commit($1, $2)", &[&P, &d]);
+    assert_eq!(seq, 2);
+    let stored: Value = one(
+        &mut a,
+        "SELECT syncular.put_push_result($1, 'c1', 'k1', $2)",
+        &[
+            &P,
+            &json!({"status": "applied", "commitSeq": 2.0, "results": [],
+                      "recordedAtMs": NOW, "cacheIdentity": "a"}),
+        ],
+    );
+    assert_eq!(stored["cacheIdentity"], "a");
+    exec(&mut a, "COMMIT");
+    let (seqs, result) = commits_and_result(&mut a, "k1");
+    assert_eq!(
+        (seqs, result.unwrap()["cacheIdentity"].clone()),
+        (vec![2], json!("a"))
+    );
 }
 
 /// The finish re-reads the stored result of its key under the lock, as `push_commit` does
