@@ -695,7 +695,7 @@ impl OwnedJsonb {
 /// `document` as jsonb: written directly where it can be ([`crate::jsonb_write::from_json`]),
 /// else converted from its text by `jsonb_in` — the same bytes either way.
 pub fn owned(document: &serde_json::Value) -> crate::error::Result<OwnedJsonb> {
-    crate::jsonb_write::from_json(document)
+    crate::jsonb_write::from_json(document)?
         .or_else(|| OwnedJsonb::from_text(&document.to_string()))
         .ok_or_else(|| crate::error::Error::Internal("syncular: a document with a NUL".into()))
 }

@@ -164,33 +164,52 @@ impl Writer {
 /// The binary form of `document`, an object or array whose numbers are all 64-bit integers and
 /// whose strings hold no NUL — every document the extension builds itself (push results,
 /// `push_commit`'s answer): the bytes `jsonb_in` makes of its text, without the text, so that
-/// reading it back gives `document` again. `None` for any other document (a float, a NUL, which
-/// `jsonb_in` refuses, a scalar root, or past jsonb's sizes): the caller converts its text.
-pub fn from_json(document: &serde_json::Value) -> Option<OwnedJsonb> {
-    if !document.is_object() && !document.is_array() || !writable(document) {
-        return None;
+/// reading it back gives `document` again. `Ok(None)` for any other document (a float, a NUL,
+/// which `jsonb_in` refuses, a scalar root, or past jsonb's sizes): the caller converts its
+/// text. The buffer is reserved once, fallibly, for the most the document can take (its size
+/// comes from input: `put_push_result`), so running out of memory is `53200`, not an abort.
+pub fn from_json(
+    document: &serde_json::Value,
+) -> Result<Option<OwnedJsonb>, crate::alloc::OutOfMemory> {
+    if !document.is_object() && !document.is_array() {
+        return Ok(None);
     }
-    let mut w = Writer::with_capacity(256);
-    w.json(document).ok()?;
-    Some(w.finish())
+    let Some(bound) = bound(document) else {
+        return Ok(None);
+    };
+    let mut w = Writer {
+        buf: crate::alloc::try_with_capacity(bound)?,
+    };
+    Ok(w.json(document).ok().map(|_| w.finish()))
 }
 
-/// Whether [`Writer::json`] writes `value` as `jsonb_in` reads its text: every number an `i64`,
-/// no string or key with a NUL.
-fn writable(value: &serde_json::Value) -> bool {
+/// The most bytes [`Writer::json`] writes for `value` — per value or key its `JEntry` (4), at
+/// most 3 bytes of alignment and a container header (4) or a numeric (at most 4 + 2 + 5 × 2),
+/// plus its string bytes — or `None` when it does not write it as `jsonb_in` reads its text:
+/// a number that is not an `i64`, a string or key with a NUL.
+fn bound(value: &serde_json::Value) -> Option<usize> {
+    const PER_VALUE: usize = 4 + 3 + 16;
     crate::interrupts::check();
-    let text = |s: &str| !s.contains('\0');
-    match value {
-        serde_json::Value::Number(n) => n.is_i64(),
-        serde_json::Value::String(s) => text(s),
-        serde_json::Value::Array(items) => items.iter().all(writable),
-        serde_json::Value::Object(members) => members.iter().all(|(k, v)| text(k) && writable(v)),
-        _ => true,
-    }
+    let text = |s: &str| (!s.contains('\0')).then_some(s.len());
+    let own = match value {
+        serde_json::Value::Number(n) => n.is_i64().then_some(0)?,
+        serde_json::Value::String(s) => text(s)?,
+        serde_json::Value::Array(items) => items
+            .iter()
+            .try_fold(0usize, |sum, item| Some(sum.saturating_add(bound(item)?)))?,
+        serde_json::Value::Object(members) => members.iter().try_fold(0usize, |sum, (k, v)| {
+            Some(
+                sum.saturating_add(PER_VALUE + text(k)?)
+                    .saturating_add(bound(v)?),
+            )
+        })?,
+        _ => 0,
+    };
+    Some(own.saturating_add(PER_VALUE))
 }
 
 impl Writer {
-    /// One JSON value whose numbers are `i64` ([`integral`]); any other number is refused.
+    /// One JSON value whose numbers are `i64` ([`bound`]); any other number is refused.
     fn json(&mut self, value: &serde_json::Value) -> Result<EntryType, Malformed> {
         use serde_json::Value as Json;
         match value {
@@ -384,9 +403,10 @@ mod tests {
     fn json_documents_are_written_as_jsonb_in_writes_them() {
         let (written, declined) = (std::cell::Cell::new(0), std::cell::Cell::new(0));
         run_cases(2000, any_json(), |doc| {
-            let expected = writable(&doc) && (doc.is_object() || doc.is_array());
-            match from_json(&doc) {
+            let expected = bound(&doc).is_some() && (doc.is_object() || doc.is_array());
+            match from_json(&doc).expect("memory") {
                 Some(binary) => {
+                    prop_assert!(binary.len() <= bound(&doc).unwrap_or(0), "{}", doc);
                     prop_assert!(expected, "{}", doc);
                     prop_assert_eq!(bytes(&binary), bytes(&parsed(&doc.to_string())), "{}", doc);
                     written.set(written.get() + 1);

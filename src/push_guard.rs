@@ -25,7 +25,6 @@
 use crate::error::{Error, Result};
 use crate::txn_local::{self, Key};
 
-
 /// `push_begin` of this transaction began this push.
 pub fn begin(partition: &str, client_id: &str, client_commit_id: &str) {
     txn_local::set(Key::PushBegun, &key(partition, client_id, client_commit_id));

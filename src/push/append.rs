@@ -178,5 +178,9 @@ pub fn store_applied(
     // First writer wins, but the commit just appended must not stand next to another
     // transaction's result for the key (D8): then the call fails and the append goes with it.
     push_guard::check_stored(appended.seq, &stored)?;
-    Ok(finished(stored.document, header.identity, appended.returned))
+    Ok(finished(
+        stored.document,
+        header.identity,
+        appended.returned,
+    ))
 }

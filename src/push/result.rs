@@ -313,7 +313,7 @@ pub struct Stored {
 /// from its text and read back as stored.
 pub fn store_result(client: &SpiClient<'_>, key: &[&str; 3], document: Value) -> Result<Stored> {
     let [p, c, k] = *key;
-    let binary = crate::jsonb_write::from_json(&document);
+    let binary = crate::jsonb_write::from_json(&document)?;
     let written = binary.is_some();
     let value = match binary {
         Some(binary) => DatumWithOid::from(binary),
