@@ -669,6 +669,24 @@ impl DirectInsert {
         columns: &'static [(&'static CStr, pg_sys::Oid)],
         trigger: Option<NativeTrigger>,
     ) -> Result<Option<Self>> {
+        Self::open_with(table, columns, trigger, false)
+    }
+
+    /// [`DirectInsert::open`] for [`DirectInsert::insert_unless_conflict`]: the unique indexes'
+    /// conflict checks are prepared too.
+    pub fn open_for_conflicts(
+        table: SyncTable,
+        columns: &'static [(&'static CStr, pg_sys::Oid)],
+    ) -> Result<Option<Self>> {
+        Self::open_with(table, columns, None, true)
+    }
+
+    fn open_with(
+        table: SyncTable,
+        columns: &'static [(&'static CStr, pg_sys::Oid)],
+        trigger: Option<NativeTrigger>,
+        speculative: bool,
+    ) -> Result<Option<Self>> {
         // SAFETY: `open` returns a locked relation; the result relation info, executor state and
         // slot are made for it as `CopyFrom` makes them, and are released in `drop` (or by the
         // transaction's abort after an error).
@@ -692,7 +710,7 @@ impl DirectInsert {
             // `ExecGetInsertedCols` answers "none" for index 0 (the row is then shown as the
             // owner may read it, as the statement shows it).
             pg_sys::InitResultRelInfo(info, relation, 0, std::ptr::null_mut(), 0);
-            pg_sys::ExecOpenIndices(info, false);
+            pg_sys::ExecOpenIndices(info, speculative);
             let slot = pg_sys::MakeSingleTupleTableSlot((*relation).rd_att, &pg_sys::TTSOpsVirtual);
             let constraints = (*(*relation).rd_att).constr;
             let checks = !constraints.is_null() && (*constraints).num_check > 0;
@@ -714,6 +732,97 @@ impl DirectInsert {
     /// is refused (an internal error); a NULL in a NOT NULL column is refused as the executor
     /// refuses it (23502), though callers never pass one.
     pub fn insert(&mut self, row: &[Option<Value<'_>>]) -> Result<()> {
+        self.prepare(row)?;
+        // SAFETY: `prepare` stored a well-formed row of the relation in the slot; the slot,
+        // estate and index info were made for this relation by `open` and live until `drop`.
+        unsafe {
+            pg_sys::simple_table_tuple_insert(self.relation, self.slot);
+            let recheck = port::exec_insert_index_tuples(self.info, self.slot, self.estate);
+            pg_sys::list_free(recheck);
+            self.reset_per_tuple();
+        }
+        Ok(())
+    }
+
+    /// Inserts one row as [`DirectInsert::insert`] does, unless it conflicts with a row on one of
+    /// the table's unique indexes — `INSERT … ON CONFLICT DO NOTHING` in READ COMMITTED, done as
+    /// the executor does it (`ExecInsert`): a pre-check of every unique index that waits for a
+    /// conflicting row still being inserted by another transaction, then a speculative heap
+    /// insert whose index entries are inserted without raising on a duplicate, confirmed when
+    /// none turned up or killed (and checked again) when one did. `false`, nothing written, when
+    /// a conflicting row stands. Opened by [`DirectInsert::open_for_conflicts`]; the caller runs
+    /// it only in READ COMMITTED (elsewhere the statement raises 40001 on a conflicting row its
+    /// snapshot cannot see).
+    pub fn insert_unless_conflict(&mut self, row: &[Option<Value<'_>>]) -> Result<bool> {
+        self.prepare(row)?;
+        // SAFETY: as in `insert`; the index info was opened for speculative insertion
+        // (`open_for_conflicts`), and the table AM's speculative insert and completion are called
+        // in `ExecInsert`'s order under the speculative-insertion lock of this transaction.
+        unsafe {
+            let am = (*self.relation).rd_tableam;
+            let (Some(insert), Some(complete)) = (
+                (*am).tuple_insert_speculative,
+                (*am).tuple_complete_speculative,
+            ) else {
+                return Err(Error::Internal(
+                    "direct insert: the table has no speculative insertion".into(),
+                ));
+            };
+            loop {
+                crate::interrupts::check();
+                let mut conflict = pg_sys::ItemPointerData::default();
+                if !port::exec_check_index_constraints(
+                    self.info,
+                    self.slot,
+                    self.estate,
+                    &mut conflict,
+                ) {
+                    self.reset_per_tuple();
+                    return Ok(false);
+                }
+                let xid = pg_sys::GetCurrentTransactionId();
+                let token = pg_sys::SpeculativeInsertionLockAcquire(xid);
+                insert(
+                    self.relation,
+                    self.slot,
+                    pg_sys::GetCurrentCommandId(true),
+                    0,
+                    std::ptr::null_mut(),
+                    token,
+                );
+                let mut conflicted = false;
+                let recheck = port::exec_insert_index_tuples_speculative(
+                    self.info,
+                    self.slot,
+                    self.estate,
+                    &mut conflicted,
+                );
+                complete(self.relation, self.slot, token, !conflicted);
+                pg_sys::SpeculativeInsertionLockRelease(xid);
+                pg_sys::list_free(recheck);
+                self.reset_per_tuple();
+                if !conflicted {
+                    return Ok(true);
+                }
+            }
+        }
+    }
+
+    /// Frees what the last row's index entries took (formed in the per-tuple context).
+    fn reset_per_tuple(&mut self) {
+        // SAFETY: the executor state made by `open`; its per-tuple context, if made, holds
+        // nothing that outlives one row.
+        unsafe {
+            let econtext = (*self.estate).es_per_tuple_exprcontext;
+            if !econtext.is_null() {
+                pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
+            }
+        }
+    }
+
+    /// Checks `row` and stores it in the slot, ready for the heap: its length and types, the
+    /// native trigger, NOT NULL and the table's CHECK constraints.
+    fn prepare(&mut self, row: &[Option<Value<'_>>]) -> Result<()> {
         if row.len() != self.columns.len() || row.len() > MAX_COLUMNS {
             return Err(Error::Internal(
                 "direct insert: wrong number of columns".into(),
@@ -770,14 +879,6 @@ impl DirectInsert {
                 // Raises a check violation (23514) naming the constraint, as an INSERT does;
                 // the expressions are prepared once, on the first row, in the executor state.
                 pg_sys::ExecConstraints(self.info, slot, self.estate);
-            }
-            pg_sys::simple_table_tuple_insert(self.relation, slot);
-            let recheck = port::exec_insert_index_tuples(self.info, slot, self.estate);
-            pg_sys::list_free(recheck);
-            // Index tuples are formed in the per-tuple context: free them row by row.
-            let econtext = (*self.estate).es_per_tuple_exprcontext;
-            if !econtext.is_null() {
-                pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
             }
             Ok(())
         }

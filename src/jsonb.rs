@@ -679,6 +679,11 @@ impl OwnedJsonb {
         &self.0
     }
 
+    /// The document as a value to insert below SQL ([`crate::heap::Value::Jsonb`]).
+    pub fn raw(&self) -> RawJsonb<'_> {
+        RawJsonb(&self.0)
+    }
+
     /// A `jsonb` column of a result row. The copy is fallible (a stored document may be as
     /// large as its writer made it): a failed copy is `Err` here and the call ends in `53200`
     /// (`src/alloc.rs`).

@@ -140,6 +140,83 @@ pub unsafe fn exec_update_index_tuples(
     }
 }
 
+/// [`exec_insert_index_tuples`] for a speculative insertion (`ExecInsert`'s `ON CONFLICT`
+/// path): every unique index an arbiter, a duplicate reported in `conflicted` instead of raised.
+///
+/// # Safety
+/// As for [`exec_insert_index_tuples`]; the indexes were opened for speculative insertion.
+pub unsafe fn exec_insert_index_tuples_speculative(
+    info: *mut pg_sys::ResultRelInfo,
+    slot: *mut pg_sys::TupleTableSlot,
+    estate: *mut pg_sys::EState,
+    conflicted: &mut bool,
+) -> *mut pg_sys::List {
+    let every_unique_index = std::ptr::null_mut();
+    // SAFETY: the caller's contract.
+    unsafe {
+        #[cfg(feature = "pg15")]
+        {
+            pg_sys::ExecInsertIndexTuples(
+                info,
+                slot,
+                estate,
+                false,
+                true,
+                conflicted,
+                every_unique_index,
+            )
+        }
+        #[cfg(feature = "pg18")]
+        {
+            pg_sys::ExecInsertIndexTuples(
+                info,
+                slot,
+                estate,
+                false,
+                true,
+                conflicted,
+                every_unique_index,
+                false,
+            )
+        }
+    }
+}
+
+/// `ExecCheckIndexConstraints` (`src/backend/executor/execIndexing.c`), the `ON CONFLICT`
+/// pre-check of every unique index for the row in `slot` (waiting for a conflicting row still
+/// being inserted); PostgreSQL 18 added the updated row's id (none: an insert). `false` with
+/// `conflict` set when a conflicting row stands.
+///
+/// # Safety
+/// `info` was opened for speculative insertion; `slot` holds a row of its relation; `estate`
+/// is live.
+pub unsafe fn exec_check_index_constraints(
+    info: *mut pg_sys::ResultRelInfo,
+    slot: *mut pg_sys::TupleTableSlot,
+    estate: *mut pg_sys::EState,
+    conflict: &mut pg_sys::ItemPointerData,
+) -> bool {
+    let every_unique_index = std::ptr::null_mut();
+    // SAFETY: the caller's contract.
+    unsafe {
+        #[cfg(feature = "pg15")]
+        {
+            pg_sys::ExecCheckIndexConstraints(info, slot, estate, conflict, every_unique_index)
+        }
+        #[cfg(feature = "pg18")]
+        {
+            pg_sys::ExecCheckIndexConstraints(
+                info,
+                slot,
+                estate,
+                conflict,
+                std::ptr::null_mut(),
+                every_unique_index,
+            )
+        }
+    }
+}
+
 /// `heap_update` (`src/backend/access/heap/heapam.c`) of the row version at `old` by `new`
 /// under this transaction's command id, waiting for nobody but as the executor's update does;
 /// PostgreSQL 16 made it answer which indexes need the new version. `None`: not updated (the

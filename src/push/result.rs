@@ -314,6 +314,11 @@ pub struct Stored {
 pub fn store_result(client: &SpiClient<'_>, key: &[&str; 3], document: Value) -> Result<Stored> {
     let [p, c, k] = *key;
     let binary = crate::jsonb_write::from_json(&document)?;
+    if let Some(binary) = &binary {
+        if let Some(inserted) = insert_below_sql(key, binary)? {
+            return stored(client, key, inserted.then_some(document));
+        }
+    }
     let written = binary.is_some();
     let value = match binary {
         Some(binary) => DatumWithOid::from(binary),
@@ -330,12 +335,18 @@ pub fn store_result(client: &SpiClient<'_>, key: &[&str; 3], document: Value) ->
             value,
         ],
     )?;
-    let stored = if written {
+    let inserted = if written {
         (!inserted.is_empty()).then_some(document)
     } else {
         db::first::<JsonB>(inserted)?.map(|stored| stored.0)
     };
-    Ok(match stored {
+    stored(client, key, inserted)
+}
+
+/// The [`Stored`] answer: `inserted`, the document this call inserted (its reading is its own
+/// normalized form), else the one stored, read again after the wait.
+fn stored(client: &SpiClient<'_>, key: &[&str; 3], inserted: Option<Value>) -> Result<Stored> {
+    Ok(match inserted {
         Some(stored) => Stored {
             document: normalize(stored).map_err(|_| cache_miss_of(key))?,
             inserted: true,
@@ -346,4 +357,37 @@ pub fn store_result(client: &SpiClient<'_>, key: &[&str; 3], document: Value) ->
             inserted: false,
         },
     })
+}
+
+const RESULT_COLUMNS: &[(&std::ffi::CStr, pg_sys::Oid)] = &[
+    (c"partition", pg_sys::TEXTOID),
+    (c"client_id", pg_sys::TEXTOID),
+    (c"client_commit_id", pg_sys::TEXTOID),
+    (c"result", pg_sys::JSONBOID),
+];
+
+/// The result's insert below SQL (`INSERT … ON CONFLICT DO NOTHING` as the executor does it:
+/// [`heap::DirectInsert::insert_unless_conflict`]): `Some(true)` inserted, `Some(false)` a
+/// result for the key stands (waited for if another transaction was inserting it); `None` where
+/// the statement must run — outside READ COMMITTED (where it refuses a conflicting row its
+/// snapshot cannot see, 40001), in a read-only transaction, or where the table is not as created
+/// (Citus included).
+fn insert_below_sql(key: &[&str; 3], binary: &crate::jsonb::OwnedJsonb) -> Result<Option<bool>> {
+    // SAFETY: reads a backend global of the current transaction.
+    if unsafe { pg_sys::XactIsoLevel } != pg_sys::XACT_READ_COMMITTED as i32 {
+        return Ok(None);
+    }
+    let Some(mut results) =
+        heap::DirectInsert::open_for_conflicts(heap::SyncTable::PushResults, RESULT_COLUMNS)?
+    else {
+        return Ok(None);
+    };
+    let [p, c, k] = *key;
+    let row = [
+        Some(heap::Value::Text(p)),
+        Some(heap::Value::Text(c)),
+        Some(heap::Value::Text(k)),
+        Some(heap::Value::Jsonb(binary.raw())),
+    ];
+    results.insert_unless_conflict(&row).map(Some)
 }

@@ -172,6 +172,43 @@ fn d8_an_applied_result_forged_by_another_session_undoes_every_kind_of_push() {
     }
 }
 
+/// Session B's result for `k1`, still being inserted, is waited for by A's push (its result's
+/// insert, below SQL as `ON CONFLICT DO NOTHING` does it: docs/DESIGN.md §Push path); B rolls
+/// back, and A's push applies with its own result, once.
+#[test]
+fn d8_a_result_another_session_rolls_back_leaves_the_key_to_the_push() {
+    let (db, mut a) = fixture("d8_rolled_back_result");
+    let op = up(&mut a, "tasks", "t1", None, task("t1", "p1"));
+    let mut b = db.connect();
+    let mut observer = db.connect();
+    let pid = backend_pid(&mut a);
+    exec(&mut b, "BEGIN");
+    one::<Value>(
+        &mut b,
+        "SELECT syncular.put_push_result($1, 'c1', 'k1', $2)",
+        &[&P, &rejection("b")],
+    );
+    let contested = thread::spawn(move || {
+        let outcome = try_push(&mut a, "k1", &[op], json!({"cacheIdentity": "a"}));
+        (outcome.map_err(|e| sql_error(&e)), a)
+    });
+    wait_until_blocked(&mut observer, pid);
+    exec(&mut b, "ROLLBACK");
+    let (outcome, _a) = contested.join().unwrap();
+    let answer = outcome.expect("B's result is gone: the push applies");
+    assert_eq!(
+        (&answer["outcome"], &answer["replayed"]),
+        (&json!("applied"), &json!(false))
+    );
+    let (seqs, result) = commits_and_result(&mut observer, "k1");
+    assert_eq!(seqs.len(), 1);
+    let result = result.unwrap();
+    assert_eq!(
+        (&result["cacheIdentity"], &result["commitSeq"]),
+        (&json!("a"), &json!(seqs[0]))
+    );
+}
+
 /// An applied result whose `commitSeq` is written `2.0` names commit 2 (`put_push_result`
 /// validates it so): stored in the transaction that appended commit 2, it is accepted, not
 /// refused as another transaction's (red team 32, F2).
