@@ -111,6 +111,16 @@ impl Writer {
 
     /// An object of `pairs` (distinct keys, in any order).
     pub fn object(&mut self, pairs: &mut [(&str, Value<'_>)]) -> Result<EntryType, Malformed> {
+        self.members(pairs, |w, value| w.value(*value))
+    }
+
+    /// An object of `pairs` (distinct keys, in any order), each value written by `write`: the
+    /// keys sorted as jsonb sorts them, then the values in that order.
+    fn members<V>(
+        &mut self,
+        pairs: &mut [(&str, V)],
+        write: impl Fn(&mut Writer, &V) -> Result<EntryType, Malformed>,
+    ) -> Result<EntryType, Malformed> {
         pairs.sort_unstable_by(|(a, _), (b, _)| a.len().cmp(&b.len()).then_with(|| a.cmp(b)));
         let n = pairs.len();
         if n > JB_CMASK as usize {
@@ -120,7 +130,7 @@ impl Writer {
             if i < n {
                 w.value(Value::String(pairs[i].0.as_bytes()))
             } else {
-                w.value(pairs[i - n].1)
+                write(w, &pairs[i - n].1)
             }
         })
     }
@@ -220,21 +230,9 @@ impl Writer {
             Json::String(s) => self.value(Value::String(s.as_bytes())),
             Json::Array(items) => self.array(items.len(), |w, i| w.json(&items[i])),
             Json::Object(members) => {
-                let mut pairs: Vec<(&String, &Json)> = members.iter().collect();
-                pairs.sort_unstable_by(|(a, _), (b, _)| {
-                    a.len().cmp(&b.len()).then_with(|| a.cmp(b))
-                });
-                let n = pairs.len();
-                if n > JB_CMASK as usize {
-                    return Err(Malformed);
-                }
-                self.container(n as u32 | JB_FOBJECT, 2 * n, |w, i| {
-                    if i < n {
-                        w.value(Value::String(pairs[i].0.as_bytes()))
-                    } else {
-                        w.json(pairs[i - n].1)
-                    }
-                })
+                let mut pairs: Vec<(&str, &Json)> =
+                    members.iter().map(|(k, v)| (k.as_str(), v)).collect();
+                self.members(&mut pairs, |w, value| w.json(value))
             }
         }
     }

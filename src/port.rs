@@ -61,68 +61,38 @@ pub unsafe fn exec_clear_tuple(slot: *mut pg_sys::TupleTableSlot) {
 }
 
 /// `ExecInsertIndexTuples` (`src/backend/executor/execIndexing.c`), whose signature changed:
-/// PostgreSQL 16 added `onlySummarizing`.
-/// Inserts `slot`'s index entries with uniqueness checked; returns the list of indexes to
-/// recheck (always empty without deferred constraints).
+/// PostgreSQL 16 added `onlySummarizing`. Inserts `slot`'s index entries; returns the list of
+/// indexes to recheck (always empty without deferred constraints). The three uses below.
 ///
 /// # Safety
 /// `info` was set up by `InitResultRelInfo` + `ExecOpenIndices` for the relation `slot` was
-/// stored into, and `estate` is a live executor state.
-pub unsafe fn exec_insert_index_tuples(
+/// stored into (with `speculative` for `conflicted`), and `estate` is a live executor state.
+unsafe fn index_tuples(
     info: *mut pg_sys::ResultRelInfo,
     slot: *mut pg_sys::TupleTableSlot,
     estate: *mut pg_sys::EState,
-) -> *mut pg_sys::List {
-    let (no_conflict, no_arbiters) = (std::ptr::null_mut(), std::ptr::null_mut());
-    // SAFETY: the caller's contract; the flags ask for a plain, non-update insertion.
-    unsafe {
-        #[cfg(feature = "pg15")]
-        {
-            pg_sys::ExecInsertIndexTuples(
-                info,
-                slot,
-                estate,
-                false,
-                false,
-                no_conflict,
-                no_arbiters,
-            )
-        }
-        #[cfg(feature = "pg18")]
-        {
-            pg_sys::ExecInsertIndexTuples(
-                info,
-                slot,
-                estate,
-                false,
-                false,
-                no_conflict,
-                no_arbiters,
-                false,
-            )
-        }
-    }
-}
-
-/// [`exec_insert_index_tuples`] for the new version of an updated row (`update` set, as
-/// `ExecUpdate` calls it); `only_summarizing`: PostgreSQL 16+'s answer that only summarizing
-/// indexes need the new version (never on 15, which then makes no heap-only tuple).
-///
-/// # Safety
-/// As for [`exec_insert_index_tuples`]; `slot` holds the new version with its `tts_tid`.
-pub unsafe fn exec_update_index_tuples(
-    info: *mut pg_sys::ResultRelInfo,
-    slot: *mut pg_sys::TupleTableSlot,
-    estate: *mut pg_sys::EState,
+    update: bool,
+    conflicted: Option<&mut bool>,
     only_summarizing: bool,
 ) -> *mut pg_sys::List {
-    let (no_conflict, no_arbiters) = (std::ptr::null_mut(), std::ptr::null_mut());
+    let no_dup_err = conflicted.is_some();
+    let conflicted = conflicted.map_or(std::ptr::null_mut(), |c| c as *mut bool);
+    // Every unique index an arbiter (`ON CONFLICT` without a target), when conflicts are asked.
+    let every_unique_index = std::ptr::null_mut();
     // SAFETY: the caller's contract.
     unsafe {
         #[cfg(feature = "pg15")]
         {
             let _ = only_summarizing;
-            pg_sys::ExecInsertIndexTuples(info, slot, estate, true, false, no_conflict, no_arbiters)
+            pg_sys::ExecInsertIndexTuples(
+                info,
+                slot,
+                estate,
+                update,
+                no_dup_err,
+                conflicted,
+                every_unique_index,
+            )
         }
         #[cfg(feature = "pg18")]
         {
@@ -130,56 +100,58 @@ pub unsafe fn exec_update_index_tuples(
                 info,
                 slot,
                 estate,
-                true,
-                false,
-                no_conflict,
-                no_arbiters,
+                update,
+                no_dup_err,
+                conflicted,
+                every_unique_index,
                 only_summarizing,
             )
         }
     }
 }
 
-/// [`exec_insert_index_tuples`] for a speculative insertion (`ExecInsert`'s `ON CONFLICT`
-/// path): every unique index an arbiter, a duplicate reported in `conflicted` instead of raised.
+/// The index entries of a newly inserted row, uniqueness checked.
 ///
 /// # Safety
-/// As for [`exec_insert_index_tuples`]; the indexes were opened for speculative insertion.
+/// As for [`index_tuples`].
+pub unsafe fn exec_insert_index_tuples(
+    info: *mut pg_sys::ResultRelInfo,
+    slot: *mut pg_sys::TupleTableSlot,
+    estate: *mut pg_sys::EState,
+) -> *mut pg_sys::List {
+    // SAFETY: the caller's contract.
+    unsafe { index_tuples(info, slot, estate, false, None, false) }
+}
+
+/// The index entries of the new version of an updated row (`update` set, as `ExecUpdate` calls
+/// it); `only_summarizing`: PostgreSQL 16+'s answer that only summarizing indexes need the new
+/// version (never on 15, which then makes no heap-only tuple).
+///
+/// # Safety
+/// As for [`index_tuples`]; `slot` holds the new version with its `tts_tid`.
+pub unsafe fn exec_update_index_tuples(
+    info: *mut pg_sys::ResultRelInfo,
+    slot: *mut pg_sys::TupleTableSlot,
+    estate: *mut pg_sys::EState,
+    only_summarizing: bool,
+) -> *mut pg_sys::List {
+    // SAFETY: the caller's contract.
+    unsafe { index_tuples(info, slot, estate, true, None, only_summarizing) }
+}
+
+/// The index entries of a speculative insertion (`ExecInsert`'s `ON CONFLICT` path): a
+/// duplicate on a unique index reported in `conflicted` instead of raised.
+///
+/// # Safety
+/// As for [`index_tuples`]; the indexes were opened for speculative insertion.
 pub unsafe fn exec_insert_index_tuples_speculative(
     info: *mut pg_sys::ResultRelInfo,
     slot: *mut pg_sys::TupleTableSlot,
     estate: *mut pg_sys::EState,
     conflicted: &mut bool,
 ) -> *mut pg_sys::List {
-    let every_unique_index = std::ptr::null_mut();
     // SAFETY: the caller's contract.
-    unsafe {
-        #[cfg(feature = "pg15")]
-        {
-            pg_sys::ExecInsertIndexTuples(
-                info,
-                slot,
-                estate,
-                false,
-                true,
-                conflicted,
-                every_unique_index,
-            )
-        }
-        #[cfg(feature = "pg18")]
-        {
-            pg_sys::ExecInsertIndexTuples(
-                info,
-                slot,
-                estate,
-                false,
-                true,
-                conflicted,
-                every_unique_index,
-                false,
-            )
-        }
-    }
+    unsafe { index_tuples(info, slot, estate, false, Some(conflicted), false) }
 }
 
 /// `ExecCheckIndexConstraints` (`src/backend/executor/execIndexing.c`), the `ON CONFLICT`
