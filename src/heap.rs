@@ -782,14 +782,14 @@ impl DirectInsert {
                 }
                 let xid = pg_sys::GetCurrentTransactionId();
                 let token = pg_sys::SpeculativeInsertionLockAcquire(xid);
-                insert(
-                    self.relation,
-                    self.slot,
-                    pg_sys::GetCurrentCommandId(true),
-                    0,
-                    std::ptr::null_mut(),
-                    token,
-                );
+                let command = pg_sys::GetCurrentCommandId(true);
+                let (relation, slot) = (self.relation, self.slot);
+                // A function pointer of PostgreSQL's is not behind pgrx's guard: an ERROR in it
+                // (a failed TOAST write, out of memory) must unwind the Rust frames above it,
+                // not jump over them (red team 33, F1).
+                pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                    insert(relation, slot, command, 0, std::ptr::null_mut(), token)
+                });
                 let mut conflicted = false;
                 let recheck = port::exec_insert_index_tuples_speculative(
                     self.info,
@@ -797,7 +797,7 @@ impl DirectInsert {
                     self.estate,
                     &mut conflicted,
                 );
-                complete(self.relation, self.slot, token, !conflicted);
+                pg_sys::ffi::pg_guard_ffi_boundary(|| complete(relation, slot, token, !conflicted));
                 pg_sys::SpeculativeInsertionLockRelease(xid);
                 pg_sys::list_free(recheck);
                 self.reset_per_tuple();
@@ -1020,18 +1020,26 @@ pub fn lock_by_key(
                 let slot = pg_sys::table_slot_create(relation, std::ptr::null_mut());
                 let mut failure = pg_sys::TM_FailureData::default();
                 let tuple_lock = (*(*relation).rd_tableam).tuple_lock;
+                let command = pg_sys::GetCurrentCommandId(true);
+                let (tid, failure) = (&raw mut tid, &raw mut failure);
+                // A function pointer of PostgreSQL's is not behind pgrx's guard: the wait's
+                // ERROR (lock_timeout, a cancel, a deadlock) must unwind the Rust frames above
+                // it, dropping what they hold, not jump over them (red team 33, F1: 1.25 MB
+                // leaked per timed-out push).
                 let result = tuple_lock.map(|tuple_lock| {
-                    tuple_lock(
-                        relation,
-                        &mut tid,
-                        snapshot,
-                        slot,
-                        pg_sys::GetCurrentCommandId(true),
-                        pg_sys::LockTupleMode::LockTupleExclusive,
-                        pg_sys::LockWaitPolicy::LockWaitBlock,
-                        pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION as u8,
-                        &mut failure,
-                    )
+                    pg_sys::ffi::pg_guard_ffi_boundary(|| {
+                        tuple_lock(
+                            relation,
+                            tid,
+                            snapshot,
+                            slot,
+                            command,
+                            pg_sys::LockTupleMode::LockTupleExclusive,
+                            pg_sys::LockWaitPolicy::LockWaitBlock,
+                            pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION as u8,
+                            failure,
+                        )
+                    })
                 });
                 let value = (result == Some(pg_sys::TM_Result::TM_Ok)).then(|| {
                     let mut is_null = false;

@@ -55,7 +55,9 @@ pub unsafe fn exec_clear_tuple(slot: *mut pg_sys::TupleTableSlot) {
     // SAFETY: the caller passes a valid slot, whose `tts_ops` PostgreSQL always sets.
     unsafe {
         if let Some(clear) = (*(*slot).tts_ops).clear {
-            clear(slot);
+            // A function pointer of PostgreSQL's: behind the guard, so that an ERROR in it
+            // unwinds the Rust frames above it.
+            pg_sys::ffi::pg_guard_ffi_boundary(|| clear(slot));
         }
     }
 }

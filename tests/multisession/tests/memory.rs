@@ -3,6 +3,8 @@
 //! them. One backend raises 50,000 refusals; its resident memory may not grow by more than a
 //! bound far below what one leaked message and DETAIL per error would take (about 5 MB).
 
+use serde_json::json;
+use syncular_multisession::native_push::*;
 use syncular_multisession::*;
 
 /// Resident set size of a server process, in kB (the test runs on the server's machine).
@@ -83,4 +85,52 @@ fn renaming_an_app_table_does_not_grow_a_backend_by_a_plan_each_time() {
         grown < 8_192,
         "the backend grew by {grown} kB over 3,000 renames"
     );
+}
+
+/// A push whose wait for the partition lock ends in an ERROR (`lock_timeout`) leaves nothing of
+/// its Rust values behind. The lock is taken below SQL through the table AM's function pointer
+/// (docs/DESIGN.md §Commit log), which pgrx does not guard by itself: unguarded, the ERROR's
+/// longjmp skipped the destructors of the call's frames — each timed-out push with an `allowed`
+/// of 20,000 values leaked about 1.25 MB for the backend's life (red team 33, F1).
+#[test]
+fn a_push_whose_lock_wait_times_out_does_not_grow_its_backend() {
+    let (db, mut holder) = fixture("memory_lock_wait");
+    let op = up(&mut holder, "tasks", "t1", None, task("t1", "p1"));
+    one::<i64>(&mut holder, "SELECT syncular.lock_partition($1)", &[&P]);
+    exec(&mut holder, "BEGIN");
+    one::<i64>(&mut holder, "SELECT syncular.lock_partition($1)", &[&P]);
+    let mut c = db.connect();
+    let pid = backend_pid(&mut c);
+    exec(&mut c, "SET lock_timeout = '1ms'");
+    let values: Vec<String> = (0..20_000).map(|i| format!("value-{i}")).collect();
+    let allowed = json!({ "project_id": values });
+    let mut time_out = |i: usize| {
+        let refused = try_push_as(
+            &mut c,
+            P,
+            "c1",
+            &format!("k{i}"),
+            std::slice::from_ref(&op),
+            Some(&allowed),
+            &json!({}),
+        );
+        assert_eq!(
+            sql_error(&refused.expect_err("the lock is held")).state,
+            "55P03"
+        );
+    };
+    // Warm up: plans, caches and the allocator's arenas reach their working size.
+    for i in 0..5 {
+        time_out(i);
+    }
+    let before = rss_kb(pid);
+    for i in 5..45 {
+        time_out(i);
+    }
+    let grown = rss_kb(pid) - before;
+    assert!(
+        grown < 12_288,
+        "the backend grew by {grown} kB over 40 timed-out lock waits"
+    );
+    exec(&mut holder, "ROLLBACK");
 }
