@@ -156,24 +156,41 @@ pub unsafe fn is_native_function(oid: pg_sys::Oid, symbol: &CStr) -> bool {
     }
 }
 
+/// The columns of `relation`'s primary key, by their attribute numbers in the table (what
+/// `systable_beginscan` maps to the index's own), in the key's order, with the key's index;
+/// `None` without a primary key.
+///
+/// # Safety
+/// `relation` is an open relation, held with `lock`.
+pub unsafe fn primary_key_columns(
+    relation: pg_sys::Relation,
+    lock: pg_sys::LOCKMODE,
+) -> Option<(pg_sys::Oid, Vec<i16>)> {
+    // SAFETY: the caller's open relation; its primary-key index is opened and closed here under
+    // the lock the relation is held with (which keeps the index's definition).
+    unsafe {
+        let index_id = crate::port::relation_primary_key_index(relation);
+        if index_id == pg_sys::InvalidOid {
+            return None;
+        }
+        let index = pg_sys::index_open(index_id, lock);
+        let indkey = &(*(*index).rd_index).indkey;
+        let columns = indkey.values.as_slice(indkey.dim1.max(0) as usize).to_vec();
+        pg_sys::index_close(index, lock);
+        Some((index_id, columns))
+    }
+}
+
 /// The attribute number of `relation`'s primary key when it is one `text` column (the
 /// extension's keyed tables: `sync_partitions`, `sync_writer_fence`), else `None`.
 ///
 /// # Safety
 /// `relation` is an open relation.
 pub unsafe fn primary_key_text_attribute(relation: pg_sys::Relation) -> Option<i16> {
-    // SAFETY: the caller's open relation; its primary-key index is opened and closed here under
-    // the lock the relation is held with (any lock keeps the index's definition).
+    // SAFETY: the caller's open relation; any lock keeps its primary key's definition.
     unsafe {
-        let index_id = crate::port::relation_primary_key_index(relation);
-        if index_id == pg_sys::InvalidOid {
-            return None;
-        }
-        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
-        let index = pg_sys::index_open(index_id, lock);
-        let indkey = &(*(*index).rd_index).indkey;
-        let columns = indkey.values.as_slice(indkey.dim1.max(0) as usize).to_vec();
-        pg_sys::index_close(index, lock);
+        let (_, columns) =
+            primary_key_columns(relation, pg_sys::AccessShareLock as pg_sys::LOCKMODE)?;
         let [attnum] = columns[..] else {
             return None;
         };

@@ -427,16 +427,10 @@ unsafe fn scan(
         };
         let (index_id, mut scan_keys) = match keys {
             Keys::PrimaryKey(keys) => {
-                let index_id = port::relation_primary_key_index(relation);
-                if index_id == pg_sys::InvalidOid {
+                let Some((index_id, columns)) = crate::catalog::primary_key_columns(relation, lock)
+                else {
                     return fail(relation, "has no primary key".into());
-                }
-                // The key columns, by their numbers in the table (what `systable_beginscan`
-                // maps to the index's own), in the primary key's order.
-                let index = pg_sys::index_open(index_id, lock);
-                let indkey = &(*(*index).rd_index).indkey;
-                let columns = indkey.values.as_slice(indkey.dim1.max(0) as usize).to_vec();
-                pg_sys::index_close(index, lock);
+                };
                 if columns.len() < keys.len() {
                     return fail(
                         relation,
@@ -956,10 +950,7 @@ impl DirectInsert {
                 let recheck =
                     port::exec_update_index_tuples(self.info, slot, self.estate, only_summarizing);
                 pg_sys::list_free(recheck);
-                let econtext = (*self.estate).es_per_tuple_exprcontext;
-                if !econtext.is_null() {
-                    pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
-                }
+                self.reset_per_tuple();
             }
             pg_sys::heap_freetuple(new);
             pg_sys::heap_freetuple(old);
