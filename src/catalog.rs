@@ -158,25 +158,33 @@ pub unsafe fn is_native_function(oid: pg_sys::Oid, symbol: &CStr) -> bool {
 
 /// The columns of `relation`'s primary key, by their attribute numbers in the table (what
 /// `systable_beginscan` maps to the index's own), in the key's order, with the key's index;
-/// `None` without a primary key.
+/// `None` without a primary key. The index's definition is read from the catalog cache
+/// (`pg_index` by its OID), not by opening the index: every lookup below SQL asks this, and
+/// the scan that follows opens the index itself (docs/BENCHMARKS.md, "Server CPU", step 6).
 ///
 /// # Safety
-/// `relation` is an open relation, held with `lock`.
-pub unsafe fn primary_key_columns(
-    relation: pg_sys::Relation,
-    lock: pg_sys::LOCKMODE,
-) -> Option<(pg_sys::Oid, Vec<i16>)> {
-    // SAFETY: the caller's open relation; its primary-key index is opened and closed here under
-    // the lock the relation is held with (which keeps the index's definition).
+/// `relation` is an open relation.
+pub unsafe fn primary_key_columns(relation: pg_sys::Relation) -> Option<(pg_sys::Oid, Vec<i16>)> {
+    // SAFETY: the caller's open relation (its relcache entry keeps the primary key's OID); the
+    // catalog-cache tuple is released below, its fixed part read as `pg_index`'s form, whose
+    // `indkey` lies in it (as relcache.c reads it).
     unsafe {
         let index_id = crate::port::relation_primary_key_index(relation);
         if index_id == pg_sys::InvalidOid {
             return None;
         }
-        let index = pg_sys::index_open(index_id, lock);
-        let indkey = &(*(*index).rd_index).indkey;
-        let columns = indkey.values.as_slice(indkey.dim1.max(0) as usize).to_vec();
-        pg_sys::index_close(index, lock);
+        let cache = pg_sys::SysCacheIdentifier::INDEXRELID as std::ffi::c_int;
+        let tuple = pg_sys::SearchSysCache1(cache, pg_sys::Datum::from(index_id));
+        if tuple.is_null() {
+            return None;
+        }
+        let form = &*(pg_sys::GETSTRUCT(tuple) as *const pg_sys::FormData_pg_index);
+        let columns = form
+            .indkey
+            .values
+            .as_slice(form.indkey.dim1.max(0) as usize)
+            .to_vec();
+        pg_sys::ReleaseSysCache(tuple);
         Some((index_id, columns))
     }
 }
@@ -189,8 +197,7 @@ pub unsafe fn primary_key_columns(
 pub unsafe fn primary_key_text_attribute(relation: pg_sys::Relation) -> Option<i16> {
     // SAFETY: the caller's open relation; any lock keeps its primary key's definition.
     unsafe {
-        let (_, columns) =
-            primary_key_columns(relation, pg_sys::AccessShareLock as pg_sys::LOCKMODE)?;
+        let (_, columns) = primary_key_columns(relation)?;
         let [attnum] = columns[..] else {
             return None;
         };

@@ -7,18 +7,50 @@
 use crate::error::Result;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
-use pgrx::spi::Spi;
+
+thread_local! {
+    /// [`catalog`]'s last answer in this backend, `None` once a relation was created, dropped or
+    /// renamed anywhere (the callback [`init`] registers): every lookup below SQL asks it
+    /// (docs/BENCHMARKS.md, "Server CPU", step 6).
+    static CATALOG: std::cell::Cell<Option<pg_sys::Oid>> = const { std::cell::Cell::new(None) };
+}
+
+/// Registers the callback that forgets [`catalog`]'s answer: PostgreSQL calls it where the
+/// catalog cache drops a `pg_class` entry by name (a relation created, dropped or renamed, in
+/// this session or another, seen when this backend reads invalidations — as the cache lookup
+/// itself would see it), and on a reset of every cache.
+pub fn init() {
+    // SAFETY: called once per backend from `_PG_init`; the callback only clears a cell.
+    unsafe {
+        pg_sys::CacheRegisterSyscacheCallback(
+            pg_sys::SysCacheIdentifier::RELNAMENSP as std::ffi::c_int,
+            Some(forget_catalog),
+            pg_sys::Datum::from(0),
+        );
+    }
+}
+
+/// The syscache callback of [`init`]: cannot fail, allocates nothing.
+unsafe extern "C-unwind" fn forget_catalog(_: pg_sys::Datum, _: std::ffi::c_int, _: u32) {
+    // `try_with`: no panic even while the thread's locals are torn down.
+    let _ = CATALOG.try_with(|c| c.set(None));
+}
 
 /// Citus's catalog of the tables it manages, `pg_catalog.pg_dist_partition`, if Citus is
-/// installed in this database (one catalog-cache lookup).
+/// installed in this database (one catalog-cache lookup, kept until [`init`]'s callback).
 fn catalog() -> pg_sys::Oid {
+    if let Some(oid) = CATALOG.with(std::cell::Cell::get) {
+        return oid;
+    }
     // SAFETY: a catalog-cache lookup by name in a transaction; InvalidOid when absent.
-    unsafe {
+    let oid = unsafe {
         pg_sys::get_relname_relid(
             c"pg_dist_partition".as_ptr(),
             pg_sys::Oid::from(pg_sys::PG_CATALOG_NAMESPACE),
         )
-    }
+    };
+    CATALOG.with(|c| c.set(Some(oid)));
+    oid
 }
 
 /// Whether Citus is installed in this database.
@@ -111,42 +143,50 @@ pub fn local_shard(table: pg_sys::Oid, key: Option<&str>) -> Result<Option<pg_sy
     Ok(found)
 }
 
-/// [`local_shard`], asked of Citus: the shard's metadata locked, then its placement read.
+/// [`placed_shard`]'s first statement: the shard of the table's row for the key (a reference
+/// table's one shard), its metadata locked in share mode as the statement returns it.
+const SHARD_SQL: &str = "SELECT s.shard, pg_catalog.lock_shard_metadata(5, ARRAY[s.shard])
+       FROM (SELECT CASE WHEN p.partmethod = 'n'
+                         THEN (SELECT d.shardid FROM pg_catalog.pg_dist_shard d
+                                WHERE d.logicalrelid = p.logicalrelid
+                                ORDER BY d.shardid LIMIT 1)
+                         ELSE pg_catalog.get_shard_id_for_distribution_column(p.logicalrelid, $2)
+                       END AS shard
+               FROM pg_catalog.pg_dist_partition p
+              WHERE p.logicalrelid = $1::pg_catalog.oid::pg_catalog.regclass) s
+      WHERE s.shard IS NOT NULL";
+
+/// [`placed_shard`]'s second statement: the shard's relation here, while an active placement of
+/// it is in this node's group.
+const PLACED_SQL: &str = "SELECT pg_catalog.to_regclass(pg_catalog.shard_name($1::pg_catalog.oid::pg_catalog.regclass, $2))::pg_catalog.oid
+      WHERE EXISTS (SELECT FROM pg_catalog.pg_dist_placement pl
+                     WHERE pl.shardid = $2 AND pl.shardstate = 1
+                       AND pl.groupid = (SELECT g.groupid FROM pg_catalog.pg_dist_local_group g))";
+
+/// [`local_shard`], asked of Citus: the shard's metadata locked, then its placement read — two
+/// statements with plans kept per backend (`db::write`: a push asks this for each of the
+/// tables it reads or writes below SQL, and planning them again was most of a delegated push's
+/// time, docs/BENCHMARKS.md "Citus").
 fn placed_shard(table: pg_sys::Oid, key: Option<&str>) -> Result<Option<pg_sys::Oid>> {
     crate::access::as_extension_owner(|| {
-        Spi::connect_mut(|client| {
-            let shard = client
-                .update(
-                    "SELECT CASE WHEN p.partmethod = 'n'
-                              THEN (SELECT s.shardid FROM pg_catalog.pg_dist_shard s
-                                     WHERE s.logicalrelid = p.logicalrelid
-                                     ORDER BY s.shardid LIMIT 1)
-                              ELSE pg_catalog.get_shard_id_for_distribution_column(p.logicalrelid, $2)
-                            END
-                       FROM pg_catalog.pg_dist_partition p
-                      WHERE p.logicalrelid = $1::pg_catalog.oid::pg_catalog.regclass",
-                    None,
-                    &[DatumWithOid::from(table), DatumWithOid::from(key)],
-                )?
-                .first()
-                .get::<i64>(1)?;
-            let Some(shard) = shard else {
+        crate::db::with_spi(|client| {
+            let found = crate::db::write(
+                client,
+                SHARD_SQL,
+                &[DatumWithOid::from(table), DatumWithOid::from(key)],
+            )?;
+            if found.is_empty() {
+                return Ok(None);
+            }
+            let Some(shard) = found.first().get::<i64>(1)? else {
                 return Ok(None);
             };
-            client.update(
-                "SELECT pg_catalog.lock_shard_metadata(5, ARRAY[$1::pg_catalog.int8])",
-                None,
-                &[DatumWithOid::from(shard)],
-            )?;
             // A new statement, so a snapshot taken after the lock under READ COMMITTED, the
             // level the one-call functions require (under REPEATABLE READ the transaction's
             // snapshot answers, as it does for Citus's own routing).
-            let placed = client.update(
-                "SELECT pg_catalog.to_regclass(pg_catalog.shard_name($1::pg_catalog.oid::pg_catalog.regclass, $2))::pg_catalog.oid
-                  WHERE EXISTS (SELECT FROM pg_catalog.pg_dist_placement pl
-                                 WHERE pl.shardid = $2 AND pl.shardstate = 1
-                                   AND pl.groupid = (SELECT g.groupid FROM pg_catalog.pg_dist_local_group g))",
-                None,
+            let placed = crate::db::write(
+                client,
+                PLACED_SQL,
                 &[DatumWithOid::from(table), DatumWithOid::from(shard)],
             )?;
             if placed.is_empty() {
@@ -156,4 +196,37 @@ fn placed_shard(table: pg_sys::Oid, key: Option<&str>) -> Result<Option<pg_sys::
         })
     })
     .map(|found| found.filter(|oid| *oid != pg_sys::InvalidOid))
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    /// The kept answer to "is Citus installed" is dropped when a relation of that name appears:
+    /// a table `manages` said no to before is managed once `pg_dist_partition` lists it (here a
+    /// stand-in made with `allow_system_table_mods`; the invalidation is the catalog cache's own,
+    /// which other sessions receive as this one does).
+    #[pg_test]
+    fn the_kept_citus_answer_follows_its_catalog_appearing() {
+        Spi::run("CREATE TABLE public.plain (id int PRIMARY KEY)").expect("table");
+        let oid = Spi::get_one::<pg_sys::Oid>("SELECT 'public.plain'::regclass::oid")
+            .expect("query")
+            .expect("oid");
+        // SAFETY: inside the test's transaction.
+        assert!(!unsafe { super::manages(oid) });
+        assert!(!super::installed());
+        Spi::run(
+            "SET LOCAL allow_system_table_mods = on;
+             CREATE TABLE pg_catalog.pg_dist_partition (logicalrelid pg_catalog.regclass);
+             INSERT INTO pg_catalog.pg_dist_partition VALUES ('public.plain');",
+        )
+        .expect("stand-in catalog");
+        assert!(super::installed());
+        // SAFETY: as above.
+        assert!(unsafe { super::manages(oid) });
+        Spi::run("DROP TABLE pg_catalog.pg_dist_partition").expect("drop");
+        // SAFETY: as above.
+        assert!(!unsafe { super::manages(oid) });
+    }
 }

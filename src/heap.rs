@@ -427,7 +427,7 @@ unsafe fn scan(
         };
         let (index_id, mut scan_keys) = match keys {
             Keys::PrimaryKey(keys) => {
-                let Some((index_id, columns)) = crate::catalog::primary_key_columns(relation, lock)
+                let Some((index_id, columns)) = crate::catalog::primary_key_columns(relation)
                 else {
                     return fail(relation, "has no primary key".into());
                 };
@@ -910,13 +910,20 @@ impl DirectInsert {
                 )));
             };
             pg_sys::CommandCounterIncrement();
-            let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-            let found = by_primary_key(self.table, None, &[text_key(key)], snapshot, |row| {
-                Ok(row.map(|row| pg_sys::heap_copytuple(row.tuple)))
-            });
-            pg_sys::UnregisterSnapshot(snapshot);
-            let Lookup::Here(Some(old), _) = found? else {
-                return Ok(None);
+            let old = match last_held(self.relation, key) {
+                Some(old) => old,
+                None => {
+                    let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+                    let found =
+                        by_primary_key(self.table, None, &[text_key(key)], snapshot, |row| {
+                            Ok(row.map(|row| pg_sys::heap_copytuple(row.tuple)))
+                        });
+                    pg_sys::UnregisterSnapshot(snapshot);
+                    let Lookup::Here(Some(old), _) = found? else {
+                        return Ok(None);
+                    };
+                    old
+                }
             };
             let mut is_null = false;
             let value = pg_sys::heap_getattr(old, attnum.into(), descriptor, &mut is_null);
@@ -941,6 +948,7 @@ impl DirectInsert {
             let Some(indexes) = port::heap_update(self.relation, &mut (*old).t_self, new) else {
                 return Ok(None);
             };
+            remember_held(self.relation, (*new).t_self);
             if let Some(only_summarizing) = indexes {
                 let slot = self.slot;
                 port::exec_clear_tuple(slot);
@@ -1039,6 +1047,9 @@ pub fn lock_by_key(
                     let value = pg_sys::slot_getattr(slot, attnum.into(), &mut is_null);
                     same_key.then(|| i64::from_datum(value, is_null)).flatten()
                 });
+                if value.flatten().is_some() {
+                    remember_held(relation, (*slot).tts_tid);
+                }
                 pg_sys::ExecDropSingleTupleTableSlot(slot);
                 Ok(value.flatten())
             }
@@ -1048,6 +1059,92 @@ pub fn lock_by_key(
         pg_sys::UnregisterSnapshot(snapshot);
         pg_sys::table_close(relation, pg_sys::NoLock as pg_sys::LOCKMODE);
         locked
+    }
+}
+
+/// Where this backend last locked ([`lock_by_key`]) or updated
+/// ([`DirectInsert::increment_held`]) a row it holds: the relation, the (sub)transaction that
+/// did, and the version's location — so the allocation that follows the partition lock updates
+/// the row without looking it up by its key again (docs/BENCHMARKS.md, "Server CPU", step 6).
+#[derive(Clone, Copy)]
+struct LastHeld {
+    relation: pg_sys::Oid,
+    transaction: pg_sys::TransactionId,
+    subtransaction: pg_sys::SubTransactionId,
+    tid: pg_sys::ItemPointerData,
+}
+
+thread_local! {
+    static LAST_HELD: Cell<Option<LastHeld>> = const { Cell::new(None) };
+}
+
+/// Records that this (sub)transaction holds the row version at `tid` of `relation`.
+///
+/// # Safety
+/// Inside a transaction that has an id (a row lock or an update gave it one).
+unsafe fn remember_held(relation: pg_sys::Relation, tid: pg_sys::ItemPointerData) {
+    // SAFETY: reads of the caller's open relation and of the transaction state.
+    let held = unsafe {
+        LastHeld {
+            relation: (*relation).rd_id,
+            transaction: pg_sys::GetTopTransactionIdIfAny(),
+            subtransaction: pg_sys::GetCurrentSubTransactionId(),
+            tid,
+        }
+    };
+    LAST_HELD.with(|c| c.set(Some(held)));
+}
+
+/// A copy of the row version of `relation` whose text primary key is `key` at the location
+/// [`remember_held`] recorded in this very (sub)transaction — which keeps the relation locked,
+/// so its pages stay — when that version still has the key, is held ([`held`]) and was not
+/// updated since (its `xmax` empty or a lock only): the version a fresh lookup by the key finds.
+/// `None` otherwise (the caller looks it up).
+///
+/// # Safety
+/// `relation` is open, a heap, with a text primary key.
+unsafe fn last_held(relation: pg_sys::Relation, key: &str) -> Option<pg_sys::HeapTuple> {
+    let last = LAST_HELD.with(Cell::get)?;
+    // SAFETY: the location is read only inside the (sub)transaction that recorded it, which
+    // holds a lock on the relation (no truncation can remove its page); `heap_fetch` checks the
+    // line pointer and pins the page, and the tuple is copied before the pin is released.
+    unsafe {
+        if last.relation != (*relation).rd_id
+            || last.transaction == pg_sys::InvalidTransactionId
+            || last.transaction != pg_sys::GetTopTransactionIdIfAny()
+            || last.subtransaction != pg_sys::GetCurrentSubTransactionId()
+        {
+            return None;
+        }
+        let key_attnum = crate::catalog::primary_key_text_attribute(relation)?;
+        let mut tuple = pg_sys::HeapTupleData {
+            t_self: last.tid,
+            ..Default::default()
+        };
+        let mut buffer: pg_sys::Buffer = 0;
+        let any = &raw mut pg_sys::SnapshotAnyData;
+        if !pg_sys::heap_fetch(relation, any, &mut tuple, &mut buffer, false) {
+            return None;
+        }
+        let header = tuple.t_data;
+        let mask = u32::from((*header).t_infomask);
+        // Not updated: no `xmax`, or one that only locks (htup_details.h's
+        // `HEAP_XMAX_IS_LOCKED_ONLY`, written out).
+        let lock_mask = pg_sys::HEAP_XMAX_KEYSHR_LOCK | pg_sys::HEAP_XMAX_EXCL_LOCK;
+        let current = mask & pg_sys::HEAP_XMAX_INVALID != 0
+            || mask & pg_sys::HEAP_XMAX_LOCK_ONLY != 0
+            || mask & (pg_sys::HEAP_XMAX_IS_MULTI | lock_mask) == pg_sys::HEAP_XMAX_EXCL_LOCK;
+        let copy = (current && held(header)).then(|| pg_sys::heap_copytuple(&mut tuple));
+        pg_sys::ReleaseBuffer(buffer);
+        let copy = copy?;
+        let mut is_null = false;
+        let found = pg_sys::heap_getattr(copy, key_attnum.into(), (*relation).rd_att, &mut is_null);
+        if String::from_datum(found, is_null).as_deref() == Some(key) {
+            Some(copy)
+        } else {
+            pg_sys::heap_freetuple(copy);
+            None
+        }
     }
 }
 

@@ -97,6 +97,7 @@ static ALLOCATOR: alloc::SoftFail = alloc::SoftFail;
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     alloc::init();
+    citus::init();
     notify::init();
     feed::init();
     schema::executor_snapshots::install();

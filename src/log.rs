@@ -548,6 +548,29 @@ mod tests {
         assert_eq!(fence_trigger_calls(), 1);
     }
 
+    /// The allocation below SQL finds the held row at the place the lock (or the last
+    /// allocation) left it, and trusts that place only while the row was not changed since: a
+    /// statement that updates the held row in between moves it, and the next allocation looks it
+    /// up by its key again — still below SQL, the numbers still dense.
+    #[pg_test]
+    fn a_held_row_changed_by_a_statement_is_looked_up_again() {
+        Spi::run("SET LOCAL track_functions = 'all'").expect("set");
+        Spi::run("SELECT syncular.lock_partition('moved')").expect("lock");
+        let append = || bigint(&format!("SELECT syncular.append_commit('moved', {COMMIT})"));
+        assert_eq!(append(), 1);
+        Spi::run(
+            "UPDATE syncular.sync_partitions SET horizon_seq = horizon_seq WHERE partition = 'moved'",
+        )
+        .expect("update");
+        assert_eq!(append(), 2);
+        assert_eq!(append(), 3);
+        assert_eq!(fence_trigger_calls(), 0);
+        assert_eq!(
+            bigint("SELECT max_commit_seq FROM syncular.sync_partitions WHERE partition = 'moved'"),
+            3
+        );
+    }
+
     /// The commit row goes below SQL only under the fence trigger alone, firing: with another
     /// trigger beside it, or in a session where it does not fire (`session_replication_role =
     /// replica`: it is enabled for origin sessions), the statement appends, and the outcome is

@@ -9,7 +9,7 @@
 use super::result;
 use crate::commit::{Change, Commit, Op, BASE64};
 use crate::error::{Error, Result};
-use crate::jsonb::{JsonbArg, Node};
+use crate::jsonb::{Node, OwnedJsonb};
 use crate::log;
 use crate::notify;
 use crate::push_guard;
@@ -93,10 +93,9 @@ pub fn finished(canonical: Value, identity: &str, changes: Option<Value>) -> Val
 }
 
 /// A change's stored scopes as a jsonb value for the append (the same bytes `append_commit`
-/// stores for the same object).
-fn scopes_jsonb(scopes: &Map<String, Value>) -> Result<JsonbArg> {
-    JsonbArg::parse(&Value::Object(scopes.clone()).to_string())
-        .ok_or_else(|| Error::Internal("syncular: scopes do not convert to jsonb".into()))
+/// stores for the same object), written as binary jsonb without a text round trip.
+fn scopes_jsonb(scopes: &Map<String, Value>) -> Result<OwnedJsonb> {
+    crate::jsonb::owned(&Value::Object(scopes.clone()))
 }
 
 /// The appended commit: its `commit_seq` and, with `returnChanges`, the changes to return.

@@ -16,7 +16,6 @@ use crate::tables::{AppRelation, StoredRow};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
-use pgrx::JsonB;
 use serde_json::{Map, Value};
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -41,7 +40,7 @@ pub(super) struct Upserted {
 
 /// A table of the running push schema whose relation is registered and usable.
 pub(super) struct Table {
-    pub(super) schema: TableSchema,
+    pub(super) schema: std::rc::Rc<TableSchema>,
     pub(super) relation: AppRelation,
     pub(super) upsert_sql: String,
     /// The batched upsert ([`AppRelation::upsert_rows_sql`]), for a triggerless relation.
@@ -226,14 +225,6 @@ impl<'a> Context<'a, '_> {
             payload,
             column_versions,
         } = meta;
-        let mut args = vec![
-            DatumWithOid::from(self.partition),
-            DatumWithOid::from(op.row_id),
-            DatumWithOid::from(version),
-            DatumWithOid::from(JsonB(Value::Object(scopes.clone()))),
-            DatumWithOid::from(payload),
-            DatumWithOid::from(column_versions),
-        ];
         if self.batchable(op, t) && Batch::accepts(values) {
             self.batched.set(true);
             let values = if t.schema.materialize { values } else { &[] };
@@ -254,6 +245,15 @@ impl<'a> Context<'a, '_> {
         }
         // A single statement keeps its place after every pending one.
         self.flush()?;
+        // The scopes bound as binary jsonb (the bytes `jsonb_in` makes of their text).
+        let mut args = vec![
+            DatumWithOid::from(self.partition),
+            DatumWithOid::from(op.row_id),
+            DatumWithOid::from(version),
+            DatumWithOid::from(crate::jsonb::owned(&Value::Object(scopes.clone()))?),
+            DatumWithOid::from(payload),
+            DatumWithOid::from(column_versions),
+        ];
         if t.schema.materialize {
             for (column, value) in t.schema.layout.columns.iter().zip(values) {
                 args.push(self.projection(column.ty, value)?);

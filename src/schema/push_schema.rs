@@ -14,6 +14,7 @@ use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
 use serde_json::{json, Map, Value};
 use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
 
 /// One table of a push schema, validated.
 #[derive(Clone)]
@@ -294,12 +295,12 @@ thread_local! {
 }
 
 /// Stored layouts, parsed: each table's columns by its name.
-type Layouts = std::rc::Rc<Map<String, Value>>;
+type Layouts = Rc<Map<String, Value>>;
 
 struct KeptSchema {
     version: i64,
     bytes: crate::jsonb::OwnedJsonb,
-    tables: HashMap<String, Option<TableSchema>>,
+    tables: HashMap<String, Option<Rc<TableSchema>>>,
 }
 
 /// Keeps `entry` first in `kept`, bounded by [`KEPT_DOCUMENTS`].
@@ -372,10 +373,10 @@ fn layouts_at(client: &SpiClient<'_>, version: i64) -> Result<Option<Layouts>> {
 /// When layouts are recorded for `version` (the marker's, or a migration's before it), the push
 /// schema must have exactly their tables (`whole`: and no table fewer), columns, types,
 /// nullability and order.
-fn check_layouts(
+fn check_layouts<S: std::borrow::Borrow<TableSchema>>(
     client: &SpiClient<'_>,
     version: i64,
-    schemas: &[(String, TableSchema)],
+    schemas: &[(String, S)],
     whole: bool,
 ) -> Result<()> {
     // A fresh snapshot: after the lock `set_push_schema` waited on, a migration committed in the
@@ -391,6 +392,7 @@ fn check_layouts(
     };
     for (tbl, schema) in schemas {
         crate::interrupts::check();
+        let schema: &TableSchema = schema.borrow();
         let Some(Value::Array(columns)) = layouts.get(tbl) else {
             return Err(differs(
                 &format!("tables.{tbl}"),
@@ -400,15 +402,16 @@ fn check_layouts(
         let count = columns.len().max(schema.layout.columns.len());
         for i in 0..count {
             crate::interrupts::check();
-            let at = format!("tables.{tbl}.columns[{i}]");
+            // Named only for a mismatch: a push checks every column of its tables.
+            let at = || format!("tables.{tbl}.columns[{i}]");
             match (schema.layout.columns.get(i), columns.get(i)) {
                 (Some(ours), Some(theirs)) => {
-                    let same = theirs.get("name") == Some(&json!(ours.name))
-                        && theirs.get("type") == Some(&json!(ours.ty.name()))
-                        && theirs.get("nullable") == Some(&json!(ours.nullable));
+                    let same = theirs.get("name").and_then(Value::as_str) == Some(&ours.name)
+                        && theirs.get("type").and_then(Value::as_str) == Some(ours.ty.name())
+                        && theirs.get("nullable").and_then(Value::as_bool) == Some(ours.nullable);
                     if !same {
                         return Err(differs(
-                            &at,
+                            &at(),
                             format!(
                                 "table {tbl}, column {i}: {} {}{} here, {} stored",
                                 ours.name,
@@ -421,13 +424,13 @@ fn check_layouts(
                 }
                 (Some(ours), None) => {
                     return Err(differs(
-                        &at,
+                        &at(),
                         format!("table {tbl}: column {} is not stored", ours.name),
                     ))
                 }
                 (None, Some(theirs)) => {
                     return Err(differs(
-                        &at,
+                        &at(),
                         format!("table {tbl}: stored column {theirs} is missing"),
                     ))
                 }
@@ -715,7 +718,7 @@ pub fn table_at(
     client: &SpiClient<'_>,
     version: i64,
     tbl: &str,
-) -> Result<Option<Option<TableSchema>>> {
+) -> Result<Option<Option<Rc<TableSchema>>>> {
     table_as_of(client, version, tbl, false)
 }
 
@@ -727,7 +730,7 @@ fn table_as_of(
     version: i64,
     tbl: &str,
     fresh: bool,
-) -> Result<Option<Option<TableSchema>>> {
+) -> Result<Option<Option<Rc<TableSchema>>>> {
     use crate::heap::{self, Lookup, SyncTable};
     let read = heap::with_snapshot(fresh, |snapshot| {
         // SAFETY: the key is a datum passed by value; the snapshot is registered around the
@@ -756,7 +759,7 @@ fn kept_table(
     version: i64,
     tbl: &str,
     bytes: crate::jsonb::OwnedJsonb,
-) -> Result<Option<TableSchema>> {
+) -> Result<Option<Rc<TableSchema>>> {
     let kept = KEPT_SCHEMAS.with(|kept| {
         let kept = kept.borrow();
         let entry = kept
@@ -775,7 +778,9 @@ fn kept_table(
         Some(crate::jsonb::Node::Object(descriptor)) => {
             let text = descriptor.to_jsonb().printed();
             let descriptor: Value = serde_json::from_str(&text).map_err(|_| unreadable())?;
-            Some(table_schema(tbl, &descriptor).map_err(|_| unreadable())?)
+            Some(Rc::new(
+                table_schema(tbl, &descriptor).map_err(|_| unreadable())?,
+            ))
         }
         Some(_) => return Err(unreadable()),
     };
@@ -815,7 +820,7 @@ fn table_through_sql(
     version: i64,
     tbl: &str,
     fresh: bool,
-) -> Result<Option<Option<TableSchema>>> {
+) -> Result<Option<Option<Rc<TableSchema>>>> {
     const SQL: &str = "SELECT (p.tables -> $2)::text FROM syncular.sync_push_schemas p
                         WHERE p.schema_version = $1";
     let args = [DatumWithOid::from(version), DatumWithOid::from(tbl)];
@@ -828,9 +833,9 @@ fn table_through_sql(
     };
     let unreadable = || unreadable_schema(version, tbl);
     let descriptor: Value = serde_json::from_str(&text).map_err(|_| unreadable())?;
-    Ok(Some(Some(
+    Ok(Some(Some(Rc::new(
         table_schema(tbl, &descriptor).map_err(|_| unreadable())?,
-    )))
+    ))))
 }
 
 /// Whether `schema` still agrees with the layouts `migrate_schema` stored, when the marker is at
@@ -841,7 +846,7 @@ pub fn agrees_with_layouts(
     tbl: &str,
     schema: &TableSchema,
 ) -> Result<bool> {
-    match check_layouts(client, version, &[(tbl.to_string(), schema.clone())], false) {
+    match check_layouts(client, version, &[(tbl.to_string(), schema)], false) {
         Ok(()) => Ok(true),
         Err(Error::Sync { .. }) => Ok(false),
         Err(other) => Err(other),
@@ -997,7 +1002,7 @@ pub fn codec_table(client: &SpiClient<'_>, tbl: &str, version: Option<i64>) -> R
     match table_as_of(client, version, tbl, true)? {
         Some(Some(schema)) => {
             return Ok(CodecTable {
-                layout: schema.layout,
+                layout: schema.layout.clone(),
                 keyed: true,
                 version,
             })

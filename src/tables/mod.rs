@@ -195,10 +195,16 @@ struct Inspected {
 
 impl Inspected {
     fn qualified(&self) -> String {
-        format!(
-            "{}.{}",
-            quote_identifier(&self.schema),
-            quote_identifier(&self.name)
+        statements::kept_text(
+            statements::TextKind::Qualified,
+            &[Some(&self.schema), Some(&self.name)],
+            || {
+                format!(
+                    "{}.{}",
+                    quote_identifier(&self.schema),
+                    quote_identifier(&self.name)
+                )
+            },
         )
     }
 }
@@ -450,17 +456,18 @@ pub fn open(client: &SpiClient<'_>, tbl: &str) -> error::Result<Result<AppRelati
             )));
         }
     }
+    let qualified = relation.qualified();
     Ok(Ok(AppRelation {
         oid: registration.relation,
         tbl: tbl.to_string(),
         namespace: relation.namespace,
         owner: relation.owner,
         rows: if relation.ordinary {
-            format!("ONLY {}", relation.qualified())
+            format!("ONLY {qualified}")
         } else {
-            relation.qualified()
+            qualified.clone()
         },
-        qualified: relation.qualified(),
+        qualified,
         partitioned: !relation.ordinary,
         row_security: relation.row_security,
         triggerless: relation.triggerless,

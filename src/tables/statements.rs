@@ -25,6 +25,75 @@ use pgrx::JsonB;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 
+/// What a kept text was built as ([`kept_text`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum TextKind {
+    /// A schema-qualified relation name (`Inspected::qualified`).
+    Qualified,
+    /// [`AppRelation::upsert_sql`].
+    Upsert,
+    /// [`AppRelation::upsert_rows_sql`].
+    UpsertRows,
+}
+
+struct KeptText {
+    kind: TextKind,
+    quote_all: bool,
+    parts: Vec<Option<String>>,
+    text: String,
+}
+
+/// How many texts [`kept_text`] keeps: a push opens each of its tables once, and a backend
+/// serves a bounded set of tables.
+const KEPT_TEXTS: usize = 64;
+
+thread_local! {
+    /// The statement texts this backend built, newest first, by everything they are built from:
+    /// building one quotes and formats every column name again (3 % of a one-row push's
+    /// backend: docs/BENCHMARKS.md, "Server CPU", step 6). A text depends only on its parts and
+    /// on `quote_all_identifiers`, both in the key, so a kept one is the one `build` would make.
+    static KEPT: std::cell::RefCell<Vec<KeptText>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The text `build` makes of `parts`, built once per backend and kept ([`KEPT`]).
+pub(super) fn kept_text(
+    kind: TextKind,
+    parts: &[Option<&str>],
+    build: impl FnOnce() -> String,
+) -> String {
+    // SAFETY: reads a GUC's backend global; no allocation, never errors.
+    let quote_all = unsafe { pg_sys::quote_all_identifiers };
+    let found = KEPT.with_borrow_mut(|kept| {
+        let at = kept.iter().position(|k| {
+            k.kind == kind
+                && k.quote_all == quote_all
+                && k.parts.len() == parts.len()
+                && k.parts.iter().zip(parts).all(|(a, b)| a.as_deref() == *b)
+        })?;
+        let entry = kept.remove(at);
+        let text = entry.text.clone();
+        kept.insert(0, entry);
+        Some(text)
+    });
+    if let Some(text) = found {
+        return text;
+    }
+    let text = build();
+    KEPT.with_borrow_mut(|kept| {
+        kept.insert(
+            0,
+            KeptText {
+                kind,
+                quote_all,
+                parts: parts.iter().map(|p| p.map(str::to_string)).collect(),
+                text: text.clone(),
+            },
+        );
+        kept.truncate(KEPT_TEXTS);
+    });
+    text
+}
+
 /// A stored app row's meta columns, as the one-call push reads them (step A3 of docs/DESIGN.md
 /// §Push path).
 pub struct StoredRow {
@@ -144,6 +213,12 @@ impl AppRelation {
     /// text); every non-key column is overwritten on conflict, so host triggers fire as under
     /// upstream.
     pub fn upsert_sql(&self, columns: &[(&str, Option<&str>)]) -> String {
+        let mut parts = vec![Some(self.qualified.as_str())];
+        parts.extend(columns.iter().flat_map(|&(c, cast)| [Some(c), cast]));
+        kept_text(TextKind::Upsert, &parts, || self.build_upsert_sql(columns))
+    }
+
+    fn build_upsert_sql(&self, columns: &[(&str, Option<&str>)]) -> String {
         let mut names: Vec<String> = [
             "_sync_partition",
             "_sync_row_id",
@@ -212,6 +287,18 @@ impl AppRelation {
     /// side by side in order (`ROWS FROM`: the multi-argument `unnest` cannot be
     /// schema-qualified). Same writes as one upsert per row, for a triggerless table and distinct rows.
     pub fn upsert_rows_sql(&self, columns: &[(&str, &str, Option<&str>)]) -> String {
+        let mut parts = vec![Some(self.qualified.as_str())];
+        parts.extend(
+            columns
+                .iter()
+                .flat_map(|&(c, ty, cast)| [Some(c), Some(ty), cast]),
+        );
+        kept_text(TextKind::UpsertRows, &parts, || {
+            self.build_upsert_rows_sql(columns)
+        })
+    }
+
+    fn build_upsert_rows_sql(&self, columns: &[(&str, &str, Option<&str>)]) -> String {
         let meta = [
             ("_sync_row_id", "text", None),
             ("_sync_server_version", "int8", None),
