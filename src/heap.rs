@@ -1128,12 +1128,8 @@ unsafe fn last_held(relation: pg_sys::Relation, key: &str) -> Option<pg_sys::Hea
         }
         let header = tuple.t_data;
         let mask = u32::from((*header).t_infomask);
-        // Not updated: no `xmax`, or one that only locks (htup_details.h's
-        // `HEAP_XMAX_IS_LOCKED_ONLY`, written out).
-        let lock_mask = pg_sys::HEAP_XMAX_KEYSHR_LOCK | pg_sys::HEAP_XMAX_EXCL_LOCK;
-        let current = mask & pg_sys::HEAP_XMAX_INVALID != 0
-            || mask & pg_sys::HEAP_XMAX_LOCK_ONLY != 0
-            || mask & (pg_sys::HEAP_XMAX_IS_MULTI | lock_mask) == pg_sys::HEAP_XMAX_EXCL_LOCK;
+        // Not updated: no `xmax`, or one that only locks.
+        let current = mask & pg_sys::HEAP_XMAX_INVALID != 0 || xmax_locks_only(mask);
         let copy = (current && held(header)).then(|| pg_sys::heap_copytuple(&mut tuple));
         pg_sys::ReleaseBuffer(buffer);
         let copy = copy?;
@@ -1156,8 +1152,8 @@ unsafe fn last_held(relation: pg_sys::Relation, key: &str) -> Option<pg_sys::Hea
 /// # Safety
 /// `header` is a valid heap tuple header.
 unsafe fn held(header: pg_sys::HeapTupleHeader) -> bool {
-    // SAFETY: the caller's valid header, read; htup_details.h's `HEAP_XMAX_IS_LOCKED_ONLY` and
-    // `HEAP_XMAX_IS_EXCL_LOCKED`, written out.
+    // SAFETY: the caller's valid header, read; htup_details.h's `HEAP_XMAX_IS_EXCL_LOCKED`
+    // written out ([`xmax_locks_only`] the locked-only half).
     unsafe {
         let xmin = port::heap_tuple_header_get_xmin(header);
         if xmin != pg_sys::FrozenTransactionId && pg_sys::TransactionIdIsCurrentTransactionId(xmin)
@@ -1166,13 +1162,19 @@ unsafe fn held(header: pg_sys::HeapTupleHeader) -> bool {
         }
         let mask = u32::from((*header).t_infomask);
         let lock_mask = pg_sys::HEAP_XMAX_KEYSHR_LOCK | pg_sys::HEAP_XMAX_EXCL_LOCK;
-        let locked_only = mask & pg_sys::HEAP_XMAX_LOCK_ONLY != 0
-            || mask & (pg_sys::HEAP_XMAX_IS_MULTI | lock_mask) == pg_sys::HEAP_XMAX_EXCL_LOCK;
         mask & (pg_sys::HEAP_XMAX_INVALID | pg_sys::HEAP_XMAX_IS_MULTI) == 0
-            && locked_only
+            && xmax_locks_only(mask)
             && mask & lock_mask == pg_sys::HEAP_XMAX_EXCL_LOCK
             && pg_sys::TransactionIdIsCurrentTransactionId((*header).t_choice.t_heap.t_xmax)
     }
+}
+
+/// Whether a tuple's `xmax` (per its `t_infomask`, `mask`) only locks it and did not update or
+/// delete it: htup_details.h's `HEAP_XMAX_IS_LOCKED_ONLY`, written out.
+fn xmax_locks_only(mask: u32) -> bool {
+    let lock_mask = pg_sys::HEAP_XMAX_KEYSHR_LOCK | pg_sys::HEAP_XMAX_EXCL_LOCK;
+    mask & pg_sys::HEAP_XMAX_LOCK_ONLY != 0
+        || mask & (pg_sys::HEAP_XMAX_IS_MULTI | lock_mask) == pg_sys::HEAP_XMAX_EXCL_LOCK
 }
 
 impl Drop for DirectInsert {

@@ -44,7 +44,7 @@ pub fn lock(client: &SpiClient<'_>, partition: &str) -> Result<Locked> {
         });
     }
     let key = || [DatumWithOid::from(partition)];
-    // Common case: the row exists. FOR UPDATE waits for the holder and returns the newest version.
+    // The statement: FOR UPDATE waits for the holder and returns the newest version.
     let existing = db::write(
         client,
         "SELECT max_commit_seq FROM syncular.sync_partitions WHERE partition = $1 FOR UPDATE",

@@ -94,7 +94,7 @@ pub fn finished(canonical: Value, identity: &str, changes: Option<Value>) -> Val
 
 /// A change's stored scopes as a jsonb value for the append (the same bytes `append_commit`
 /// stores for the same object), written as binary jsonb without a text round trip.
-fn scopes_jsonb(scopes: &Map<String, Value>) -> Result<OwnedJsonb> {
+pub(super) fn scopes_jsonb(scopes: &Map<String, Value>) -> Result<OwnedJsonb> {
     crate::jsonb::owned(&Value::Object(scopes.clone()))
 }
 

@@ -245,12 +245,11 @@ impl<'a> Context<'a, '_> {
         }
         // A single statement keeps its place after every pending one.
         self.flush()?;
-        // The scopes bound as binary jsonb (the bytes `jsonb_in` makes of their text).
         let mut args = vec![
             DatumWithOid::from(self.partition),
             DatumWithOid::from(op.row_id),
             DatumWithOid::from(version),
-            DatumWithOid::from(crate::jsonb::owned(&Value::Object(scopes.clone()))?),
+            DatumWithOid::from(super::append::scopes_jsonb(scopes)?),
             DatumWithOid::from(payload),
             DatumWithOid::from(column_versions),
         ];
