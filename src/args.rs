@@ -12,8 +12,11 @@ use serde_json::{Map, Value};
 
 /// A `jsonb` argument, parsed without panicking. pgrx's `JsonB` panics (→ `XX000`) on documents
 /// serde cannot represent — nesting deeper than 128, numbers beyond f64 — before the function
-/// body runs; this type keeps the failure so the body can refuse it with a coded error.
-pub struct JsonArg(std::result::Result<Value, Unparsed>);
+/// body runs; this type keeps the document (detoasted, in the call's memory context) and parses
+/// it in [`JsonArg::value`], inside the body's `error::run`: a refusal becomes a coded error, and
+/// a cancel or `statement_timeout` that the size check's walk honours reaches the host as itself,
+/// not through pgrx's argument unboxing with a Rust backtrace in its DETAIL (red team 34, F2).
+pub struct JsonArg(*mut pg_sys::varlena);
 
 /// Why a [`JsonArg`] holds no value.
 enum Unparsed {
@@ -44,23 +47,43 @@ impl FromDatum for JsonArg {
         if is_null {
             return None;
         }
-        // SAFETY: a non-NULL jsonb argument datum; the detoasted copy lives in the call's
-        // memory context and `jsonb_out`'s text is freed right after it is parsed.
+        // Not the `_packed` variant: the size check walks the container, which must keep its
+        // 4-byte alignment.
+        // SAFETY: a non-NULL jsonb argument datum; the detoasted copy (or the datum itself)
+        // lives in the call's memory context for the length of the call.
+        Some(JsonArg(unsafe {
+            pg_sys::pg_detoast_datum(datum.cast_mut_ptr())
+        }))
+    }
+}
+
+impl JsonArg {
+    /// The parsed value, or `invalid_argument` (`too_large`, `too_deep`, `range`, `type`) for
+    /// `name`, or `53200` when the parse could not have its memory.
+    pub fn value(self, name: &str) -> Result<Value> {
+        self.parse().map_err(|unparsed| match unparsed {
+            Unparsed::Refused(reason) => Error::invalid_argument(name, reason),
+            Unparsed::OutOfMemory(size) => Error::OutOfMemory(size),
+        })
+    }
+
+    fn parse(&self) -> std::result::Result<Value, Unparsed> {
+        // SAFETY: the detoasted jsonb datum of this call (`from_polymorphic_datum`); `jsonb_out`'s
+        // text is freed right after it is parsed.
         unsafe {
-            // Not the `_packed` variant: the size check walks the container, which must keep its
-            // 4-byte alignment.
-            let detoasted = pg_sys::pg_detoast_datum(datum.cast_mut_ptr());
+            let detoasted = self.0;
             let total = pgrx::varsize_any(detoasted as *const _);
             let data = pgrx::vardata_any(detoasted as *const _) as *const u8;
             let bytes =
                 std::slice::from_raw_parts(data, total - (data as usize - detoasted as usize));
             if crate::jsonb::over_limits(bytes) {
-                return Some(JsonArg(Err(Unparsed::Refused("too_large"))));
+                return Err(Unparsed::Refused("too_large"));
             }
             let text: *mut std::ffi::c_char = pgrx::direct_function_call_as_datum(
                 pg_sys::jsonb_out,
                 &[Some(pg_sys::Datum::from(detoasted))],
-            )?
+            )
+            .ok_or(Unparsed::Refused("type"))?
             .cast_mut_ptr();
             let text_bytes = std::ffi::CStr::from_ptr(text).to_bytes();
             // The parse's allocations are infallible: try the memory it may take first, so a
@@ -72,7 +95,7 @@ impl FromDatum for JsonArg {
                 && crate::alloc::try_with_capacity::<u8>(need).is_err()
             {
                 pg_sys::pfree(text.cast());
-                return Some(JsonArg(Err(Unparsed::OutOfMemory(need))));
+                return Err(Unparsed::OutOfMemory(need));
             }
             let parsed = std::str::from_utf8(text_bytes)
                 .map_err(|_| Unparsed::Refused("type"))
@@ -89,18 +112,8 @@ impl FromDatum for JsonArg {
                     })
                 });
             pg_sys::pfree(text.cast());
-            Some(JsonArg(parsed))
+            parsed
         }
-    }
-}
-
-impl JsonArg {
-    /// The parsed value, or `invalid_argument` (`too_deep` / `range`) for `name`.
-    pub fn value(self, name: &str) -> Result<Value> {
-        self.0.map_err(|unparsed| match unparsed {
-            Unparsed::Refused(reason) => Error::invalid_argument(name, reason),
-            Unparsed::OutOfMemory(size) => Error::OutOfMemory(size),
-        })
     }
 }
 

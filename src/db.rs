@@ -23,8 +23,9 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 thread_local! {
-    /// Kept plans, keyed by their SQL text (always a `'static` literal of this crate).
-    static PLANS: RefCell<HashMap<(&'static str, bool), &'static OwnedPreparedStatement>> =
+    /// Kept plans, keyed by their SQL text (always a `'static` literal of this crate), one per
+    /// list of argument types it was called with (see [`Types`]).
+    static PLANS: RefCell<HashMap<(&'static str, bool), Vec<KeptPlan>>> =
         RefCell::new(HashMap::new());
     /// Kept plans of statements built per app table (quoted identifiers), keyed by their text.
     static DYNAMIC_PLANS: RefCell<DynamicPlans> = RefCell::new(DynamicPlans::default());
@@ -36,17 +37,35 @@ thread_local! {
 /// after 5,000 renames). A handful of statements per registered table fit many times over.
 const DYNAMIC_PLANS_KEPT: usize = 512;
 
+/// The argument types a plan was prepared for. A kept plan runs with the types it was
+/// prepared with, whatever the datums passed (pgrx checks only their number), so a plan is
+/// kept per text *and* types: the row statement of a table dropped and made again under its
+/// name with other column types has the same text, and its old plan read the new datums as the
+/// old types — a `double precision` stored as the bits of a `bigint` (red team 34, F1).
+type Types = Vec<pg_sys::Oid>;
+
+/// A kept plan of a static text, with the argument types it was prepared for.
+type KeptPlan = (Types, &'static OwnedPreparedStatement);
+
+fn types_of(args: &[DatumWithOid<'_>]) -> Types {
+    args.iter().map(DatumWithOid::oid).collect()
+}
+
+fn same_types(types: &[pg_sys::Oid], args: &[DatumWithOid<'_>]) -> bool {
+    types.len() == args.len() && types.iter().zip(args).all(|(t, a)| *t == a.oid())
+}
+
 /// The kept plans of statements built per app table, the least recently used freed first when
 /// [`DYNAMIC_PLANS_KEPT`] is reached.
 #[derive(Default)]
 struct DynamicPlans {
-    plans: HashMap<(String, bool), (Rc<OwnedPreparedStatement>, u64)>,
+    plans: HashMap<(String, bool, Types), (Rc<OwnedPreparedStatement>, u64)>,
     /// A counter of uses: the entry with the smallest stamp is the least recently used.
     clock: u64,
 }
 
 impl DynamicPlans {
-    fn get(&mut self, key: &(String, bool)) -> Option<Rc<OwnedPreparedStatement>> {
+    fn get(&mut self, key: &(String, bool, Types)) -> Option<Rc<OwnedPreparedStatement>> {
         self.clock += 1;
         let clock = self.clock;
         self.plans.get_mut(key).map(|(plan, used)| {
@@ -55,7 +74,7 @@ impl DynamicPlans {
         })
     }
 
-    fn insert(&mut self, key: (String, bool), plan: Rc<OwnedPreparedStatement>) {
+    fn insert(&mut self, key: (String, bool, Types), plan: Rc<OwnedPreparedStatement>) {
         if self.plans.len() >= DYNAMIC_PLANS_KEPT {
             // Dropping the last reference frees the plan (SPI_freeplan); a statement running
             // with it holds its own reference until it ends.
@@ -79,18 +98,33 @@ fn plan(
     args: &[DatumWithOid<'_>],
     mutating: bool,
 ) -> Result<&'static OwnedPreparedStatement> {
-    if let Some(kept) = PLANS.with(|plans| plans.borrow().get(&(sql, mutating)).copied()) {
+    let kept = PLANS.with(|plans| {
+        plans.borrow().get(&(sql, mutating)).and_then(|kept| {
+            kept.iter()
+                .find(|(types, _)| same_types(types, args))
+                .map(|(_, plan)| *plan)
+        })
+    });
+    if let Some(kept) = kept {
         return Ok(kept);
     }
-    let types: Vec<PgOid> = args.iter().map(|a| PgOid::from(a.oid())).collect();
+    let types = types_of(args);
+    let pg_types: Vec<PgOid> = types.iter().map(|t| PgOid::from(*t)).collect();
     let prepared = if mutating {
-        client.prepare_mut(sql, &types)?
+        client.prepare_mut(sql, &pg_types)?
     } else {
-        client.prepare(sql, &types)?
+        client.prepare(sql, &pg_types)?
     };
     // Leaked on purpose: a kept plan lives as long as the backend, like the plan cache entry.
+    // A static text is called with one list of types (its arguments are typed in this crate).
     let kept: &'static OwnedPreparedStatement = Box::leak(Box::new(prepared.keep()));
-    PLANS.with(|plans| plans.borrow_mut().insert((sql, mutating), kept));
+    PLANS.with(|plans| {
+        plans
+            .borrow_mut()
+            .entry((sql, mutating))
+            .or_default()
+            .push((types, kept))
+    });
     Ok(kept)
 }
 
@@ -227,12 +261,12 @@ fn dynamic<'conn>(
     args: &[DatumWithOid<'_>],
     mutating: bool,
 ) -> Result<SpiTupleTable<'conn>> {
-    let key = (sql.to_string(), mutating);
+    let key = (sql.to_string(), mutating, types_of(args));
     let cached = DYNAMIC_PLANS.with(|plans| plans.borrow_mut().get(&key));
     let stmt = match cached {
         Some(kept) => kept,
         None => {
-            let types: Vec<PgOid> = args.iter().map(|a| PgOid::from(a.oid())).collect();
+            let types: Vec<PgOid> = key.2.iter().map(|t| PgOid::from(*t)).collect();
             let prepared = if mutating {
                 client.prepare_mut(sql, &types)?
             } else {

@@ -91,16 +91,34 @@ mod txn_local;
 #[global_allocator]
 static ALLOCATOR: alloc::SoftFail = alloc::SoftFail;
 
-/// Runs once per backend when the library loads: takes the allocator's reserve, defines the
-/// extension's settings, installs the executor hook the row codec's snapshot check reads
-/// (docs/SECURITY.md rule 19).
+/// Runs once per backend when the library loads: turns off Rust backtraces in errors, takes the
+/// allocator's reserve, defines the extension's settings, installs the executor hook the row
+/// codec's snapshot check reads (docs/SECURITY.md rule 19).
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    no_backtraces();
     alloc::init();
     citus::init();
     notify::init();
     feed::init();
     schema::executor_snapshots::install();
+}
+
+/// pgrx's panic hook captures a Rust backtrace for every error that unwinds through Rust frames
+/// and appends it to the error's DETAIL — what the client sees — whenever the server's
+/// environment asks the Rust runtime for backtraces (`RUST_BACKTRACE`). The extension's own
+/// error path raises errors again without it, but an error raised while pgrx unboxes an
+/// argument (a cancel while a large argument is detoasted) never reaches that path (red team
+/// 34, F2). So the runtime is told, before anything can be captured, not to capture: it reads
+/// `RUST_LIB_BACKTRACE` first and keeps the answer for the process (docs/SECURITY.md rule 6).
+/// The environment is the process's: another Rust extension loaded in the same backend loses
+/// its backtraces in errors too.
+fn no_backtraces() {
+    if std::env::var_os("RUST_LIB_BACKTRACE").as_deref() != Some(std::ffi::OsStr::new("0")) {
+        // A backend (and the postmaster loading preloaded libraries) runs one thread here, so
+        // nothing reads the environment while it changes.
+        std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    }
 }
 
 // Tables first: the functions' composite return types need them.

@@ -441,3 +441,49 @@ fn the_caps_that_bound_a_call_are_refused_as_too_large() {
         );
     }
 }
+
+/// A cancel or `statement_timeout` that arrives while a `jsonb` argument is read — its size
+/// check walks every entry and looks at the interrupt flag — ends the call with `57014` as
+/// PostgreSQL raises it, and never with pgrx's Rust backtrace in its DETAIL (the test clusters
+/// run with RUST_BACKTRACE set, scripts/cluster.sh). The argument used to be checked while pgrx
+/// unboxed it, before the function body that raises errors again as themselves (red team 34,
+/// F2): now it is only detoasted there, and checked and parsed in the body. The timeouts sweep
+/// the argument's reading, so some of them fall inside the walk.
+#[test]
+fn a_cancel_while_a_json_argument_is_read_has_no_backtrace() {
+    let db = TestDb::new("int_argwalk");
+    let mut c = db.connect();
+    exec(
+        &mut c,
+        "CREATE TABLE public.big AS
+           SELECT jsonb_object_agg('k' || i, jsonb_build_array('v' || i)) AS j
+             FROM generate_series(1, 400000) i",
+    );
+    let calls = [
+        "SELECT syncular.encode_row('tasks', (SELECT j FROM public.big))",
+        "SELECT syncular.set_row_scopes('p', 'tasks', 'x', (SELECT j FROM public.big))",
+        "SELECT * FROM syncular.pull('p', 'd', 'a', 0, 'e', 1, (SELECT j FROM public.big))",
+    ];
+    let mut cancelled = 0;
+    for call in calls {
+        for ms in (2..=60).step_by(2) {
+            exec(&mut c, &format!("SET statement_timeout = {ms}"));
+            let Err(e) = c.batch_execute(call) else {
+                continue;
+            };
+            let Some(db_error) = e.as_db_error() else {
+                panic!("{call}: {e}");
+            };
+            if db_error.code().code() == "57014" {
+                cancelled += 1;
+                let detail = db_error.detail().unwrap_or_default();
+                assert!(
+                    !detail.contains("pgrx") && !detail.contains("syncular::"),
+                    "{call} at {ms} ms: a backtrace in the DETAIL: {detail}"
+                );
+            }
+        }
+        exec(&mut c, "RESET statement_timeout");
+    }
+    assert!(cancelled > 10, "only {cancelled} calls were interrupted");
+}

@@ -1939,3 +1939,87 @@ fn what_another_session_changes_the_next_push_of_every_backend_sees() {
     assert_eq!(out["outcome"], "fallback", "{out}");
     assert_eq!(out["reason"], "schema_not_registered", "{out}");
 }
+
+/// A row statement's kept plan is kept per argument types as well as per text: `public.np_kx`
+/// dropped and made again under its name with `score` a `bigint` instead of a `double
+/// precision`, registered under another name whose push schema says so, has the same statement
+/// text, and the plan kept for the old table read the new push's `bigint` datum as a `double
+/// precision` (the value stored was the bits of the other type). The same backend pushes before
+/// and after; the stored columns are what the payloads say, every way (red team 34, F1: the
+/// single-row statement a host row trigger puts the table on).
+#[test]
+fn a_table_made_again_with_other_column_types_gets_a_plan_of_its_own() {
+    let (db, mut c) = fixture("np_retyped");
+    let mut pusher = db.connect();
+    let mut both = schema();
+    for (name, ty) in [("kx_float", "float"), ("kx_int", "integer")] {
+        both[name] = scoped(
+            json!([
+                col("id", "integer", false),
+                col("project_id", "string", false),
+                col("score", ty, true)
+            ]),
+            project("project_id"),
+        );
+    }
+    let n: i32 = one(
+        &mut c,
+        "SELECT syncular.set_push_schema($1, $2)",
+        &[&V, &both],
+    );
+    assert_eq!(n, 9);
+    exec(
+        &mut c,
+        "CREATE FUNCTION public.np_noop() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NEW; END$$;",
+    );
+    let remake = |c: &mut Client, retire: Option<&str>, name: &str, score_type: &str| {
+        let retire = retire.map_or(String::new(), |old| {
+            format!("SELECT syncular.retire_table('{old}'); DROP TABLE public.np_kx;")
+        });
+        exec(
+            c,
+            &format!(
+                "{retire}
+                 CREATE TABLE public.np_kx (\"_sync_partition\" text NOT NULL, \"_sync_row_id\" text NOT NULL,
+                   id bigint, project_id text, score {score_type},
+                   \"_sync_server_version\" bigint NOT NULL, \"_sync_scopes\" jsonb NOT NULL,
+                   \"_sync_payload\" bytea NOT NULL, \"_sync_column_versions\" bytea,
+                   PRIMARY KEY (\"_sync_partition\", \"_sync_row_id\"));
+                 CREATE TRIGGER noop BEFORE INSERT OR UPDATE ON public.np_kx
+                   FOR EACH ROW EXECUTE FUNCTION public.np_noop();
+                 SELECT syncular.register_table('{name}', 'public.np_kx');"
+            ),
+        );
+    };
+    let scores = |c: &mut Client| -> Vec<(String, Option<String>)> {
+        c.query(
+            "SELECT _sync_row_id, score::text FROM public.np_kx ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
+    };
+    let mut push_one = |tbl: &str, id: i64, score: Value| {
+        let op = up(
+            &mut pusher,
+            tbl,
+            &id.to_string(),
+            None,
+            json!({"id": id, "project_id": "p1", "score": score}),
+        );
+        let out = push(&mut pusher, &format!("k{id}"), &[op]);
+        assert_eq!(out["outcome"], "applied", "{out}");
+    };
+    remake(&mut c, None, "kx_float", "double precision");
+    push_one("kx_float", 1, json!(1.5));
+    assert_eq!(scores(&mut c), [("1".into(), Some("1.5".into()))]);
+    remake(&mut c, Some("kx_float"), "kx_int", "bigint");
+    push_one("kx_int", 2, json!(42));
+    assert_eq!(scores(&mut c), [("2".into(), Some("42".into()))]);
+    // And back: the backend keeps both plans, each used with its own types.
+    remake(&mut c, Some("kx_int"), "kx_float", "double precision");
+    push_one("kx_float", 3, json!(2.25));
+    assert_eq!(scores(&mut c), [("3".into(), Some("2.25".into()))]);
+}
