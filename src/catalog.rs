@@ -35,7 +35,23 @@ pub unsafe fn live_attribute(
 /// `value` is a datum of the column's type, valid as long as the key is used.
 pub unsafe fn equality_key(
     column: i16,
-    (equality, collation): (u32, pg_sys::Oid),
+    equality: (u32, pg_sys::Oid),
+    value: pg_sys::Datum,
+) -> pg_sys::ScanKeyData {
+    // SAFETY: the caller's guarantee, passed on.
+    unsafe { comparison_key(column, pg_sys::BTEqualStrategyNumber, equality, value) }
+}
+
+/// The scan key of `column <op> value` for an index or heap scan: the btree strategy `strategy`
+/// (`BTGreaterStrategyNumber`, …) of the comparison function `procedure`, under `collation`.
+///
+/// # Safety
+/// `value` is a datum of the column's type, valid as long as the key is used; `procedure` is
+/// the comparison `strategy` names for the column's type.
+pub unsafe fn comparison_key(
+    column: i16,
+    strategy: u32,
+    (procedure, collation): (u32, pg_sys::Oid),
     value: pg_sys::Datum,
 ) -> pg_sys::ScanKeyData {
     // SAFETY: a plain C struct, zeroed then filled by PostgreSQL's own initializer.
@@ -45,10 +61,10 @@ pub unsafe fn equality_key(
             &mut key,
             0,
             column,
-            pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+            strategy as pg_sys::StrategyNumber,
             pg_sys::InvalidOid,
             collation,
-            pg_sys::RegProcedure::from(equality),
+            pg_sys::RegProcedure::from(procedure),
             value,
         );
         key

@@ -101,31 +101,9 @@ fn state_here(partition: Option<&str>, running: i64, fresh: bool) -> Result<Opti
                     }
                 }
             };
-            let mut pending = Vec::new();
-            let keys = [(
-                c"schema_version",
-                pg_sys::Datum::from(running),
-                (pg_sys::F_INT8EQ, pg_sys::InvalidOid),
-            )];
-            let here = heap::rows_where(
-                SyncTable::BackfillCheckpoints,
-                Some(c"sync_backfill_checkpoints_pending"),
-                &keys,
-                snapshot,
-                |row| {
-                    // The index holds only these, as created; checked all the same.
-                    if row.text(c"state")?.as_deref() != Some("activated") {
-                        let text = |column| row.text(column).map(Option::unwrap_or_default);
-                        pending.push((text(c"partition")?, text(c"name")?));
-                    }
-                    Ok(true)
-                },
-            )?;
-            if !here {
+            let Some(pending) = pending_here(running, snapshot)? else {
                 return Ok(None);
-            }
-            // By partition, then name, both COLLATE "C": byte order (gap B9).
-            pending.sort();
+            };
             let (version, layouts) = marker.unwrap_or((None, None));
             Ok(Some(SchemaState {
                 stored_schema_version: version.unwrap_or(0),
@@ -135,6 +113,50 @@ fn state_here(partition: Option<&str>, running: i64, fresh: bool) -> Result<Opti
             }))
         }
     })
+}
+
+/// The checkpoints of schema version `running` not yet activated, (partition, name) in byte
+/// order, read below SQL through the partial index made for them with `snapshot`; `None` when
+/// Citus keeps the table on another node or the index is not as created (read through SQL
+/// then).
+///
+/// # Safety
+/// Must run inside a transaction; `snapshot` is registered or active.
+pub unsafe fn pending_here(
+    running: i64,
+    snapshot: pg_sys::Snapshot,
+) -> Result<Option<Vec<(String, String)>>> {
+    use crate::heap::{self, SyncTable};
+    let mut pending = Vec::new();
+    let keys = [(
+        c"schema_version",
+        pg_sys::Datum::from(running),
+        (pg_sys::F_INT8EQ, pg_sys::InvalidOid),
+    )];
+    // SAFETY: the caller's guarantees; the key is an int8 datum, by value.
+    let here = unsafe {
+        heap::rows_where(
+            SyncTable::BackfillCheckpoints,
+            Some(c"sync_backfill_checkpoints_pending"),
+            &keys,
+            snapshot,
+            |row| {
+                // The index holds only these, as created; checked all the same.
+                if row.text(c"state")?.as_deref() != Some("activated") {
+                    let text = |column| row.text(column).map(Option::unwrap_or_default);
+                    crate::alloc::try_reserve(&mut pending, 1)?;
+                    pending.push((text(c"partition")?, text(c"name")?));
+                }
+                Ok(true)
+            },
+        )?
+    };
+    if !here {
+        return Ok(None);
+    }
+    // By partition, then name, both COLLATE "C": byte order (gap B9).
+    pending.sort();
+    Ok(Some(pending))
 }
 
 /// The `[[partition, name], …]` array of the pending checkpoints, as pairs.

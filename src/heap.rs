@@ -36,9 +36,10 @@ pub enum SyncTable {
     PartitionRegistry = 11,
     BackfillCheckpoints = 12,
     Commits = 13,
+    Clients = 14,
 }
 
-const TABLES: usize = 14;
+const TABLES: usize = 15;
 
 impl SyncTable {
     pub fn name(self) -> &'static CStr {
@@ -57,6 +58,7 @@ impl SyncTable {
             SyncTable::PartitionRegistry => c"sync_partition_registry",
             SyncTable::BackfillCheckpoints => c"sync_backfill_checkpoints",
             SyncTable::Commits => c"sync_commits",
+            SyncTable::Clients => c"sync_clients",
         }
     }
 }
@@ -284,6 +286,36 @@ impl Row {
         Ok(text)
     }
 
+    /// A `boolean` column.
+    pub fn boolean(&self, column: &CStr) -> Result<Option<bool>> {
+        let datum = self.datum(column, |t| t == pg_sys::BOOLOID)?;
+        // SAFETY: a non-null bool datum of the row, passed by value.
+        Ok(datum.and_then(|d| unsafe { bool::from_datum(d, false) }))
+    }
+
+    /// An `integer` column.
+    pub fn int4(&self, column: &CStr) -> Result<Option<i32>> {
+        let datum = self.datum(column, |t| t == pg_sys::INT4OID)?;
+        // SAFETY: a non-null int4 datum of the row, passed by value.
+        Ok(datum.and_then(|d| unsafe { i32::from_datum(d, false) }))
+    }
+
+    /// A `smallint` column.
+    pub fn int2(&self, column: &CStr) -> Result<Option<i16>> {
+        let datum = self.datum(column, |t| t == pg_sys::INT2OID)?;
+        // SAFETY: a non-null int2 datum of the row, passed by value.
+        Ok(datum.and_then(|d| unsafe { i16::from_datum(d, false) }))
+    }
+
+    /// A `bytea` column, copied out (detoasted).
+    pub fn bytes(&self, column: &CStr) -> Result<Option<Vec<u8>>> {
+        let datum = self.datum(column, |t| t == pg_sys::BYTEAOID)?;
+        // SAFETY: a non-null bytea datum of the row, copied while the row is read.
+        let bytes = datum.and_then(|d| unsafe { Vec::<u8>::from_datum(d, false) });
+        crate::alloc::check()?;
+        Ok(bytes)
+    }
+
     /// A `jsonb` column, as its value.
     pub fn jsonb(&self, column: &CStr) -> Result<Option<pgrx::JsonB>> {
         let datum = self.datum(column, |t| t == pg_sys::JSONBOID)?;
@@ -437,14 +469,7 @@ unsafe fn scan(
                         "has a primary key of fewer columns than the lookup".into(),
                     );
                 }
-                let scan_keys: Vec<pg_sys::ScanKeyData> = keys
-                    .iter()
-                    .zip(columns)
-                    .map(|(&(key, equality), column)| {
-                        crate::catalog::equality_key(column, equality, key)
-                    })
-                    .collect();
-                (index_id, scan_keys)
+                (index_id, primary_key_scan(&columns, keys, None))
             }
             Keys::Columns(index, keys) => {
                 let mut scan_keys = Vec::with_capacity(keys.len());
@@ -504,6 +529,191 @@ unsafe fn scan(
         pg_sys::systable_endscan(scan);
         pg_sys::table_close(relation, lock);
         outcome
+    }
+}
+
+/// The scan keys of `keys` on the leading columns `columns` of a primary key — and, with
+/// `range`, of the `bigint` column after them in `(after, through]`.
+///
+/// # Safety
+/// Each key is a datum of its column's type, alive while the keys are used; with `range`,
+/// `columns` has a column after the keyed ones.
+unsafe fn primary_key_scan(
+    columns: &[i16],
+    keys: &[(pg_sys::Datum, (u32, pg_sys::Oid))],
+    range: Option<(i64, i64)>,
+) -> Vec<pg_sys::ScanKeyData> {
+    // SAFETY: the caller's guarantees, passed on.
+    unsafe {
+        let mut scan_keys: Vec<pg_sys::ScanKeyData> = keys
+            .iter()
+            .zip(columns)
+            .map(|(&(key, equality), &column)| crate::catalog::equality_key(column, equality, key))
+            .collect();
+        if let Some((after, through)) = range {
+            let column = columns[keys.len()];
+            for (strategy, procedure, bound) in [
+                (pg_sys::BTGreaterStrategyNumber, pg_sys::F_INT8GT, after),
+                (pg_sys::BTLessEqualStrategyNumber, pg_sys::F_INT8LE, through),
+            ] {
+                scan_keys.push(crate::catalog::comparison_key(
+                    column,
+                    strategy,
+                    (procedure, pg_sys::InvalidOid),
+                    pg_sys::Datum::from(bound),
+                ));
+            }
+        }
+        scan_keys
+    }
+}
+
+/// One of the extension's tables held open with its primary-key index for the scans of one
+/// read below SQL (the pull's commit window: a scan per scope value, and a lookup of a commit
+/// and its changes per candidate; opening the table and index for each would cost as much as
+/// the lookups). Made by [`with_reader`], which closes it.
+pub struct Reader {
+    table: SyncTable,
+    relation: pg_sys::Relation,
+    index: pg_sys::Relation,
+    columns: Vec<i16>,
+}
+
+/// Opens `table` as [`scan`] does — on Citus, its shard on this node that holds `distribution`
+/// — with its primary-key index, and hands it to `read`; `None` (without calling `read`) when
+/// Citus keeps that shard on another node. Both are closed here, after `read`, whatever it
+/// returned; `read` ends every [`Scan`] it began ([`Scan::end`]).
+///
+/// # Safety
+/// Must run inside a transaction.
+pub unsafe fn with_reader<T>(
+    table: SyncTable,
+    distribution: Option<&str>,
+    read: impl FnOnce(&Reader) -> Result<T>,
+) -> Result<Option<T>> {
+    let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+    // SAFETY: the relation and its index are opened and closed here, under one lock mode; a
+    // shard is a table of the same columns and primary key, opened by the OID Citus names.
+    unsafe {
+        let mut relation = open(table, lock)?;
+        if crate::citus::manages((*relation).rd_id) {
+            let shell = (*relation).rd_id;
+            pg_sys::table_close(relation, lock);
+            match crate::citus::local_shard(shell, distribution)? {
+                Some(shard) => relation = pg_sys::table_open(shard, lock),
+                None => return Ok(None),
+            }
+        }
+        let Some((index_id, columns)) = crate::catalog::primary_key_columns(relation) else {
+            pg_sys::table_close(relation, lock);
+            return Err(Error::Internal(format!(
+                "syncular: {:?} has no primary key",
+                table.name()
+            )));
+        };
+        let index = pg_sys::index_open(index_id, lock);
+        let reader = Reader {
+            table,
+            relation,
+            index,
+            columns,
+        };
+        let out = read(&reader);
+        pg_sys::index_close(index, lock);
+        pg_sys::table_close(relation, lock);
+        out.map(Some)
+    }
+}
+
+impl Reader {
+    /// Begins a scan of the rows whose leading primary-key columns equal `keys` (and, with
+    /// `range`, whose next one — a `bigint` — is in `(after, through]`), in the index's order,
+    /// with `snapshot`. The caller ends it ([`Scan::end`]).
+    ///
+    /// # Safety
+    /// Each key is a datum of its column's type, alive until the scan ends; `snapshot` is
+    /// registered or active until then.
+    pub unsafe fn scan(
+        &self,
+        keys: &[(pg_sys::Datum, (u32, pg_sys::Oid))],
+        range: Option<(i64, i64)>,
+        snapshot: pg_sys::Snapshot,
+    ) -> Result<Scan<'_>> {
+        if self.columns.len() < keys.len() + usize::from(range.is_some()) {
+            return Err(Error::Internal(format!(
+                "syncular: {:?} has a primary key of fewer columns than the lookup",
+                self.table.name()
+            )));
+        }
+        // SAFETY: the caller's guarantees; the relation and index are open while `self` is.
+        // An ordered scan copies its keys (index_rescan) and hands rows over in index order.
+        unsafe {
+            let mut scan_keys = primary_key_scan(&self.columns, keys, range);
+            let scan = pg_sys::systable_beginscan_ordered(
+                self.relation,
+                self.index,
+                snapshot,
+                scan_keys.len() as i32,
+                scan_keys.as_mut_ptr(),
+            );
+            Ok(Scan { reader: self, scan })
+        }
+    }
+
+    /// What `read` makes of the first row [`Reader::scan`] finds for `keys` (`None` without
+    /// one).
+    ///
+    /// # Safety
+    /// As for [`Reader::scan`].
+    pub unsafe fn first<T>(
+        &self,
+        keys: &[(pg_sys::Datum, (u32, pg_sys::Oid))],
+        snapshot: pg_sys::Snapshot,
+        read: impl FnOnce(&Row) -> Result<T>,
+    ) -> Result<Option<T>> {
+        // SAFETY: the caller's guarantees, passed on; the scan ends here.
+        unsafe {
+            let mut scan = self.scan(keys, None, snapshot)?;
+            let found = scan.next(read);
+            scan.end();
+            found
+        }
+    }
+}
+
+/// A scan [`Reader::scan`] began.
+pub struct Scan<'r> {
+    reader: &'r Reader,
+    scan: pg_sys::SysScanDesc,
+}
+
+impl Scan<'_> {
+    /// What `read` makes of the next row (`None` at the end), read while the scan holds it.
+    pub fn next<T>(&mut self, read: impl FnOnce(&Row) -> Result<T>) -> Result<Option<T>> {
+        crate::interrupts::check();
+        // SAFETY: a scan begun by `Reader::scan` and not yet ended (`end` consumes it); the
+        // tuple returned stays valid until the next call on the scan, after `read`.
+        unsafe {
+            let tuple = pg_sys::systable_getnext_ordered(
+                self.scan,
+                pg_sys::ScanDirection::ForwardScanDirection,
+            );
+            if tuple.is_null() {
+                return Ok(None);
+            }
+            let row = Row {
+                table: self.reader.table,
+                relation: self.reader.relation,
+                tuple,
+            };
+            read(&row).map(Some)
+        }
+    }
+
+    /// Ends the scan.
+    pub fn end(self) {
+        // SAFETY: the scan was begun by `Reader::scan`, and is ended once (`self` is consumed).
+        unsafe { pg_sys::systable_endscan_ordered(self.scan) }
     }
 }
 

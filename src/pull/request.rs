@@ -19,7 +19,7 @@
 
 use super::bootstrap::{self, ScanRow};
 use super::budget::Budget;
-use super::window::{self, deliver, WindowRow};
+use super::window::{self, deliver, Path, WindowRow};
 use crate::access;
 use crate::args::{self, json_int, IntProblem, MAX_SAFE};
 use crate::clients;
@@ -265,6 +265,24 @@ fn head(
         .iter()
         .map(|sub| sub.table.as_str())
         .collect();
+    head_by(Path::Native, client, partition, running, client_id, &tables)
+}
+
+/// [`head`] for the subscriptions' `tables`: below SQL where every table read is on this node
+/// (`Path::Native`, [`head_here`]), else — or with `Path::Sql` — [`HEAD_SQL`].
+fn head_by(
+    path: Path,
+    client: &SpiClient<'_>,
+    partition: &str,
+    running: i64,
+    client_id: &str,
+    tables: &[&str],
+) -> Result<Head> {
+    if path == Path::Native {
+        if let Some(head) = head_here(partition, running, client_id, tables)? {
+            return Ok(head);
+        }
+    }
     let table = db::read_generic(
         client,
         HEAD_SQL,
@@ -272,7 +290,7 @@ fn head(
             DatumWithOid::from(partition),
             DatumWithOid::from(running),
             DatumWithOid::from(client_id),
-            DatumWithOid::from(tables),
+            DatumWithOid::from(tables.to_vec()),
         ],
     )?;
     let row = table.first();
@@ -293,6 +311,114 @@ fn head(
     })
 }
 
+/// What [`HEAD_SQL`] reads, read below SQL by primary key (the pending checkpoints through
+/// their partial index, `gate::pending_here`) in the snapshot the statement would have
+/// (`heap::with_snapshot`): the head statement was a fifth of an idle pull's time in the call
+/// (docs/BENCHMARKS.md "Server CPU"). `None` when Citus keeps one of the tables on another
+/// node (the statement reads it then).
+fn head_here(
+    partition: &str,
+    running: i64,
+    client_id: &str,
+    tables: &[&str],
+) -> Result<Option<Head>> {
+    use crate::heap::{self, Lookup, SyncTable};
+    heap::with_snapshot(false, |snapshot| {
+        // SAFETY: every key is a datum built here (text in the current memory context, the
+        // marker's by value), of its key column's type, alive for its lookup; the snapshot is
+        // registered around them.
+        unsafe {
+            let (marker, one) = heap::singleton_key();
+            let schema_version = c"schema_version";
+            let Lookup::Here(version, _) = heap::bigint_by_key(
+                SyncTable::SchemaMeta,
+                marker,
+                None,
+                one,
+                schema_version,
+                snapshot,
+            )?
+            else {
+                return Ok(None);
+            };
+            let key = [heap::text_key(partition)];
+            let Lookup::Here(registry, _) = heap::by_primary_key(
+                SyncTable::PartitionRegistry,
+                Some(partition),
+                &key,
+                snapshot,
+                |row| {
+                    row.map(|r| Ok((r.text(c"log_epoch")?, r.boolean(c"epoch_required")?)))
+                        .transpose()
+                },
+            )?
+            else {
+                return Ok(None);
+            };
+            let Some(pending) = gate::pending_here(running, snapshot)? else {
+                return Ok(None);
+            };
+            let bounds = [c"max_commit_seq", c"horizon_seq"];
+            let Lookup::Here([max_seq, horizon], _) = heap::bigints_by_key(
+                SyncTable::Partitions,
+                key[0].0,
+                Some(partition),
+                key[0].1,
+                bounds,
+                snapshot,
+            )?
+            else {
+                return Ok(None);
+            };
+            let record_key = [heap::text_key(partition), heap::text_key(client_id)];
+            let Lookup::Here(record, _) = heap::by_primary_key(
+                SyncTable::Clients,
+                Some(partition),
+                &record_key,
+                snapshot,
+                |row| {
+                    row.map(|r| Ok(r.text(c"actor_id")?.zip(r.bigint(c"cursor")?)))
+                        .transpose()
+                },
+            )?
+            else {
+                return Ok(None);
+            };
+            let mut unregistered = Vec::new();
+            for tbl in tables {
+                crate::interrupts::check();
+                let key = [heap::text_key(tbl)];
+                let registered =
+                    heap::by_primary_key(SyncTable::AppTables, None, &key, snapshot, |row| {
+                        Ok(row.is_some())
+                    })?;
+                match registered {
+                    Lookup::Here(true, _) => {}
+                    Lookup::Here(false, _) => {
+                        crate::alloc::try_reserve(&mut unregistered, 1)?;
+                        unregistered.push((*tbl).to_owned());
+                    }
+                    Lookup::Elsewhere => return Ok(None),
+                }
+            }
+            let (log_epoch, epoch_required) = registry.map_or((None, None), |(e, r)| (e, r));
+            Ok(Some(Head {
+                state: SchemaState {
+                    stored_schema_version: version.unwrap_or(0),
+                    stored_layouts: None,
+                    log_epoch,
+                    pending,
+                },
+                max_seq: max_seq.unwrap_or(0),
+                horizon: horizon.unwrap_or(0),
+                client: record.flatten(),
+                unregistered,
+                epoch_required,
+            }))
+        }
+    })
+}
+
 /// One result row of `pull`: a window change, a snapshot row, or the document (first).
 #[derive(Default)]
 struct Out {
@@ -307,7 +433,7 @@ struct Out {
     scopes: Option<OwnedJsonb>,
     payload: Option<Vec<u8>>,
     column_versions: Option<Vec<u8>>,
-    document: Option<JsonB>,
+    document: Option<OwnedJsonb>,
 }
 
 type OutColumns = (
@@ -322,7 +448,7 @@ type OutColumns = (
     Option<OwnedJsonb>,
     Option<Vec<u8>>,
     Option<Vec<u8>>,
-    Option<JsonB>,
+    Option<OwnedJsonb>,
 );
 
 impl Out {
@@ -514,7 +640,7 @@ fn pull(
         name!(scopes, Option<OwnedJsonb>),
         name!(payload, Option<Vec<u8>>),
         name!(column_versions, Option<Vec<u8>>),
-        name!(document, Option<JsonB>),
+        name!(document, Option<OwnedJsonb>),
     ),
 > {
     error::run(|| {
@@ -640,7 +766,7 @@ fn serve_request(
     };
     // The token as a gate read after the touch sees it (serve_entry): the registry's epoch.
     token["logEpoch"] = registry["logEpoch"].clone();
-    out[0].document = Some(JsonB(json!({
+    let mut document = json!({
         "gate": token,
         "registry": registry,
         "maxCommitSeq": head.max_seq,
@@ -652,9 +778,108 @@ fn serve_request(
         },
         "cursor": if mismatch { Value::Null } else { json!(cursor) },
         "subscriptions": outcomes,
-    })));
-    if let (Some(writes), Some(document)) = (writes, out[0].document.as_mut()) {
-        document.0["writes"] = writes;
+    });
+    if let Some(writes) = writes {
+        document["writes"] = writes;
     }
+    // Written as binary jsonb, as jsonb_in writes it (no text round trip).
+    out[0].document = Some(crate::jsonb::owned(&document)?);
     Ok(out)
+}
+
+/// In-backend tests: each runs inside one transaction that is rolled back.
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::{head_by, Head, Path};
+    use crate::db;
+    use pgrx::prelude::*;
+
+    /// [`Head`] as comparable values.
+    #[allow(clippy::type_complexity)]
+    fn seen(
+        head: Head,
+    ) -> (
+        (i64, Option<String>, Vec<(String, String)>),
+        (i64, i64, Option<(String, i64)>, Vec<String>, Option<bool>),
+    ) {
+        (
+            (
+                head.state.stored_schema_version,
+                head.state.log_epoch,
+                head.state.pending,
+            ),
+            (
+                head.max_seq,
+                head.horizon,
+                head.client,
+                head.unregistered,
+                head.epoch_required,
+            ),
+        )
+    }
+
+    /// The head read below SQL and through its statement are the same, over every combination
+    /// of a partition with every row, with a registry entry only, or with nothing; a client
+    /// with a record or without; a running version with pending checkpoints, activated ones or
+    /// none; subscriptions of registered tables, unknown ones and repeats — with the marker at
+    /// version 1, and without a marker.
+    #[pg_test]
+    fn native_and_statement_heads_are_the_same() {
+        Spi::run(
+            "CREATE TABLE public.h_tasks (\"_sync_partition\" text NOT NULL, \"_sync_row_id\" text NOT NULL,
+               id text, \"_sync_server_version\" bigint NOT NULL, \"_sync_scopes\" jsonb NOT NULL,
+               \"_sync_payload\" bytea NOT NULL, \"_sync_column_versions\" bytea,
+               PRIMARY KEY (\"_sync_partition\", \"_sync_row_id\"));
+             SELECT syncular.register_table('tasks', 'public.h_tasks');
+             INSERT INTO syncular.sync_partition_registry (partition, log_epoch, epoch_required, last_authenticated_at_ms)
+               VALUES ('p1', 'e1', true, 1), ('p2', 'e2', false, 2);
+             INSERT INTO syncular.sync_partitions (partition, max_commit_seq, horizon_seq) VALUES ('p1', 40, 7);
+             INSERT INTO syncular.sync_clients (partition, client_id, actor_id, cursor, subscriptions, updated_at_ms)
+               VALUES ('p1', 'c1', 'a1', 12, '[]', 1);
+             INSERT INTO syncular.sync_backfill_checkpoints (partition, name, schema_version, state, updated_at_ms)
+               VALUES ('p2', 'b', 1, 'declared', 1), ('p1', 'a', 1, 'backfilling', 1),
+                      ('p1', 'z', 1, 'activated', 1), ('p1', 'y', 2, 'activated', 1);",
+        )
+        .expect("setup");
+        let mut compared = 0;
+        for marker in [false, true] {
+            if marker {
+                Spi::run(
+                    "INSERT INTO syncular.sync_schema_meta (id, schema_version) VALUES (1, 1)
+                     ON CONFLICT (id) DO UPDATE SET schema_version = 1",
+                )
+                .expect("marker");
+            } else {
+                Spi::run("DELETE FROM syncular.sync_schema_meta").expect("no marker");
+            }
+            for partition in ["p1", "p2", "p3"] {
+                for client_id in ["c1", "c9"] {
+                    for running in [0, 1, 2] {
+                        for tables in [
+                            vec![],
+                            vec!["tasks"],
+                            vec!["nope"],
+                            vec!["tasks", "nope", "nope", "other"],
+                        ] {
+                            let read = |path| {
+                                db::with_spi(|client| {
+                                    head_by(path, client, partition, running, client_id, &tables)
+                                })
+                                .map(seen)
+                                .expect("head")
+                            };
+                            assert_eq!(
+                                read(Path::Native),
+                                read(Path::Sql),
+                                "{partition} {client_id} {running} {tables:?} (marker: {marker})"
+                            );
+                            compared += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(compared, 144);
+    }
 }
