@@ -409,6 +409,31 @@ pub unsafe fn rows_where(
     }
 }
 
+/// Opens `table` with `lock` — where Citus manages it, its shard on this node that holds
+/// `distribution` (the key's value of a distributed table; `None` for a reference table), never
+/// the empty shell under the table's name; `None` when that shard is on another node.
+///
+/// # Safety
+/// Must run inside a transaction; the caller closes the relation (`table_close`).
+unsafe fn open_here(
+    table: SyncTable,
+    distribution: Option<&str>,
+    lock: pg_sys::LOCKMODE,
+) -> Result<Option<pg_sys::Relation>> {
+    // SAFETY: the caller's guarantees; a shard is a table of the same columns and primary key,
+    // opened by the OID Citus's metadata names.
+    unsafe {
+        let relation = open(table, lock)?;
+        if !crate::citus::manages((*relation).rd_id) {
+            return Ok(Some(relation));
+        }
+        let shell = (*relation).rd_id;
+        pg_sys::table_close(relation, lock);
+        Ok(crate::citus::local_shard(shell, distribution)?
+            .map(|shard| pg_sys::table_open(shard, lock)))
+    }
+}
+
 /// What [`scan`] looks for.
 enum Keys<'a> {
     /// The leading columns of the primary key, through its index.
@@ -441,15 +466,9 @@ unsafe fn scan(
     // genam.h's systable protocol under the caller's snapshot. A shard is a table of the same
     // columns and primary key, opened by the OID Citus's metadata names.
     unsafe {
-        let mut relation = open(table, lock)?;
-        if crate::citus::manages((*relation).rd_id) {
-            let shell = (*relation).rd_id;
-            pg_sys::table_close(relation, lock);
-            match crate::citus::local_shard(shell, distribution)? {
-                Some(shard) => relation = pg_sys::table_open(shard, lock),
-                None => return Ok(false),
-            }
-        }
+        let Some(relation) = open_here(table, distribution, lock)? else {
+            return Ok(false);
+        };
         let fail = |relation, message: String| {
             pg_sys::table_close(relation, lock);
             Err(Error::Internal(format!(
@@ -595,15 +614,9 @@ pub unsafe fn with_reader<T>(
     // SAFETY: the relation and its index are opened and closed here, under one lock mode; a
     // shard is a table of the same columns and primary key, opened by the OID Citus names.
     unsafe {
-        let mut relation = open(table, lock)?;
-        if crate::citus::manages((*relation).rd_id) {
-            let shell = (*relation).rd_id;
-            pg_sys::table_close(relation, lock);
-            match crate::citus::local_shard(shell, distribution)? {
-                Some(shard) => relation = pg_sys::table_open(shard, lock),
-                None => return Ok(None),
-            }
-        }
+        let Some(relation) = open_here(table, distribution, lock)? else {
+            return Ok(None);
+        };
         let Some((index_id, columns)) = crate::catalog::primary_key_columns(relation) else {
             pg_sys::table_close(relation, lock);
             return Err(Error::Internal(format!(

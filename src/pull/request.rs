@@ -533,6 +533,7 @@ fn serve(
         // The table is registered (checked for the whole request by the head statement), so
         // it is no reserved `sync_` name.
         let window = window::window(
+            Path::Native,
             client,
             partition,
             &sub.table,

@@ -430,8 +430,9 @@ pub struct Window {
     pub truncated: bool,
 }
 
-/// How [`window_by`] reads a page: below SQL where the partition's log is on this node (what
-/// [`window`] does), or through [`WINDOW_PAGE_SQL`] (the other side of the differential test).
+/// How [`window`] reads: below SQL where the partition's log is on this node (the calls of the
+/// API), or through [`WINDOW_PAGE_SQL`] (the other side of the differential tests; the pull's
+/// head has the same two, `request::head_by`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Path {
     Native,
@@ -439,34 +440,10 @@ pub enum Path {
     Sql,
 }
 
-/// The commit window (docs/API.md, `read_commit_window`). An empty range reads nothing.
+/// The commit window (docs/API.md, `read_commit_window`), its pages read the way `path` says
+/// (`Path::Native` but in the differential test). An empty range reads nothing.
 #[allow(clippy::too_many_arguments)]
 pub fn window(
-    client: &SpiClient<'_>,
-    partition: &str,
-    tbl: &str,
-    filter: &Filter,
-    after_seq: i64,
-    through_seq: i64,
-    limit: i64,
-    budget: &mut Budget,
-) -> Result<Window> {
-    window_by(
-        Path::Native,
-        client,
-        partition,
-        tbl,
-        filter,
-        after_seq,
-        through_seq,
-        limit,
-        budget,
-    )
-}
-
-/// [`window`], its pages read the way `path` says.
-#[allow(clippy::too_many_arguments)]
-pub fn window_by(
     path: Path,
     client: &SpiClient<'_>,
     partition: &str,
@@ -575,6 +552,7 @@ fn read_commit_window(
         let window = db::with_spi(|client| {
             let mut budget = Budget::new();
             window(
+                Path::Native,
                 client,
                 &partition,
                 &tbl,
@@ -679,7 +657,7 @@ pub fn deliver(
 #[cfg(any(test, feature = "pg_test"))]
 #[pgrx::pg_schema]
 mod tests {
-    use super::{window_by, Path, Window};
+    use super::{window, Path, Window};
     use crate::db;
     use crate::pull::budget::Budget;
     use crate::scope;
@@ -755,7 +733,7 @@ mod tests {
         let filter = scope::filter_value("filter", Some(filter.clone())).expect("filter");
         let Window { rows, truncated } = db::with_spi(|client| {
             let mut budget = Budget::new();
-            window_by(
+            window(
                 path,
                 client,
                 partition,

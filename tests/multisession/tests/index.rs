@@ -91,6 +91,33 @@ fn setup(c: &mut Client) {
     );
 }
 
+/// Runs `call` (one value) in a transaction of its own, and returns it with what that
+/// transaction's statistics counted: the scans of index `index` and the sequential scans of
+/// `tables` (all of schema syncular). A read below SQL has no statement, so no plan to explain.
+fn counted<T: for<'a> postgres::types::FromSql<'a>>(
+    c: &mut Client,
+    call: &str,
+    index: &str,
+    tables: &[&str],
+) -> (T, i64, i64) {
+    exec(c, "BEGIN");
+    let value: T = one(c, call, &[]);
+    let scans: i64 = one(
+        c,
+        &format!("SELECT pg_stat_get_xact_numscans('syncular.{index}'::regclass)"),
+        &[],
+    );
+    let tables: Vec<String> = tables.iter().map(|t| format!("syncular.{t}")).collect();
+    let seq: i64 = one(
+        c,
+        "SELECT coalesce(sum(seq_scan), 0)::bigint FROM pg_stat_xact_user_tables
+          WHERE relid = ANY ($1::text[]::regclass[])",
+        &[&tables],
+    );
+    exec(c, "COMMIT");
+    (value, scans, seq)
+}
+
 #[test]
 fn idx_01_to_07_index_usage() {
     let db = TestDb::new("idx");
@@ -99,27 +126,13 @@ fn idx_01_to_07_index_usage() {
     let (mut c, notices) = explaining(&db);
     let log = ["sync_change_scopes", "sync_commits", "sync_changes"];
 
-    // IDX-01: a window page. On one node it reads below SQL (issue 28): the scope index's
-    // scans and the log's sequential scans counted by this transaction's statistics.
-    exec(&mut plain, "BEGIN");
-    let rows: i64 = one(
+    // IDX-01: a window page. On one node it reads below SQL (issue 28).
+    let (rows, scans, seq): (i64, i64, i64) = counted(
         &mut plain,
         r#"SELECT count(*) FROM syncular.read_commit_window('part-1', 'tasks', '{"project_id":["p3"]}', 0, 2000, 64)"#,
-        &[],
+        "sync_change_scopes_pkey",
+        &log,
     );
-    let scans: i64 = one(
-        &mut plain,
-        "SELECT pg_stat_get_xact_numscans('syncular.sync_change_scopes_pkey'::regclass)",
-        &[],
-    );
-    let seq: i64 = one(
-        &mut plain,
-        "SELECT coalesce(sum(seq_scan), 0)::bigint FROM pg_stat_xact_user_tables
-          WHERE relid IN ('syncular.sync_changes'::regclass, 'syncular.sync_commits'::regclass,
-                          'syncular.sync_change_scopes'::regclass)",
-        &[],
-    );
-    exec(&mut plain, "COMMIT");
     assert_eq!(rows, 64);
     assert!(scans >= 1, "sync_change_scopes_pkey scanned {scans} times");
     assert_eq!(seq, 0, "sequential scans of the log");
@@ -198,27 +211,13 @@ fn idx_01_to_07_index_usage() {
         by_source,
     );
 
-    // IDX-07: the pending read of the gate. It runs below SQL (issue 28: no statement, so no
-    // plan to explain): the index's scans and the table's sequential scans counted by this
-    // transaction's statistics.
-    exec(&mut plain, "BEGIN");
-    let gate: serde_json::Value = one(
+    // IDX-07: the pending read of the gate. It runs below SQL (issue 28).
+    let (gate, scans, seq): (serde_json::Value, i64, i64) = counted(
         &mut plain,
         "SELECT syncular.read_serve_gate('part-1', 1)",
-        &[],
+        "sync_backfill_checkpoints_pending",
+        &["sync_backfill_checkpoints"],
     );
-    let scans: i64 = one(
-        &mut plain,
-        "SELECT pg_stat_get_xact_numscans('syncular.sync_backfill_checkpoints_pending'::regclass)",
-        &[],
-    );
-    let seq: i64 = one(
-        &mut plain,
-        "SELECT coalesce(seq_scan, 0) FROM pg_stat_xact_user_tables
-          WHERE relid = 'syncular.sync_backfill_checkpoints'::regclass",
-        &[],
-    );
-    exec(&mut plain, "COMMIT");
     assert_eq!(
         gate["pending"],
         json!([{"partition": "part-1", "name": "x"}]),
@@ -396,7 +395,10 @@ fn idx_08_to_10_the_window_reads_what_it_returns() {
     // The head (bounds, client record, registry entry) is read below SQL too (issue 28): the
     // call's one statement is its write.
     assert!(!plans.contains(" on sync_partitions "), "{plans}");
-    assert!(plans.contains("INSERT INTO syncular.sync_partition_registry"), "{plans}");
+    assert!(
+        plans.contains("INSERT INTO syncular.sync_partition_registry"),
+        "{plans}"
+    );
 }
 
 /// IDX-11: the reaction claim reads an index range in claim order, whatever the backlog. With
