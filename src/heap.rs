@@ -610,6 +610,23 @@ pub unsafe fn with_reader<T>(
     distribution: Option<&str>,
     read: impl FnOnce(&Reader) -> Result<T>,
 ) -> Result<Option<T>> {
+    // SAFETY: the caller's guarantees, passed on.
+    unsafe { with_reader_on(table, distribution, None, |reader, _| read(reader)) }
+}
+
+/// [`with_reader`] through the index named `index.0` when the table has it as created — valid,
+/// whole (no predicate), its key led by the columns `index.1` (a Citus shard's indexes carry
+/// the shard's suffix: not found there) —, else through the primary key; `read` is told which
+/// (`true`: the named index).
+///
+/// # Safety
+/// Must run inside a transaction.
+pub unsafe fn with_reader_on<T>(
+    table: SyncTable,
+    distribution: Option<&str>,
+    index: Option<(&CStr, &[&CStr])>,
+    read: impl FnOnce(&Reader, bool) -> Result<T>,
+) -> Result<Option<T>> {
     let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
     // SAFETY: the relation and its index are opened and closed here, under one lock mode; a
     // shard is a table of the same columns and primary key, opened by the OID Citus names.
@@ -617,7 +634,11 @@ pub unsafe fn with_reader<T>(
         let Some(relation) = open_here(table, distribution, lock)? else {
             return Ok(None);
         };
-        let Some((index_id, columns)) = crate::catalog::primary_key_columns(relation) else {
+        let named = index.and_then(|(name, leading)| index_led_by(relation, name, leading, lock));
+        let by_name = named.is_some();
+        let Some((index_id, columns)) =
+            named.or_else(|| crate::catalog::primary_key_columns(relation))
+        else {
             pg_sys::table_close(relation, lock);
             return Err(Error::Internal(format!(
                 "syncular: {:?} has no primary key",
@@ -631,10 +652,56 @@ pub unsafe fn with_reader<T>(
             index,
             columns,
         };
-        let out = read(&reader);
+        let out = read(&reader, by_name);
         pg_sys::index_close(index, lock);
         pg_sys::table_close(relation, lock);
         out.map(Some)
+    }
+}
+
+/// The index named `name` in `relation`'s schema with its key columns, when it is a valid,
+/// whole (no predicate) index of `relation` whose key begins with the columns `leading`.
+///
+/// # Safety
+/// `relation` is open; `lock` is held on it.
+unsafe fn index_led_by(
+    relation: pg_sys::Relation,
+    name: &CStr,
+    leading: &[&CStr],
+    lock: pg_sys::LOCKMODE,
+) -> Option<(pg_sys::Oid, Vec<i16>)> {
+    // SAFETY: a catalog lookup by name; the index is opened and closed here, under the lock its
+    // table is held with; its key columns are read from its `pg_index` form.
+    unsafe {
+        let descriptor = (*relation).rd_att;
+        let mut attnums = Vec::with_capacity(leading.len());
+        for column in leading {
+            attnums.push(crate::catalog::live_attribute(descriptor, column, |_| {
+                true
+            })?);
+        }
+        let index_id = pg_sys::get_relname_relid(name.as_ptr(), (*(*relation).rd_rel).relnamespace);
+        if index_id == pg_sys::InvalidOid
+            || pg_sys::get_rel_relkind(index_id) != pg_sys::RELKIND_INDEX as std::ffi::c_char
+        {
+            return None;
+        }
+        let index = pg_sys::index_open(index_id, lock);
+        let form = &*(*index).rd_index;
+        let keys = form
+            .indkey
+            .values
+            .as_slice(form.indkey.dim1.max(0) as usize)
+            .iter()
+            .take(form.indnkeyatts.max(0) as usize)
+            .copied()
+            .collect::<Vec<i16>>();
+        let fits = form.indrelid == (*relation).rd_id
+            && form.indisvalid
+            && pg_sys::RelationGetIndexPredicate(index).is_null()
+            && keys.starts_with(&attnums);
+        pg_sys::index_close(index, lock);
+        fits.then_some((index_id, keys))
     }
 }
 

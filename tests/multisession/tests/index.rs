@@ -401,6 +401,48 @@ fn idx_08_to_10_the_window_reads_what_it_returns() {
     );
 }
 
+/// The window reads a commit's changes of the table asked through `sync_changes_by_table`,
+/// not every change of the commit: 20 commits of 500 changes of another table and one of
+/// `tasks` each read 20 change rows, none through the primary key (red team 35, F3: 2,000
+/// changes of another table per commit were read to find one).
+#[test]
+fn the_window_reads_only_the_changes_of_its_table() {
+    let db = TestDb::new("idx_wide");
+    let mut c = db.connect();
+    exec(
+        &mut c,
+        "SELECT syncular.append_commit('wide', jsonb_build_object('clientId', 'd', 'clientCommitId', 'c' || g,
+           'actorId', 'a', 'createdAtMs', 1, 'changes',
+           (SELECT jsonb_agg(jsonb_build_object('table', 'other', 'rowId', 'o' || j, 'op', 'delete',
+                                                'scopes', '{\"p\":\"x\"}'::jsonb)) FROM generate_series(1, 500) j)
+           || jsonb_build_array(jsonb_build_object('table', 'tasks', 'rowId', 't' || g, 'op', 'upsert',
+                                                   'rowVersion', 1, 'scopes', '{\"p\":\"x\"}'::jsonb))))
+           FROM generate_series(1, 20) g",
+    );
+    exec(&mut c, "BEGIN");
+    let rows: i64 = one(
+        &mut c,
+        r#"SELECT count(*) FROM syncular.read_commit_window('wide', 'tasks', '{"p":["x"]}', 0, 1000, 1000)"#,
+        &[],
+    );
+    let read = |c: &mut Client, index: &str| -> i64 {
+        one(
+            c,
+            &format!("SELECT pg_stat_get_xact_tuples_returned('syncular.{index}'::regclass)"),
+            &[],
+        )
+    };
+    let by_table = read(&mut c, "sync_changes_by_table");
+    let by_key = read(&mut c, "sync_changes_pkey");
+    exec(&mut c, "COMMIT");
+    assert_eq!(rows, 20);
+    assert!(
+        by_table <= 20,
+        "{by_table} change rows read through sync_changes_by_table"
+    );
+    assert_eq!(by_key, 0, "change rows read through the primary key");
+}
+
 /// IDX-11: the reaction claim reads an index range in claim order, whatever the backlog. With
 /// the statistics of a 100k-row outbox (pending rows, lapsed and live leases, finished rows), the
 /// claim's plan (always its generic plan: parameters, whatever the call) — type filter and lease
