@@ -276,9 +276,10 @@ fn sql_page(client: &SpiClient<'_>, page: &Page<'_>, fold: &mut Fold<'_>) -> Res
 
 /// The whole window below SQL (docs/DESIGN.md §Pull path, "Window"): the candidates that the
 /// pages of [`WINDOW_PAGE_SQL`] would return, in the same order, as a merge of one ordered
-/// range scan of the scope index's primary key per value, read only as far as the fold asks;
-/// each candidate's commit row and its changes of the table by primary key — with the snapshot
-/// the statement would have (`heap::with_snapshot`). So no statement start-up, no plan, no
+/// range scan of the scope index's primary key per value (at most [`MERGED_VALUES`]), read only
+/// as far as the fold asks; each candidate's commit row by primary key and its changes of the
+/// table through `sync_changes_by_table` — with the snapshot the statement would have
+/// (`heap::with_snapshot`). So no statement start-up, no plan, no
 /// candidate page read ahead of the fold (a page is `limit` candidates per value, where a
 /// catch-up pull of ten-change commits needs a tenth of that), no copy of each row into SPI's
 /// table first. `false`, having read nothing, when Citus keeps the partition's log on another
