@@ -587,10 +587,10 @@ unsafe fn primary_key_scan(
     }
 }
 
-/// One of the extension's tables held open with its primary-key index for the scans of one
-/// read below SQL (the pull's commit window: a scan per scope value, and a lookup of a commit
-/// and its changes per candidate; opening the table and index for each would cost as much as
-/// the lookups). Made by [`with_reader`], which closes it.
+/// One of the extension's tables held open with one index — its primary key, or one named —
+/// for the scans of one read below SQL (the pull's commit window: a scan per scope value, and a
+/// lookup of a commit and its changes per candidate; opening the table and index for each would
+/// cost as much as the lookups). Made by [`with_reader`] or [`with_reader_on`], which close it.
 pub struct Reader {
     table: SyncTable,
     relation: pg_sys::Relation,
@@ -706,7 +706,8 @@ unsafe fn index_led_by(
 }
 
 impl Reader {
-    /// Begins a scan of the rows whose leading primary-key columns equal `keys` (and, with
+    /// Begins a scan of the rows whose leading key columns of the reader's index (the primary
+    /// key, or the index [`with_reader_on`] named) equal `keys` (and, with
     /// `range`, whose next one — a `bigint` — is in `(after, through]`), in the index's order,
     /// with `snapshot`. The caller ends it ([`Scan::end`]).
     ///
