@@ -156,15 +156,119 @@ const SHARD_SQL: &str = "SELECT s.shard, pg_catalog.lock_shard_metadata(5, ARRAY
               WHERE p.logicalrelid = $1::pg_catalog.oid::pg_catalog.regclass) s
       WHERE s.shard IS NOT NULL";
 
-/// [`placed_shard`]'s second statement: the shard's relation here, while an active placement of
-/// it is in this node's group.
-const PLACED_SQL: &str = "SELECT pg_catalog.to_regclass(pg_catalog.shard_name($1::pg_catalog.oid::pg_catalog.regclass, $2))::pg_catalog.oid
-      WHERE EXISTS (SELECT FROM pg_catalog.pg_dist_placement pl
-                     WHERE pl.shardid = $2 AND pl.shardstate = 1
-                       AND pl.groupid = (SELECT g.groupid FROM pg_catalog.pg_dist_local_group g))";
+/// [`placed_shard`]'s second statement: the shard's relation here (a catalog lookup, in the
+/// catalog's own snapshot).
+const SHARD_RELATION_SQL: &str = "SELECT pg_catalog.to_regclass(pg_catalog.shard_name($1::pg_catalog.oid::pg_catalog.regclass, $2))::pg_catalog.oid";
 
-/// [`local_shard`], asked of Citus: the shard's metadata locked, then its placement read — two
-/// statements with plans kept per backend (`db::write`: a push asks this for each of the
+/// Whether an active placement of `shard` is in this node's group (`pg_dist_placement`,
+/// `pg_dist_local_group`), read below SQL in a snapshot taken now — whatever the transaction's
+/// isolation: a REPEATABLE READ transaction's own snapshot can be older than a move, showed the
+/// old placement active, and the old copy was read (a fence raised after the move unseen: red
+/// team 36, F1), while Citus routes by its metadata cache, which follows the move. The caller
+/// holds the shard's metadata lock, so no move switches the placement after this read.
+///
+/// # Safety
+/// Must run inside a transaction.
+unsafe fn placement_here(shard: i64) -> Result<bool> {
+    use crate::catalog::{equality_key, live_attribute};
+    use crate::error::Error;
+    let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+    let missing = |what: &str| Error::Internal(format!("syncular: Citus's {what} is missing"));
+    // SAFETY: catalog lookups by name in pg_catalog; each table is opened, scanned with a
+    // registered snapshot (a systable scan, through the shard-id index when it is there) and
+    // closed here; columns are found by name and type in each table's own descriptor.
+    unsafe {
+        let relid = |name: &std::ffi::CStr| {
+            pg_sys::get_relname_relid(
+                name.as_ptr(),
+                pg_sys::Oid::from(pg_sys::PG_CATALOG_NAMESPACE),
+            )
+        };
+        let (groups, placements) = (relid(c"pg_dist_local_group"), relid(c"pg_dist_placement"));
+        if groups == pg_sys::InvalidOid || placements == pg_sys::InvalidOid {
+            return Err(missing("placement catalog"));
+        }
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let int4 = |t| t == pg_sys::INT4OID;
+        // This node's group: the one row of pg_dist_local_group.
+        let table = pg_sys::table_open(groups, lock);
+        let column = live_attribute((*table).rd_att, c"groupid", int4);
+        let scan = pg_sys::systable_beginscan(
+            table,
+            pg_sys::InvalidOid,
+            false,
+            snapshot,
+            0,
+            std::ptr::null_mut(),
+        );
+        let tuple = pg_sys::systable_getnext(scan);
+        let group = match (column, tuple.is_null()) {
+            (Some(column), false) => {
+                let mut null = false;
+                let datum = pg_sys::heap_getattr(tuple, column.into(), (*table).rd_att, &mut null);
+                (!null).then(|| i32::from_datum(datum, false)).flatten()
+            }
+            _ => None,
+        };
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(table, lock);
+        let Some(group) = group else {
+            pg_sys::UnregisterSnapshot(snapshot);
+            return Err(missing("local group"));
+        };
+        let table = pg_sys::table_open(placements, lock);
+        let descriptor = (*table).rd_att;
+        let columns = (
+            live_attribute(descriptor, c"shardid", |t| t == pg_sys::INT8OID),
+            live_attribute(descriptor, c"shardstate", int4),
+            live_attribute(descriptor, c"groupid", int4),
+        );
+        let (Some(shard_column), Some(state_column), Some(group_column)) = columns else {
+            pg_sys::table_close(table, lock);
+            pg_sys::UnregisterSnapshot(snapshot);
+            return Err(missing("placement catalog's shape"));
+        };
+        let index = relid(c"pg_dist_placement_shardid_index");
+        let mut key = equality_key(
+            shard_column,
+            (pg_sys::F_INT8EQ, pg_sys::InvalidOid),
+            pg_sys::Datum::from(shard),
+        );
+        let scan = pg_sys::systable_beginscan(
+            table,
+            index,
+            index != pg_sys::InvalidOid,
+            snapshot,
+            1,
+            &mut key,
+        );
+        let mut here = false;
+        loop {
+            crate::interrupts::check();
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() {
+                break;
+            }
+            let read = |column: i16| {
+                let mut null = false;
+                let datum = pg_sys::heap_getattr(tuple, column.into(), descriptor, &mut null);
+                (!null).then(|| i32::from_datum(datum, false)).flatten()
+            };
+            if read(state_column) == Some(1) && read(group_column) == Some(group) {
+                here = true;
+                break;
+            }
+        }
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(table, lock);
+        pg_sys::UnregisterSnapshot(snapshot);
+        Ok(here)
+    }
+}
+
+/// [`local_shard`], asked of Citus: the shard's metadata locked, its placement read below SQL
+/// in a fresh snapshot ([`placement_here`]), then its relation — two statements with plans kept
+/// per backend (`db::write`: a push asks this for each of the
 /// tables it reads or writes below SQL, and planning them again was most of a delegated push's
 /// time, docs/BENCHMARKS.md "Citus").
 fn placed_shard(table: pg_sys::Oid, key: Option<&str>) -> Result<Option<pg_sys::Oid>> {
@@ -181,12 +285,13 @@ fn placed_shard(table: pg_sys::Oid, key: Option<&str>) -> Result<Option<pg_sys::
             let Some(shard) = found.first().get::<i64>(1)? else {
                 return Ok(None);
             };
-            // A new statement, so a snapshot taken after the lock under READ COMMITTED, the
-            // level the one-call functions require (under REPEATABLE READ the transaction's
-            // snapshot answers, as it does for Citus's own routing).
+            // SAFETY: inside the call's transaction, after the metadata lock above.
+            if !unsafe { placement_here(shard)? } {
+                return Ok(None);
+            }
             let placed = crate::db::write(
                 client,
-                PLACED_SQL,
+                SHARD_RELATION_SQL,
                 &[DatumWithOid::from(table), DatumWithOid::from(shard)],
             )?;
             if placed.is_empty() {

@@ -1185,11 +1185,25 @@ fn a_moved_shards_old_copy_is_never_read() {
     );
     exec(&mut c, "SELECT pg_reload_conf()");
     std::thread::sleep(std::time::Duration::from_millis(500));
+    // A REPEATABLE READ transaction on the old node whose snapshot is older than the move
+    // (red team 36, F1): its placement read would still show the old copy active.
+    let coordinator_port: i32 = one(&mut c, "SELECT current_setting('port')::int", &[]);
+    let mut early = Client::connect(&node_params(from - coordinator_port), NoTls).unwrap();
+    let mut repeatable = early
+        .build_transaction()
+        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .unwrap();
+    repeatable.query_one("SELECT 1", &[]).unwrap();
     move_shard(&mut c, shard, from, to);
     assert_eq!(shard_port(&mut c, &p), to, "moved");
     let fenced: i64 = one(&mut c, "SELECT syncular.raise_writer_fence($1, 7)", &[&p]);
     assert_eq!(fenced, 7);
-    let coordinator_port: i32 = one(&mut c, "SELECT current_setting('port')::int", &[]);
+    let allows_repeatable: bool = repeatable
+        .query_one("SELECT syncular.writer_fence_allows($1, 5)", &[&p])
+        .unwrap()
+        .get(0);
+    repeatable.commit().unwrap();
     let mut old = Client::connect(&node_params(from - coordinator_port), NoTls).unwrap();
     let orphan: Option<String> = one(
         &mut old,
@@ -1217,6 +1231,10 @@ fn a_moved_shards_old_copy_is_never_read() {
     assert!(
         !allows,
         "a writer below the fence raised after the move was let through on node {from}"
+    );
+    assert!(
+        !allows_repeatable,
+        "under REPEATABLE READ, a writer below the fence raised after the move was let through on node {from}"
     );
     assert!(allows_new);
 }
