@@ -19,13 +19,24 @@ pub unsafe fn live_attribute(
     // SAFETY: the caller guarantees an open relation's descriptor; `attname` is NUL-terminated.
     unsafe {
         let attributes = pgrx::PgTupleDesc::from_pg_unchecked(descriptor);
-        let found = attributes.iter().position(|a| {
-            !a.attisdropped
-                && accepts(a.atttypid)
-                && CStr::from_ptr(a.attname.data.as_ptr()) == name
-        });
+        let found = attributes
+            .iter()
+            .position(|a| !a.attisdropped && accepts(a.atttypid) && is_named(a, name));
         found.map(|i| i as i16 + 1)
     }
+}
+
+/// Whether `attribute` is named `name`: its `NameData` compared byte for byte with the name and
+/// its terminator (no `strlen` of the attribute's name: the readers below SQL look a column up
+/// by name for every value they read).
+pub fn is_named(attribute: &pg_sys::FormData_pg_attribute, name: &CStr) -> bool {
+    let wanted = name.to_bytes_with_nul();
+    let data = &attribute.attname.data;
+    wanted.len() <= data.len()
+        && data
+            .iter()
+            .zip(wanted)
+            .all(|(&have, &want)| have as u8 == want)
 }
 
 /// The scan key of `column = value` for an index or heap scan (genam.h's systable scans): the

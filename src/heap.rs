@@ -16,7 +16,7 @@ use crate::jsonb::RawJsonb;
 use crate::port;
 use pgrx::pg_sys;
 use pgrx::{FromDatum, IntoDatum};
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 use std::ffi::CStr;
 
 /// Tables opened below SQL.
@@ -235,9 +235,27 @@ pub struct Row {
     table: SyncTable,
     relation: pg_sys::Relation,
     tuple: pg_sys::HeapTuple,
+    /// The row's columns split out by its first read (`heap_deform_tuple`), for a table of at
+    /// most [`DEFORMED`] columns: read one by one, every column after a variable-length one
+    /// walks the tuple from its start again (`nocachegetattr`; the pull's commit window reads
+    /// seven of each change row, docs/BENCHMARKS.md "Step 8").
+    deformed: OnceCell<([pg_sys::Datum; DEFORMED], [bool; DEFORMED])>,
 }
 
+/// The widest of the extension's tables a [`Row`] splits out at once (`sync_changes` has 9
+/// columns; dropped ones count too); a wider relation is read column by column.
+const DEFORMED: usize = 16;
+
 impl Row {
+    fn new(table: SyncTable, relation: pg_sys::Relation, tuple: pg_sys::HeapTuple) -> Self {
+        Self {
+            table,
+            relation,
+            tuple,
+            deformed: OnceCell::new(),
+        }
+    }
+
     /// The datum of the live column `column` whose type `accepts`: `None` when null; an internal
     /// error when the table has no such column (an install that is not as created).
     fn datum(
@@ -255,6 +273,21 @@ impl Row {
                     self.table.name()
                 )));
             };
+            if (*descriptor).natts as usize <= DEFORMED {
+                let (values, nulls) = self.deformed.get_or_init(|| {
+                    let mut values = [pg_sys::Datum::from(0); DEFORMED];
+                    let mut nulls = [true; DEFORMED];
+                    pg_sys::heap_deform_tuple(
+                        self.tuple,
+                        descriptor,
+                        values.as_mut_ptr(),
+                        nulls.as_mut_ptr(),
+                    );
+                    (values, nulls)
+                });
+                let i = attnum as usize - 1;
+                return Ok((!nulls[i]).then_some(values[i]));
+            }
             let mut is_null = false;
             let datum = pg_sys::heap_getattr(self.tuple, attnum.into(), descriptor, &mut is_null);
             Ok((!is_null).then_some(datum))
@@ -531,11 +564,7 @@ unsafe fn scan(
                 break;
             }
             let writer = port::heap_tuple_header_get_xmin((*tuple).t_data);
-            let row = Row {
-                table,
-                relation,
-                tuple,
-            };
+            let row = Row::new(table, relation, tuple);
             match each(&row, writer) {
                 Ok(true) => {}
                 Ok(false) => break,
@@ -782,11 +811,7 @@ impl Scan<'_> {
             if tuple.is_null() {
                 return Ok(None);
             }
-            let row = Row {
-                table: self.reader.table,
-                relation: self.reader.relation,
-                tuple,
-            };
+            let row = Row::new(self.reader.table, self.reader.relation, tuple);
             read(&row).map(Some)
         }
     }
@@ -1531,7 +1556,7 @@ unsafe fn is_plain(
                 .all(|(attribute, (name, type_oid))| {
                     !attribute.attisdropped
                         && attribute.atttypid == *type_oid
-                        && CStr::from_ptr(attribute.attname.data.as_ptr()) == *name
+                        && crate::catalog::is_named(attribute, name)
                 })
     }
 }

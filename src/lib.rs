@@ -68,6 +68,7 @@ mod jsonb;
 mod jsonb_write;
 mod limits;
 mod log;
+mod materialized;
 mod notify;
 mod port;
 mod prune;

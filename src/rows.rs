@@ -6,6 +6,7 @@
 use crate::args;
 use crate::db;
 use crate::error::{self, Error, Result};
+use crate::materialized;
 use crate::scope;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
@@ -367,7 +368,7 @@ fn tombstone_seqs(
     partition: Option<&str>,
     tbl: Option<&str>,
     row_ids: Option<args::TextArray>,
-) -> TableIterator<'static, (name!(row_id, String), name!(commit_seq, i64))> {
+) -> materialized::TableIterator<'static, (name!(row_id, String), name!(commit_seq, i64))> {
     error::run(|| {
         let partition = args::text("partition", partition)?;
         let tbl = scope::log_table("tbl", tbl)?;
@@ -388,7 +389,7 @@ fn tombstone_seqs(
             })
             .collect::<Result<Vec<_>>>()
         })?;
-        Ok(TableIterator::new(rows))
+        Ok(materialized::TableIterator::new(rows))
     })
 }
 

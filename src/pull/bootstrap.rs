@@ -12,6 +12,7 @@ use crate::db;
 use crate::error::{self, Error, Result};
 use crate::jsonb::OwnedJsonb;
 use crate::limits;
+use crate::materialized;
 use crate::scope::{self, Filter};
 use crate::tables;
 use pgrx::datum::DatumWithOid;
@@ -156,7 +157,7 @@ fn scan_rows(
     scope_filter: Option<args::JsonArg>,
     after_row_id: Option<&str>,
     lim: Option<i32>,
-) -> TableIterator<
+) -> materialized::TableIterator<
     'static,
     (
         name!(row_id, String),
@@ -200,7 +201,7 @@ fn scan_rows(
         if scan.truncated {
             return Err(limits::over_output("lim"));
         }
-        Ok(TableIterator::new(
+        Ok(materialized::TableIterator::new(
             scan.rows.into_iter().map(ScanRow::into_columns),
         ))
     })

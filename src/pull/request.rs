@@ -28,6 +28,7 @@ use crate::error::{self, Error, Result};
 use crate::gate::{self, SchemaState};
 use crate::jsonb::OwnedJsonb;
 use crate::limits;
+use crate::materialized;
 use crate::registry;
 use crate::scope::{self, Filter};
 use crate::tables;
@@ -627,7 +628,7 @@ fn pull(
     running_schema_version: Option<i64>,
     request: Option<args::JsonArg>,
     declared: default!(Option<args::JsonArg>, "'[]'"),
-) -> TableIterator<
+) -> materialized::TableIterator<
     'static,
     (
         name!(sub, Option<i32>),
@@ -662,7 +663,9 @@ fn pull(
                 )
             })
         })?;
-        Ok(TableIterator::new(rows.into_iter().map(Out::into_columns)))
+        Ok(materialized::TableIterator::new(
+            rows.into_iter().map(Out::into_columns),
+        ))
     })
 }
 

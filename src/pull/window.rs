@@ -12,6 +12,7 @@ use crate::db;
 use crate::error::{self, Result};
 use crate::jsonb::OwnedJsonb;
 use crate::limits;
+use crate::materialized;
 use crate::scope::{self, Filter};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
@@ -588,7 +589,7 @@ fn read_commit_window(
     after_seq: Option<i64>,
     through_seq: Option<i64>,
     limit_changes: Option<i32>,
-) -> TableIterator<
+) -> materialized::TableIterator<
     'static,
     (
         name!(commit_seq, i64),
@@ -627,7 +628,7 @@ fn read_commit_window(
         if window.truncated {
             return Err(limits::over_output("limit_changes"));
         }
-        Ok(TableIterator::new(
+        Ok(materialized::TableIterator::new(
             window.rows.into_iter().map(WindowRow::into_columns),
         ))
     })

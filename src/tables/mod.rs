@@ -264,10 +264,9 @@ unsafe fn meta_column_problem(descriptor: pg_sys::TupleDesc) -> Option<String> {
     // SAFETY: the caller guarantees an open relation's descriptor.
     let attributes = unsafe { pgrx::PgTupleDesc::from_pg_unchecked(descriptor) };
     META_COLUMNS.iter().find_map(|(name, typ, not_null)| {
-        let found = attributes.iter().find(|a| {
-            // SAFETY: `attname` is a NUL-terminated NameData.
-            !a.attisdropped && unsafe { CStr::from_ptr(a.attname.data.as_ptr()) } == *name
-        });
+        let found = attributes
+            .iter()
+            .find(|a| !a.attisdropped && crate::catalog::is_named(a, name));
         let expected = || {
             let typ = match *typ {
                 pg_sys::TEXTOID => "text",
