@@ -19,9 +19,14 @@ pub unsafe fn live_attribute(
     // SAFETY: the caller guarantees an open relation's descriptor; `attname` is NUL-terminated.
     unsafe {
         let attributes = pgrx::PgTupleDesc::from_pg_unchecked(descriptor);
-        let found = attributes
-            .iter()
-            .position(|a| !a.attisdropped && accepts(a.atttypid) && is_named(a, name));
+        // A virtual generated column (PostgreSQL 18) has no value in the tuple: read below SQL
+        // it would be NULL or empty, not what a statement computes (red team 37, F2).
+        let found = attributes.iter().position(|a| {
+            !a.attisdropped
+                && a.attgenerated as u8 != b'v'
+                && accepts(a.atttypid)
+                && is_named(a, name)
+        });
         found.map(|i| i as i16 + 1)
     }
 }

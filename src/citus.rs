@@ -137,10 +137,58 @@ pub fn local_shard(table: pg_sys::Oid, key: Option<&str>) -> Result<Option<pg_sy
     if let Some(shard) = kept {
         return Ok(shard.filter(|oid| *oid != pg_sys::InvalidOid));
     }
-    let found = placed_shard(table, key)?;
+    let found = placed_shard(table, key)?.filter(|_| local_execution_claimed());
     let shard = found.map_or(0, |oid| oid.to_u32());
     txn_local::set(Key::CitusShard, &format!("{shard}|{of}"));
     Ok(found)
+}
+
+/// Whether this transaction may read and write a shard on this node below SQL, as Citus's own
+/// local execution does — and if so, Citus is told it did (`SetLocalExecutionStatus(
+/// LOCAL_EXECUTION_REQUIRED)`, what its local executor records for every shard it touches), so
+/// its later statements in the transaction run on this node's shards in this transaction too
+/// and read what was written here below SQL. Not when `citus.enable_local_execution` is off,
+/// nor once the transaction sent a statement to this node over a connection
+/// (`LOCAL_EXECUTION_DISABLED`: that other session could neither see what is written here nor
+/// wait for it without deadlocking this one), nor where this Citus lacks the two functions
+/// (another version): the statement path then goes where Citus sends it (docs/SCALING.md, "How
+/// a call is routed").
+fn local_execution_claimed() -> bool {
+    const REQUIRED: std::ffi::c_int = 0; // LOCAL_EXECUTION_REQUIRED (distributed/local_executor.h)
+    const DISABLED: std::ffi::c_int = 2; // LOCAL_EXECUTION_DISABLED
+                                         // SAFETY: a setting read by name (NULL when Citus defines none); the two functions are looked
+                                         // up in the loaded Citus library by their exported names and have these C signatures in
+                                         // Citus 13 (`LocalExecutionStatus` is a C enum: an int); setting the status it already has or
+                                         // REQUIRED from OPTIONAL cannot raise, and a raise would unwind through the guard.
+    unsafe {
+        let enabled =
+            pg_sys::GetConfigOption(c"citus.enable_local_execution".as_ptr(), true, false);
+        if enabled.is_null() || std::ffi::CStr::from_ptr(enabled) != c"on" {
+            return false;
+        }
+        let find = |name: &std::ffi::CStr| {
+            pg_sys::load_external_function(
+                c"$libdir/citus".as_ptr(),
+                name.as_ptr(),
+                false,
+                std::ptr::null_mut(),
+            )
+        };
+        let (get, set) = (
+            find(c"GetCurrentLocalExecutionStatus"),
+            find(c"SetLocalExecutionStatus"),
+        );
+        if get.is_null() || set.is_null() {
+            return false;
+        }
+        let get: unsafe extern "C-unwind" fn() -> std::ffi::c_int = std::mem::transmute(get);
+        let set: unsafe extern "C-unwind" fn(std::ffi::c_int) = std::mem::transmute(set);
+        if pg_sys::ffi::pg_guard_ffi_boundary(|| get()) == DISABLED {
+            return false;
+        }
+        pg_sys::ffi::pg_guard_ffi_boundary(|| set(REQUIRED));
+        true
+    }
 }
 
 /// [`placed_shard`]'s first statement: the shard of the table's row for the key (a reference

@@ -9,7 +9,10 @@
 //! table is not exactly as created: other columns, triggers, rules, forced row security,
 //! generated columns. So a DBA's audit trigger on `sync_changes` still fires. CHECK constraints
 //! (the data model's own on `sync_reactions.status`, or one a DBA adds) are evaluated on every
-//! row, as `COPY FROM` evaluates them (`ExecConstraints`).
+//! row, as `COPY FROM` evaluates them (`ExecConstraints`). On Citus the rows go into the
+//! partition's shard on this node (`citus::local_shard`), never into the empty shell under the
+//! table's name, and only where Citus's own local execution would read them (docs/SCALING.md,
+//! "How a call is routed"); where the shard is elsewhere, the caller's statement is routed to it.
 
 use crate::error::{Error, Result};
 use crate::jsonb::RawJsonb;
@@ -965,34 +968,43 @@ impl DirectInsert {
     /// when the table has anything a statement would have to run or check (see the module
     /// comment), or the transaction is read-only: a heap insert does not check that, the
     /// statement refuses it (25006), so the caller's statement does the refusing.
+    ///
+    /// The rows all belong to `partition`: where Citus distributes `table` by it, the shard that
+    /// holds it on this node is written (a call delegated to the partition's worker writes
+    /// there, in its own transaction, as one node does: docs/SCALING.md), and `None` where that
+    /// shard is elsewhere (the statement is routed to it).
     pub fn open(
         table: SyncTable,
+        partition: &str,
         columns: &'static [(&'static CStr, pg_sys::Oid)],
     ) -> Result<Option<Self>> {
-        Self::open_with_trigger(table, columns, None)
+        Self::open_with_trigger(table, partition, columns, None)
     }
 
     /// [`DirectInsert::open`] for a table whose only trigger is `trigger` (and which must have
     /// it, firing: otherwise `None`, and the caller's statement writes, firing what is there).
     pub fn open_with_trigger(
         table: SyncTable,
+        partition: &str,
         columns: &'static [(&'static CStr, pg_sys::Oid)],
         trigger: Option<NativeTrigger>,
     ) -> Result<Option<Self>> {
-        Self::open_with(table, columns, trigger, false)
+        Self::open_with(table, partition, columns, trigger, false)
     }
 
     /// [`DirectInsert::open`] for [`DirectInsert::insert_unless_conflict`]: the unique indexes'
     /// conflict checks are prepared too.
     pub fn open_for_conflicts(
         table: SyncTable,
+        partition: &str,
         columns: &'static [(&'static CStr, pg_sys::Oid)],
     ) -> Result<Option<Self>> {
-        Self::open_with(table, columns, None, true)
+        Self::open_with(table, partition, columns, None, true)
     }
 
     fn open_with(
         table: SyncTable,
+        partition: &str,
         columns: &'static [(&'static CStr, pg_sys::Oid)],
         trigger: Option<NativeTrigger>,
         speculative: bool,
@@ -1004,7 +1016,9 @@ impl DirectInsert {
             if pg_sys::XactReadOnly {
                 return Ok(None);
             }
-            let relation = open(table, ROW_EXCLUSIVE)?;
+            let Some(relation) = open_here(table, Some(partition), ROW_EXCLUSIVE)? else {
+                return Ok(None);
+            };
             if !is_plain(relation, columns, trigger) {
                 // Keep the lock: the statement that writes instead takes it anyway.
                 pg_sys::table_close(relation, pg_sys::NoLock as pg_sys::LOCKMODE);
@@ -1230,8 +1244,10 @@ impl DirectInsert {
                 Some(old) => old,
                 None => {
                     let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+                    // The key is the distribution value of the one table this serves
+                    // (`sync_partitions`, keyed and distributed by `partition`).
                     let found =
-                        by_primary_key(self.table, None, &[text_key(key)], snapshot, |row| {
+                        by_primary_key(self.table, Some(key), &[text_key(key)], snapshot, |row| {
                             Ok(row.map(|row| pg_sys::heap_copytuple(row.tuple)))
                         });
                     pg_sys::UnregisterSnapshot(snapshot);
@@ -1310,7 +1326,11 @@ pub fn lock_by_key(
         if pg_sys::XactReadOnly || pg_sys::XactIsoLevel != pg_sys::XACT_READ_COMMITTED as i32 {
             return Ok(None);
         }
-        let relation = open(table, lock)?;
+        // Where Citus distributes the table, its shard on this node (the key is the table's
+        // distribution value: `sync_partitions`); the statement where that shard is elsewhere.
+        let Some(relation) = open_here(table, Some(key), lock)? else {
+            return Ok(None);
+        };
         let descriptor = (*relation).rd_att;
         let attributes = (
             crate::catalog::live_attribute(descriptor, column, |t| t == pg_sys::INT8OID),
@@ -1327,7 +1347,7 @@ pub fn lock_by_key(
         };
         pg_sys::CommandCounterIncrement();
         let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
-        let found = by_primary_key(table, None, &[text_key(key)], snapshot, |row| {
+        let found = by_primary_key(table, Some(key), &[text_key(key)], snapshot, |row| {
             Ok(row.map(|row| (*row.tuple).t_self))
         });
         let locked = match found {
@@ -1554,7 +1574,10 @@ unsafe fn is_plain(
                 .iter()
                 .zip(columns)
                 .all(|(attribute, (name, type_oid))| {
+                    // No generated column, stored or virtual (PostgreSQL 18): a heap insert
+                    // would store the value given, not the expression's (red team 37, F2).
                     !attribute.attisdropped
+                        && attribute.attgenerated == 0
                         && attribute.atttypid == *type_oid
                         && crate::catalog::is_named(attribute, name)
                 })

@@ -377,8 +377,11 @@ fn insert_below_sql(key: &[&str; 3], binary: &crate::jsonb::OwnedJsonb) -> Resul
     if unsafe { pg_sys::XactIsoLevel } != pg_sys::XACT_READ_COMMITTED as i32 {
         return Ok(None);
     }
-    let Some(mut results) =
-        heap::DirectInsert::open_for_conflicts(heap::SyncTable::PushResults, RESULT_COLUMNS)?
+    let Some(mut results) = heap::DirectInsert::open_for_conflicts(
+        heap::SyncTable::PushResults,
+        key[0],
+        RESULT_COLUMNS,
+    )?
     else {
         return Ok(None);
     };

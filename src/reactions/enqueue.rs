@@ -166,7 +166,7 @@ fn enqueue(partition: &str, root: Node<'_>) -> Result<i32> {
     // same key by another transaction and then fails at the first element whose key exists,
     // which is the one to name (docs/DESIGN.md §8, "Enqueue").
     let inserted = catch_unwind(AssertUnwindSafe(|| {
-        match DirectInsert::open(SyncTable::Reactions, REACTION_COLUMNS)? {
+        match DirectInsert::open(SyncTable::Reactions, partition, REACTION_COLUMNS)? {
             Some(mut table) => insert_direct(&mut table, partition, &rows),
             None => insert_statement(partition, &rows),
         }
@@ -363,7 +363,7 @@ mod tests {
     }
 
     fn direct_open() -> bool {
-        DirectInsert::open(SyncTable::Reactions, REACTION_COLUMNS)
+        DirectInsert::open(SyncTable::Reactions, "p", REACTION_COLUMNS)
             .unwrap()
             .is_some()
     }

@@ -200,6 +200,141 @@ fn a_commits_change_rows_are_read_back_on_every_path() {
     }
 }
 
+/// A delegated push is one local transaction on the partition's worker (issue 30): the
+/// extension's writes go below SQL into that worker's own shards (the partition lock, the
+/// allocation, the commit row, its changes and scope index, the push result), the app row
+/// through Citus's local execution — no connection to another node, no two-phase commit, and
+/// every write where a read through the coordinator finds it. Before, a delegated `push_commit`
+/// or `append_commit` wrote its commit with a statement whose intermediate results Citus sent to
+/// the coordinator and the other worker, and committed on all three by 2PC: two
+/// `pg_dist_transaction` records on the worker per call (red team 36's helper, session 22).
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn a_delegated_push_is_one_local_transaction_on_its_worker() {
+    let mut c = coordinator();
+    tasks(&mut c);
+    // A partition of its own per run (the cluster may be kept between runs).
+    let partition = &format!("local-txn-{}", std::process::id());
+    let port = shard_port(&mut c, partition);
+    let base: String = one(&mut c, "SELECT current_setting('port')", &[]);
+    let worker = port - base.parse::<i32>().unwrap();
+    let mut w = Client::connect(&node_params(worker), NoTls).unwrap();
+    // A 2PC's records are written on the node that coordinates it (here: the worker running the
+    // delegated call) and removed later by Citus's recovery: a call that used 2PC raises the
+    // count it finds, one that did not leaves it or finds it lowered.
+    let records =
+        |w: &mut Client| -> i64 { one(w, "SELECT count(*) FROM pg_dist_transaction", &[]) };
+    for i in 0..10 {
+        let before = records(&mut w);
+        let (key, row) = (format!("k{i}"), format!("r{i}"));
+        let out: serde_json::Value = one(&mut c, PUSH, &[&partition, &key, &row]);
+        assert_eq!(out["outcome"], "applied", "{out}");
+        assert_eq!(out["commitSeq"], 2 * i + 1, "{out}");
+        let seq: i64 = one(
+            &mut c,
+            "SELECT syncular.append_commit($1, $2)",
+            &[
+                &partition,
+                &commit(&format!("a{i}"), Some(1), &[&format!("x{i}")]),
+            ],
+        );
+        assert_eq!(seq, 2 * i + 2);
+        let after = records(&mut w);
+        assert!(
+            after <= before,
+            "call {i}: {} two-phase commit records on the worker: not one local transaction",
+            after - before
+        );
+    }
+    let counts: (i64, i64, i64, i64, i64) = {
+        let row = c
+            .query_one(
+                "SELECT (SELECT count(*) FROM syncular.sync_commits WHERE partition = $1),
+                        (SELECT count(*) FROM syncular.sync_changes WHERE partition = $1),
+                        (SELECT count(*) FROM syncular.sync_change_scopes WHERE partition = $1),
+                        (SELECT count(*) FROM syncular.sync_push_results WHERE partition = $1),
+                        (SELECT count(*) FROM public.tasks WHERE _sync_partition = $1)",
+                &[&partition],
+            )
+            .unwrap();
+        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))
+    };
+    assert_eq!(
+        counts,
+        (20, 20, 20, 10, 10),
+        "read back through the coordinator"
+    );
+    let max: i64 = one(
+        &mut c,
+        "SELECT max_commit_seq FROM syncular.sync_partitions WHERE partition = $1",
+        &[&partition],
+    );
+    assert_eq!(max, 20);
+}
+
+/// Below SQL only where Citus's own local execution would read the same rows: on the
+/// partition's worker, in a transaction block (which Citus does not delegate), after a statement
+/// of the transaction went to that very node over a connection (`citus.enable_local_execution`
+/// off for it: Citus then keeps to connections for the rest of the transaction), an
+/// `append_commit` there writes through Citus's connection too — its commit is seen by the
+/// transaction's next statement, and kept. Written below SQL into the local shard instead, the
+/// next statement (in the connection's session) would not see it. And with local execution
+/// off for the whole transaction, the same.
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn below_sql_only_where_citus_local_execution_reads_the_same_rows() {
+    let mut c = coordinator();
+    for (case, off_for_one_statement) in [("disabled", true), ("off", false)] {
+        let partition = &format!("local-exec-{case}-{}", std::process::id());
+        let seq: i64 = one(
+            &mut c,
+            "SELECT syncular.append_commit($1, $2)",
+            &[&partition, &commit("k0", Some(1), &["a"])],
+        );
+        assert_eq!(seq, 1);
+        let port = shard_port(&mut c, partition);
+        let base: String = one(&mut c, "SELECT current_setting('port')", &[]);
+        let mut w =
+            Client::connect(&node_params(port - base.parse::<i32>().unwrap()), NoTls).unwrap();
+        let mut tx = w.transaction().unwrap();
+        tx.batch_execute("SET LOCAL citus.enable_local_execution = off")
+            .unwrap();
+        let count = |tx: &mut postgres::Transaction<'_>| -> i64 {
+            tx.query_one(
+                "SELECT count(*) FROM syncular.sync_commits WHERE partition = $1",
+                &[&partition],
+            )
+            .unwrap()
+            .get(0)
+        };
+        assert_eq!(count(&mut tx), 1, "{case}");
+        if off_for_one_statement {
+            tx.batch_execute("SET LOCAL citus.enable_local_execution = on")
+                .unwrap();
+        }
+        let seq: i64 = tx
+            .query_one(
+                "SELECT syncular.append_commit($1, $2)",
+                &[&partition, &commit("k1", Some(1), &["b"])],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(seq, 2, "{case}");
+        assert_eq!(
+            count(&mut tx),
+            2,
+            "{case}: the transaction sees its own commit"
+        );
+        tx.commit().unwrap();
+        let kept: i64 = one(
+            &mut c,
+            "SELECT count(*) FROM syncular.sync_changes WHERE partition = $1",
+            &[&partition],
+        );
+        assert_eq!(kept, 2, "{case}");
+    }
+}
+
 /// The app table `tasks` of partition-keyed rows, colocated with the sync tables, registered,
 /// with its layouts and push schema at version 1 (once).
 fn tasks(c: &mut Client) {
