@@ -154,12 +154,13 @@ pub fn local_shard(table: pg_sys::Oid, key: Option<&str>) -> Result<Option<pg_sy
 /// (another version): the statement path then goes where Citus sends it (docs/SCALING.md, "How
 /// a call is routed").
 fn local_execution_claimed() -> bool {
-    const REQUIRED: std::ffi::c_int = 0; // LOCAL_EXECUTION_REQUIRED (distributed/local_executor.h)
-    const DISABLED: std::ffi::c_int = 2; // LOCAL_EXECUTION_DISABLED
-                                         // SAFETY: a setting read by name (NULL when Citus defines none); the two functions are looked
-                                         // up in the loaded Citus library by their exported names and have these C signatures in
-                                         // Citus 13 (`LocalExecutionStatus` is a C enum: an int); setting the status it already has or
-                                         // REQUIRED from OPTIONAL cannot raise, and a raise would unwind through the guard.
+    // `LocalExecutionStatus` (Citus's distributed/local_executor.h): REQUIRED, OPTIONAL, DISABLED.
+    const REQUIRED: std::ffi::c_int = 0;
+    const DISABLED: std::ffi::c_int = 2;
+    // SAFETY: a setting read by name (NULL when Citus defines none); the two functions are looked
+    // up in the loaded Citus library by their exported names and have these C signatures in
+    // Citus 13 (`LocalExecutionStatus` is a C enum: an int); setting the status it already has or
+    // REQUIRED from OPTIONAL cannot raise, and a raise would unwind through the guard.
     unsafe {
         let enabled =
             pg_sys::GetConfigOption(c"citus.enable_local_execution".as_ptr(), true, false);
