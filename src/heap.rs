@@ -1535,7 +1535,8 @@ impl Drop for DirectInsert {
 /// extension's functions run as the owner, who needs no privilege check and is exempt from row
 /// security unless it is forced), not a partition (whose partition constraint a statement
 /// checks), no rules, generated columns or forced row security, and no trigger but `trigger`
-/// (which it must have). CHECK constraints are evaluated by the insert itself.
+/// (which it must have). CHECK constraints are evaluated by the insert itself. Never a Citus
+/// shell: both callers open `relation` with [`open_here`], which answers a shard or nothing.
 ///
 /// # Safety
 /// `relation` is an open relation.
@@ -1553,8 +1554,7 @@ unsafe fn is_plain(
             (Some(trigger), false) => only_trigger(&*(*relation).trigdesc, trigger),
             _ => false,
         };
-        if crate::citus::manages((*relation).rd_id)
-            || form.relkind != pg_sys::RELKIND_RELATION as std::ffi::c_char
+        if form.relkind != pg_sys::RELKIND_RELATION as std::ffi::c_char
             || form.relowner != pg_sys::GetUserId()
             || form.relispartition
             || !triggers

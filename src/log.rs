@@ -219,17 +219,7 @@ pub fn append<'a>(client: &SpiClient<'_>, partition: &str, commit: &Commit<'a>) 
         let sql = WHOLE_COMMIT_SQL[!tombstones.is_empty() as usize];
         return commit_seq(db::write(client, sql, &args)?);
     };
-    // Not held yet (the classic `append_commit`, which takes no partition lock first): the lock
-    // below SQL, then the allocation — the statement's upsert would take the same row lock, but
-    // on Citus its CTE's results go to every node and the call commits by 2PC (docs/SCALING.md).
-    let held = match allocate_held(partition, commit)? {
-        Some(seq) => Some(seq),
-        None => {
-            lock(client, partition)?;
-            allocate_held(partition, commit)?
-        }
-    };
-    let seq = match held {
+    let seq = match allocate_held(client, partition, commit)? {
         Some(seq) => {
             if !tombstones.is_empty() {
                 db::write(
@@ -298,11 +288,16 @@ fn commit_args<'a>(partition: &'a str, commit: &Commit<'a>) -> Vec<DatumWithOid<
 }
 
 /// The allocation and the commit row below SQL, when this transaction holds the partition row
-/// (it took the partition lock, [`lock`], or created the row) and both tables are as created:
+/// (it took the partition lock, [`lock`], or created the row; else the lock is taken here) and
+/// both tables are as created:
 /// the fence checked as its trigger checks (the trigger must be there, the only one, and
 /// firing), `max_commit_seq` raised by one in the held row, the commit row inserted. `None`,
 /// with nothing written, otherwise: the statement does it.
-fn allocate_held(partition: &str, commit: &Commit<'_>) -> Result<Option<i64>> {
+fn allocate_held(
+    client: &SpiClient<'_>,
+    partition: &str,
+    commit: &Commit<'_>,
+) -> Result<Option<i64>> {
     let fence = NativeTrigger {
         symbol: c"writer_fence_trigger_wrapper",
         run: fence_row,
@@ -318,7 +313,17 @@ fn allocate_held(partition: &str, commit: &Commit<'_>) -> Result<Option<i64>> {
     ) else {
         return Ok(None);
     };
-    let Some(seq) = partitions.increment_held(partition, c"max_commit_seq")? else {
+    // Not held yet (the classic `append_commit`, which takes no partition lock first): the lock
+    // below SQL, then the allocation — the statement's upsert would take the same row lock, but
+    // on Citus its CTE's results go to every node and the call commits by 2PC (docs/SCALING.md).
+    let seq = match partitions.increment_held(partition, c"max_commit_seq")? {
+        Some(seq) => Some(seq),
+        None => {
+            lock(client, partition)?;
+            partitions.increment_held(partition, c"max_commit_seq")?
+        }
+    };
+    let Some(seq) = seq else {
         return Ok(None);
     };
     // As in the statement: the fence is checked on the commit row, after the allocation; its
