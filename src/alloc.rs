@@ -324,6 +324,30 @@ pub fn try_base64(engine: &impl base64::Engine, bytes: &[u8]) -> Result<String, 
     Ok(unsafe { String::from_utf8_unchecked(out) })
 }
 
+/// `read` of the varlena `datum` detoasted (`pg_detoast_datum_packed`), the detoasted copy freed
+/// after it when there is one: a reader's row loop does not reset the memory context the copy is
+/// made in, so each toasted value read stayed there until the transaction ended (red team 37, F3;
+/// docs/SECURITY.md rule 14).
+///
+/// # Safety
+/// `datum` must be a non-NULL varlena datum, alive for the call; `read` must not keep a pointer
+/// into the varlena it is handed.
+unsafe fn detoasted<R>(
+    datum: pgrx::pg_sys::Datum,
+    read: impl FnOnce(*mut pgrx::pg_sys::varlena) -> R,
+) -> R {
+    // SAFETY: the caller's promise.
+    unsafe {
+        let varlena = pgrx::pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
+        let out = read(varlena);
+        if varlena != datum.cast_mut_ptr() {
+            // The palloc'd copy `pg_detoast_datum_packed` made; nothing points at it any more.
+            pgrx::pg_sys::pfree(varlena.cast());
+        }
+        out
+    }
+}
+
 /// A `bytea` value of a result row, copied into Rust memory fallibly (the value may be as large
 /// as whoever wrote the row made it): `db::bytes_column`. The datum is detoasted by PostgreSQL
 /// (`palloc`, whose failure is its own `53200`) only when it is toasted; the one copy is Rust's.
@@ -339,13 +363,16 @@ impl pgrx::FromDatum for Bytes {
             return None;
         }
         // SAFETY: a non-NULL bytea datum of a result row, alive while the row is read; its
-        // bytes are copied out before anything frees them.
-        let bytes = unsafe {
-            let varlena = pgrx::pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
-            pgrx::varlena_to_byte_slice(varlena)
-        };
-        // A failed copy reads as NULL here and is recorded: `db::bytes_column` checks at once.
-        try_copy(bytes).ok().map(Bytes)
+        // bytes are copied out before the detoasted copy is freed.
+        unsafe {
+            detoasted(datum, |varlena| {
+                // A failed copy reads as NULL here and is recorded: `db::bytes_column` checks at
+                // once.
+                try_copy(pgrx::varlena_to_byte_slice(varlena))
+                    .ok()
+                    .map(Bytes)
+            })
+        }
     }
 }
 
@@ -372,11 +399,12 @@ impl pgrx::FromDatum for Text {
             return None;
         }
         // SAFETY: as for `Bytes`, for a text datum.
-        let text = unsafe {
-            let varlena = pgrx::pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
-            pgrx::text_to_rust_str(varlena).expect("the database encoding is UTF-8")
-        };
-        try_string(text).ok().map(Text)
+        unsafe {
+            detoasted(datum, |varlena| {
+                let text = pgrx::text_to_rust_str(varlena).expect("the database encoding is UTF-8");
+                try_string(text).ok().map(Text)
+            })
+        }
     }
 }
 

@@ -502,11 +502,12 @@ macro_rules! jsonb_argument {
 pub(crate) use jsonb_argument;
 
 /// The container bytes of a jsonb datum (past the varlena header), detoasted: the datum itself,
-/// or a copy `pg_detoast_datum` makes in the current memory context.
+/// or a copy `pg_detoast_datum` makes in the current memory context — returned too when it is
+/// one, for a caller that frees it.
 ///
 /// # Safety
 /// `datum` must be a non-NULL jsonb datum that stays valid for `'a`.
-unsafe fn container_bytes<'a>(datum: pg_sys::Datum) -> &'a [u8] {
+unsafe fn container_bytes<'a>(datum: pg_sys::Datum) -> (&'a [u8], Option<*mut pg_sys::varlena>) {
     // SAFETY: the caller's promise; the header and data are read in bounds of the varlena.
     unsafe {
         // Not the `_packed` variant: the container must keep its 4-byte alignment.
@@ -514,7 +515,11 @@ unsafe fn container_bytes<'a>(datum: pg_sys::Datum) -> &'a [u8] {
         let total = pgrx::varsize_any(detoasted as *const _);
         let data = pgrx::vardata_any(detoasted as *const _) as *const u8;
         let header = data as usize - detoasted as usize;
-        std::slice::from_raw_parts(data, total.saturating_sub(header))
+        let copy = (detoasted != datum.cast_mut_ptr()).then_some(detoasted);
+        (
+            std::slice::from_raw_parts(data, total.saturating_sub(header)),
+            copy,
+        )
     }
 }
 
@@ -584,8 +589,9 @@ impl FromDatum for JsonbArg {
         if is_null {
             return None;
         }
-        // SAFETY: a non-NULL jsonb datum of this call, alive for the whole call.
-        let bytes = unsafe { container_bytes(datum) };
+        // SAFETY: a non-NULL jsonb datum of this call, alive for the whole call; a detoasted
+        // copy stays in the call's memory context as long.
+        let (bytes, _) = unsafe { container_bytes(datum) };
         Some(JsonbArg {
             data: bytes.as_ptr(),
             len: bytes.len(),
@@ -715,11 +721,21 @@ impl FromDatum for OwnedJsonb {
             return None;
         }
         // SAFETY: a non-NULL jsonb datum of a result row, alive while the row is read; its bytes
-        // are copied out before anything frees them.
-        let bytes = unsafe { container_bytes(datum) };
+        // are copied out before the detoasted copy is freed.
+        let (bytes, copy) = unsafe { container_bytes(datum) };
         // A failed copy reads as NULL here, and is recorded: the call ends in `53200` at its next
         // check point ([`OwnedJsonb::column`] checks at once).
-        crate::alloc::try_copy(bytes).ok().map(OwnedJsonb)
+        let owned = crate::alloc::try_copy(bytes).ok().map(OwnedJsonb);
+        // `pg_detoast_datum` copies a value stored with a short header (every jsonb of under
+        // 127 bytes on disk) into the current memory context, which a reader's row loop does not
+        // reset: freed here, or each row read grew its caller's transaction's memory by the
+        // value's size (red team 37, F3; docs/SECURITY.md rule 14).
+        if let Some(copy) = copy {
+            // SAFETY: the palloc'd copy `pg_detoast_datum` made; nothing else points at it and
+            // `bytes` is not used after this.
+            unsafe { pg_sys::pfree(copy.cast()) };
+        }
+        owned
     }
 }
 

@@ -192,3 +192,53 @@ fn the_commit_window_does_not_hold_what_it_passes_over() {
          {passed_over} kB passing over 50 changes of 4 MB scopes"
     );
 }
+
+/// The memory of this connection's contexts, in bytes.
+fn context_bytes(c: &mut postgres::Client) -> i64 {
+    one(
+        c,
+        "SELECT sum(total_bytes)::int8 FROM pg_catalog.pg_backend_memory_contexts",
+        &[],
+    )
+}
+
+/// Reading host rows through the API keeps no copy of a value it read until the transaction
+/// ends. A value stored compressed or with a short header is copied when it is read; the copy
+/// was made in a memory context the reader's row loop does not reset, so a `scan_rows` of 5,000
+/// rows with 9.6 kB payloads grew its transaction by 48 MB, and one of 100,000 rows by 4 MB for
+/// their `_sync_scopes` alone (red team 37, F3; docs/SECURITY.md rule 14).
+#[test]
+fn reading_host_rows_does_not_grow_the_transaction_by_the_values_read() {
+    let db = TestDb::new("memory_reads");
+    let mut c = db.connect();
+    exec(&mut c, &app_table_sql("public.reads", ""));
+    exec(
+        &mut c,
+        r#"SELECT syncular.register_table('reads', 'public.reads', true);
+           INSERT INTO public.reads
+           SELECT 'toasted', 't' || lpad(i::text, 5, '0'), 1, '{"project_id":"p1"}',
+                  convert_to(repeat(md5(i::text), 300), 'UTF8'), NULL
+             FROM generate_series(1, 2000) i;
+           INSERT INTO public.reads
+           SELECT 'short', 's' || lpad(i::text, 6, '0'), 1, '{"project_id":"p1"}', '\x01', NULL
+             FROM generate_series(1, 50000) i;"#,
+    );
+    let scan = "SELECT count(*) FROM syncular.scan_rows($1, 'reads', '{\"project_id\":[\"p1\"]}', \
+                NULL, $2)";
+    // Warm up: the statements' plans are kept for the backend's life.
+    let _: i64 = one(&mut c, scan, &[&"short", &10i32]);
+    for (partition, rows, before_fix) in [("toasted", 2_000i32, "19 MB"), ("short", 50_000, "2 MB")]
+    {
+        exec(&mut c, "BEGIN");
+        let before = context_bytes(&mut c);
+        let read: i64 = one(&mut c, scan, &[&partition, &rows]);
+        let grown = context_bytes(&mut c) - before;
+        exec(&mut c, "ROLLBACK");
+        assert_eq!(read, i64::from(rows), "{partition}: every row read");
+        assert!(
+            grown < 1 << 20,
+            "reading {rows} {partition} rows grew the transaction by {grown} bytes (before the \
+             fix: about {before_fix})"
+        );
+    }
+}
