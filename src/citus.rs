@@ -143,6 +143,22 @@ pub fn local_shard(table: pg_sys::Oid, key: Option<&str>) -> Result<Option<pg_sy
     Ok(found)
 }
 
+/// The refusal of a statement that would read another node's copy of the reference table
+/// `table` (`SY004`, reason `citus_local_execution`; [`crate::heap::registry_read_here`]).
+pub fn not_this_nodes_copy(table: &str) -> crate::error::Error {
+    crate::error::Error::Sync {
+        code: crate::error::Code::InvalidTransactionState,
+        detail: Some(serde_json::json!({"reason": "citus_local_execution"})),
+        hint: Some(format!(
+            "on Citus, syncular.{table} is read from this node's own copy, through Citus's \
+             local execution: make the call on a node that holds one (a worker, or the \
+             coordinator added with citus_set_coordinator_host), with \
+             citus.enable_local_execution on, before this transaction sends a statement to \
+             this node over a connection (or in a transaction of its own)"
+        )),
+    }
+}
+
 /// Whether this transaction may read and write a shard on this node below SQL, as Citus's own
 /// local execution does — and if so, Citus is told it did (`SetLocalExecutionStatus(
 /// LOCAL_EXECUTION_REQUIRED)`, what its local executor records for every shard it touches), so
@@ -152,15 +168,19 @@ pub fn local_shard(table: pg_sys::Oid, key: Option<&str>) -> Result<Option<pg_sy
 /// (`LOCAL_EXECUTION_DISABLED`: that other session could neither see what is written here nor
 /// wait for it without deadlocking this one), nor where this Citus lacks the two functions
 /// (another version): the statement path then goes where Citus sends it (docs/SCALING.md, "How
-/// a call is routed").
+/// a call is routed"). And never where Citus's own local executor would refuse the statement:
+/// inside a query Citus sent to a shard (a host's `SELECT syncular.append_commit(…) FROM` a
+/// distributed table, pushed down whole), each of whose per-shard queries commits on its own —
+/// Citus's own check raises its own error there (`EnsureTaskExecutionAllowed`, red team 38, F2).
 fn local_execution_claimed() -> bool {
     // `LocalExecutionStatus` (Citus's distributed/local_executor.h): REQUIRED, OPTIONAL, DISABLED.
     const REQUIRED: std::ffi::c_int = 0;
     const DISABLED: std::ffi::c_int = 2;
-    // SAFETY: a setting read by name (NULL when Citus defines none); the two functions are looked
-    // up in the loaded Citus library by their exported names and have these C signatures in
-    // Citus 13 (`LocalExecutionStatus` is a C enum: an int); setting the status it already has or
-    // REQUIRED from OPTIONAL cannot raise, and a raise would unwind through the guard.
+    // SAFETY: a setting read by name (NULL when Citus defines none); the three functions are
+    // looked up in the loaded Citus library by their exported names and have these C signatures
+    // in Citus 13 (`LocalExecutionStatus` is a C enum: an int); setting the status it already has
+    // or REQUIRED from OPTIONAL cannot raise; `EnsureTaskExecutionAllowed` raises Citus's ERROR
+    // by design, which unwinds through the guard like every other.
     unsafe {
         let enabled =
             pg_sys::GetConfigOption(c"citus.enable_local_execution".as_ptr(), true, false);
@@ -175,18 +195,22 @@ fn local_execution_claimed() -> bool {
                 std::ptr::null_mut(),
             )
         };
-        let (get, set) = (
+        let (get, set, allowed) = (
             find(c"GetCurrentLocalExecutionStatus"),
             find(c"SetLocalExecutionStatus"),
+            find(c"EnsureTaskExecutionAllowed"),
         );
-        if get.is_null() || set.is_null() {
+        if get.is_null() || set.is_null() || allowed.is_null() {
             return false;
         }
         let get: unsafe extern "C-unwind" fn() -> std::ffi::c_int = std::mem::transmute(get);
         let set: unsafe extern "C-unwind" fn(std::ffi::c_int) = std::mem::transmute(set);
+        let allowed: unsafe extern "C-unwind" fn(bool) = std::mem::transmute(allowed);
         if pg_sys::ffi::pg_guard_ffi_boundary(|| get()) == DISABLED {
             return false;
         }
+        // A local task, as Citus's local executor checks one (`isRemote` false).
+        pg_sys::ffi::pg_guard_ffi_boundary(|| allowed(false));
         pg_sys::ffi::pg_guard_ffi_boundary(|| set(REQUIRED));
         true
     }

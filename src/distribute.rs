@@ -184,6 +184,7 @@ fn distribute_ours(client: &SpiClient<'_>) -> Result<Done> {
 /// Every registration: `{table, relation, colocated}`, and for one that is not colocated with
 /// `sync_partitions` the statement its owner runs.
 fn app_tables(client: &SpiClient<'_>) -> Result<serde_json::Value> {
+    crate::heap::registry_read_here()?;
     let rows = access::as_extension_owner(|| {
         db::write(
             client,

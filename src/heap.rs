@@ -470,6 +470,29 @@ unsafe fn open_here(
     }
 }
 
+/// Before a statement reads the OIDs `sync_app_tables` holds (`relation`, `registered_by`). On
+/// Citus each node's copy of that reference table holds its own OIDs (Citus sends a `regclass`
+/// or `regrole` value to the other nodes as its name), and a statement Citus sends over a
+/// connection reads another node's copy: a relation or role of that number here is another one,
+/// or none (red team 38, F1). So such a statement runs only where Citus's local execution reads
+/// this node's copy, claimed here as for a read below SQL ([`open_here`]); refused (`SY004`,
+/// reason `citus_local_execution`) where this node holds no copy or the transaction already
+/// reached it over a connection. Nothing to do without Citus.
+pub fn registry_read_here() -> Result<()> {
+    let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+    // SAFETY: every caller runs inside a transaction (a function call); the relation is closed
+    // at once.
+    unsafe {
+        match open_here(SyncTable::AppTables, None, lock)? {
+            Some(relation) => {
+                pg_sys::table_close(relation, lock);
+                Ok(())
+            }
+            None => Err(crate::citus::not_this_nodes_copy("sync_app_tables")),
+        }
+    }
+}
+
 /// What [`scan`] looks for.
 enum Keys<'a> {
     /// The leading columns of the primary key, through its index.

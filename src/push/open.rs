@@ -201,6 +201,7 @@ pub(super) fn changed_registration(
     if here {
         return Ok(None);
     }
+    crate::heap::registry_read_here()?;
     let names: Vec<&str> = tables.keys().map(String::as_str).collect();
     let rows = db::write(
         client,

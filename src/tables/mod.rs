@@ -310,6 +310,7 @@ fn registration(
             return Ok(found);
         }
     }
+    crate::heap::registry_read_here()?;
     let args = [DatumWithOid::from(tbl)];
     let table = access::as_extension_owner(|| {
         if for_update {
@@ -569,6 +570,7 @@ fn get_row_scopes(
 #[search_path(pg_catalog, pg_temp)]
 fn list_tables() -> JsonB {
     error::run(|| {
+        crate::heap::registry_read_here()?;
         db::with_spi(|client| {
             let list = db::read(
                 client,
@@ -664,6 +666,7 @@ fn overlapping(
     relation: pg_sys::Oid,
     tbl: &str,
 ) -> error::Result<Option<String>> {
+    crate::heap::registry_read_here()?;
     access::as_extension_owner(|| {
         db::first::<String>(db::read(
             client,

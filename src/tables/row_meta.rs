@@ -22,6 +22,7 @@ fn trigger_is_registered(
     tbl: &str,
     relation: pg_sys::Oid,
 ) -> error::Result<bool> {
+    crate::heap::registry_read_here()?;
     Ok(db::first::<bool>(db::read(
         client,
         "SELECT a.maintain_row_meta

@@ -335,6 +335,108 @@ fn below_sql_only_where_citus_local_execution_reads_the_same_rows() {
     }
 }
 
+/// Each node's copy of the reference table `sync_app_tables` holds that node's own OIDs (Citus
+/// sends a `regclass` value to the other nodes as its name), so a registration is read only
+/// from this node's copy, through Citus's local execution. A statement Citus sent over a
+/// connection read the coordinator's copy on a worker: its relation's number there named no
+/// relation, or one the migrator had planted under it, where an acknowledged push's rows went
+/// (red team 38, F1). With local execution off the call is refused instead, and nothing of it
+/// is kept; with it on, it applies and `list_tables` names this node's relation.
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn the_registry_of_app_tables_is_read_from_this_nodes_copy_only() {
+    let mut c = coordinator();
+    tasks(&mut c);
+    let partition = &format!("registry-{}", std::process::id());
+    let out: serde_json::Value = one(&mut c, PUSH, &[partition, &"k0", &"r0"]);
+    assert_eq!(out["outcome"], "applied", "{out}");
+    let port = shard_port(&mut c, partition);
+    let base: String = one(&mut c, "SELECT current_setting('port')", &[]);
+    let mut w = Client::connect(&node_params(port - base.parse::<i32>().unwrap()), NoTls).unwrap();
+    let oid = "SELECT 'public.tasks'::regclass::oid";
+    let (here, there): (u32, u32) = (one(&mut w, oid, &[]), one(&mut c, oid, &[]));
+    assert_ne!(here, there, "the nodes' numbers for public.tasks differ");
+    for statement in [PUSH, "SELECT syncular.list_tables()"] {
+        let mut tx = w.transaction().unwrap();
+        tx.batch_execute("SET LOCAL citus.enable_local_execution = off")
+            .unwrap();
+        let args: &[&(dyn postgres::types::ToSql + Sync)] = if statement == PUSH {
+            &[partition, &"k1", &"r1"]
+        } else {
+            &[]
+        };
+        let refused = tx.query_one(statement, args).expect_err(statement);
+        let e = sql_error(&refused);
+        assert_eq!(
+            (e.state.as_str(), &e.detail),
+            ("SY004", &Some(json!({"reason": "citus_local_execution"}))),
+            "{statement}: {e:?}"
+        );
+        tx.rollback().unwrap();
+    }
+    let out: serde_json::Value = one(&mut w, PUSH, &[partition, &"k1", &"r1"]);
+    assert_eq!(
+        (&out["outcome"], &out["commitSeq"]),
+        (&json!("applied"), &json!(2)),
+        "{out}"
+    );
+    let rows: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM public.tasks WHERE _sync_partition = $1",
+        &[partition],
+    );
+    assert_eq!(rows, 2, "both pushes' rows in the registered table");
+    let listed: serde_json::Value = one(&mut w, "SELECT syncular.list_tables()", &[]);
+    let tasks = listed
+        .as_array()
+        .and_then(|l| l.iter().find(|t| t["table"] == "tasks"))
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!(tasks["relation"], "public.tasks", "{listed}");
+}
+
+/// A call inside a query Citus sends to a shard — a host's `SELECT syncular.append_commit(…)
+/// FROM` a distributed table, pushed down whole to the partition's worker — is refused there as
+/// Citus refuses a statement of it ("cannot execute a distributed query from a query on a
+/// shard"), and nothing of it is kept. It wrote below SQL there, where each per-shard query
+/// commits on its own: a statement that failed afterwards had left a commit (red team 38, F2).
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn a_call_inside_a_query_on_a_shard_is_refused_as_citus_refuses_its_statements() {
+    let mut c = coordinator();
+    tasks(&mut c);
+    let partition = &format!("on-a-shard-{}", std::process::id());
+    let alone = "SELECT syncular.append_commit($1, $2)";
+    let seq: i64 = one(&mut c, alone, &[partition, &commit("k0", Some(1), &["a"])]);
+    assert_eq!(seq, 1, "called alone, delegated: applies");
+    exec(
+        &mut c,
+        &format!(
+            "INSERT INTO public.tasks VALUES ('{partition}', 'seed', 'seed', 'p1', 1, '{{}}', '\\x00', NULL)"
+        ),
+    );
+    let refused = c
+        .query_one(
+            "SELECT syncular.append_commit($1, $2) FROM public.tasks
+              WHERE _sync_partition = $1 AND _sync_row_id = 'seed'",
+            &[partition, &commit("k1", Some(1), &["b"])],
+        )
+        .expect_err("a call inside a query on a shard");
+    let e = sql_error(&refused);
+    assert!(
+        e.message
+            .contains("cannot execute a distributed query from a query on a shard"),
+        "{e:?}"
+    );
+    let kept: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM syncular.sync_commits WHERE partition = $1",
+        &[partition],
+    );
+    assert_eq!(kept, 1, "nothing of the refused call kept");
+    let seq: i64 = one(&mut c, alone, &[partition, &commit("k2", Some(1), &["c"])]);
+    assert_eq!(seq, 2);
+}
+
 /// The app table `tasks` of partition-keyed rows, colocated with the sync tables, registered,
 /// with its layouts and push schema at version 1 (once).
 fn tasks(c: &mut Client) {
