@@ -912,6 +912,64 @@ pub fn with_snapshot<T>(
     }
 }
 
+/// Which other transactions' rows a snapshot sees: its `xmax` and the transactions it takes for
+/// running (`xip`, `subxip`, sorted). Two MVCC snapshots with the same see the same rows of every
+/// transaction but the reader's own, whatever their age: a transaction below `xmax` and not
+/// listed had ended before either was taken. Lets a re-read "with a fresh snapshot" after a lock
+/// be skipped when no other transaction ended since the first read (docs/BENCHMARKS.md, issue
+/// 28 step 9; `src/push/one_call.rs`).
+#[derive(PartialEq, Eq, Debug)]
+pub struct Seen {
+    xmax: u32,
+    xip: Vec<u32>,
+    suboverflowed: bool,
+    subxip: Vec<u32>,
+}
+
+/// Beyond this many running transactions a snapshot is not fingerprinted: the copy and the
+/// comparison would cost what the lookup they save does.
+const SEEN_MOST: usize = 64;
+
+/// What `snapshot` sees ([`Seen`]), or `None` for a snapshot that is not an MVCC one or lists
+/// more than [`SEEN_MOST`] running transactions.
+///
+/// # Safety
+/// `snapshot` is a valid, registered or active snapshot.
+pub unsafe fn seen_by(snapshot: pg_sys::Snapshot) -> Option<Seen> {
+    // SAFETY: the caller's promise; `xip` and `subxip` hold `xcnt` and `subxcnt` entries.
+    unsafe {
+        let snap = &*snapshot;
+        let (xcnt, subxcnt) = (
+            usize::try_from(snap.xcnt).ok()?,
+            usize::try_from(snap.subxcnt).ok()?,
+        );
+        if snap.snapshot_type != pg_sys::SnapshotType::SNAPSHOT_MVCC
+            || snap.takenDuringRecovery
+            || xcnt + subxcnt > SEEN_MOST
+        {
+            return None;
+        }
+        let sorted = |ids: *const pg_sys::TransactionId, n: usize| {
+            let mut ids: Vec<u32> = if n == 0 {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(ids, n)
+                    .iter()
+                    .map(|id| id.into_inner())
+                    .collect()
+            };
+            ids.sort_unstable();
+            ids
+        };
+        Some(Seen {
+            xmax: snap.xmax.into_inner(),
+            xip: sorted(snap.xip, xcnt),
+            suboverflowed: snap.suboverflowed,
+            subxip: sorted(snap.subxip, subxcnt),
+        })
+    }
+}
+
 /// The widest table inserted directly (`sync_reactions` has 17 columns).
 const MAX_COLUMNS: usize = 20;
 

@@ -123,7 +123,8 @@ fn random_uuid() -> Result<String> {
 fn push(client: &SpiClient<'_>, caller: pg_sys::Oid, request: &Request<'_>) -> Result<Value> {
     let [partition, ..] = request.key;
     // C1: the optimistic replay check, without lock or gate.
-    if let Some(stored) = result::stored_result(client, &request.key, false)? {
+    let (stored, seen) = result::stored_result_seen(client, &request.key, false, None)?;
+    if let Some(stored) = stored {
         return Ok(replay(stored, "optimistic"));
     }
     // C2: the partition lock, before any app table is opened (and locked to the end of the
@@ -148,7 +149,9 @@ fn push(client: &SpiClient<'_>, caller: pg_sys::Oid, request: &Request<'_>) -> R
     // C3, C4: the gate under the lock, the locked re-check.
     gate::read_state(client, Some(partition), request.running, true)?
         .assert_ready(request.running, &request.declared)?;
-    if let Some(stored) = result::stored_result(client, &request.key, true)? {
+    // Not looked up again where no other transaction ended since C1 read nothing.
+    let (stored, _) = result::stored_result_seen(client, &request.key, true, seen.as_ref())?;
+    if let Some(stored) = stored {
         return Ok(replay(stored, "locked"));
     }
     let repeated = repeated_rows(&request.ops);

@@ -205,10 +205,29 @@ pub fn stored_result(
     key: &[&str; 3],
     fresh: bool,
 ) -> Result<Option<Value>> {
-    let read = heap::with_snapshot(fresh, |snapshot| {
+    Ok(stored_result_seen(client, key, fresh, None)?.0)
+}
+
+/// [`stored_result`], and what the snapshot it was read with sees (`None` where it was read
+/// through SQL). Given `unless_seen` — what an earlier read of the same key saw, which found
+/// nothing — the lookup is skipped when this snapshot sees the same ([`heap::Seen`]): no other
+/// transaction ended in between, so it would find nothing too (the one-call push's locked
+/// re-check, C4, after its optimistic read, C1: docs/BENCHMARKS.md, issue 28 step 9).
+pub fn stored_result_seen(
+    client: &SpiClient<'_>,
+    key: &[&str; 3],
+    fresh: bool,
+    unless_seen: Option<&heap::Seen>,
+) -> Result<(Option<Value>, Option<heap::Seen>)> {
+    let (read, seen) = heap::with_snapshot(fresh, |snapshot| {
+        // SAFETY: the snapshot is registered around this closure.
+        let seen = unsafe { heap::seen_by(snapshot) };
+        if unless_seen.is_some() && unless_seen == seen.as_ref() {
+            return Ok((heap::Lookup::Here(None, pg_sys::InvalidTransactionId), seen));
+        }
         // SAFETY: the keys are text datums built inside, alive for the lookup; the snapshot is
         // registered around it.
-        unsafe {
+        let read = unsafe {
             heap::jsonb_by_text_key(
                 heap::SyncTable::PushResults,
                 *key,
@@ -216,10 +235,11 @@ pub fn stored_result(
                 c"result",
                 snapshot,
             )
-        }
+        }?;
+        Ok((read, seen))
     })?;
-    let stored = match read {
-        heap::Lookup::Here(stored, _) => stored,
+    let (stored, seen) = match read {
+        heap::Lookup::Here(stored, _) => (stored, seen),
         heap::Lookup::Elsewhere => {
             let params = key.map(DatumWithOid::from);
             let table = if fresh {
@@ -227,12 +247,13 @@ pub fn stored_result(
             } else {
                 db::read(client, RESULT_SQL, &params)?
             };
-            db::first::<JsonB>(table)?
+            (db::first::<JsonB>(table)?, None)
         }
     };
-    stored
+    let stored = stored
         .map(|stored| normalize(stored.0).map_err(|_| cache_miss_of(key)))
-        .transpose()
+        .transpose()?;
+    Ok((stored, seen))
 }
 
 pub(super) struct PushKey {

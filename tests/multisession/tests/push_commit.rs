@@ -2023,3 +2023,36 @@ fn a_table_made_again_with_other_column_types_gets_a_plan_of_its_own() {
     push_one("kx_float", 3, json!(2.25));
     assert_eq!(scores(&mut c), [("3".into(), Some("2.25".into()))]);
 }
+
+/// The locked re-check (C4) looks the push result up again only where another transaction ended
+/// since the optimistic read (C1) found none (`heap::Seen`; docs/BENCHMARKS.md, issue 28 step
+/// 9): a push then scans the result's index twice — C1 and its own insert's uniqueness check —
+/// not three times. Where one ended in between, C4 reads and replays (NP-23 above). Other tests
+/// commit on this cluster meanwhile, so of 50 pushes some may read again: at least one must not.
+#[test]
+fn the_locked_recheck_reads_again_only_where_another_transaction_ended() {
+    let (_db, mut c) = fixture("c4_seen");
+    let op = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
+    // This backend's count not yet reported (it may hold earlier transactions' too).
+    let counted = |c: &mut Client| -> i64 {
+        one(
+            c,
+            "SELECT pg_stat_get_xact_numscans('syncular.sync_push_results_pkey'::regclass)",
+            &[],
+        )
+    };
+    let mut scans = Vec::new();
+    for i in 0..50 {
+        exec(&mut c, "BEGIN");
+        let before = counted(&mut c);
+        let out = try_push(&mut c, &format!("k{i}"), from_ref(&op), json!({})).unwrap();
+        assert_eq!(out["outcome"], "applied", "{out}");
+        scans.push(counted(&mut c) - before);
+        exec(&mut c, "COMMIT");
+    }
+    assert!(
+        scans.iter().all(|n| *n == 2 || *n == 3),
+        "index scans per push: {scans:?}"
+    );
+    assert!(scans.contains(&2), "C4 read again every time: {scans:?}");
+}
