@@ -132,6 +132,10 @@ fn push(client: &SpiClient<'_>, caller: pg_sys::Oid, request: &Request<'_>) -> R
     // barrier would deadlock with the migration's DDL on that table (red team 13;
     // docs/DESIGN.md §Lock order).
     log::lock(client, partition)?;
+    // What the registrations are read with from here sees at least this (src/push/open.rs).
+    // SAFETY: the snapshot is registered around the closure.
+    let before_open =
+        crate::heap::with_snapshot(false, |s| Ok(unsafe { crate::heap::seen_by(s) }))?;
     let tables = match open_tables(client, request)? {
         Ok(tables) => tables,
         Err(Stop::Fallback(doc)) => return Ok(doc),
@@ -139,7 +143,7 @@ fn push(client: &SpiClient<'_>, caller: pg_sys::Oid, request: &Request<'_>) -> R
     };
     // A registration read before this call's snapshot was taken may have changed while it
     // waited for the lock (red team 11, C1): read again with a fresh one.
-    if let Some(tbl) = changed_registration(client, &tables)? {
+    if let Some(tbl) = changed_registration(client, &tables, before_open.as_ref())? {
         let at = request.ops.iter().position(|op| op.table == tbl);
         return Ok(fallback_doc(
             "schema_not_registered",

@@ -182,11 +182,21 @@ fn no_push_schema(client: &SpiClient<'_>, request: &Request<'_>) -> Result<Stop>
 /// `register_table` that committed while this push waited (red team 11, C1). Those take the
 /// barrier's `EXCLUSIVE` lock on `sync_partitions`, so none can commit while this push holds its
 /// partition lock: read once, after the lock, with a fresh snapshot, the answer stays true to the
-/// end of the push.
+/// end of the push. Not read again when that fresh snapshot sees what `seen` — taken before
+/// [`open_tables`] read them — saw: no other transaction ended in between, so it would read
+/// the same (`heap::Seen`; docs/BENCHMARKS.md, issue 28 step 9).
 pub(super) fn changed_registration(
     client: &SpiClient<'_>,
     tables: &HashMap<String, Table>,
+    seen: Option<&crate::heap::Seen>,
 ) -> Result<Option<String>> {
+    if seen.is_some() {
+        // SAFETY: the snapshot is registered around the closure.
+        let now = crate::heap::with_snapshot(true, |s| Ok(unsafe { crate::heap::seen_by(s) }))?;
+        if now.as_ref() == seen {
+            return Ok(None);
+        }
+    }
     // Below SQL, one lookup by the primary key per table (docs/BENCHMARKS.md, "Server CPU");
     // through SQL where Citus keeps the registrations on another node.
     let mut here = true;
