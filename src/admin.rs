@@ -126,7 +126,7 @@ fn list_commit_metadata(
                     "actorId": row.get::<String>(4)?,
                     "createdAtMs": row.get::<i64>(5)?,
                     "changeCount": row.get::<i64>(6)?,
-                    "tables": row.get::<JsonB>(7)?.map(|j| j.0),
+                    "tables": row.get::<crate::jsonb::JsonValue>(7)?.map(|j| j.0),
                 }))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -233,7 +233,9 @@ fn stats(active_since_ms: default!(Option<i64>, "0")) -> JsonB {
                  FROM syncular.sync_partitions p",
                 &[since.into()],
             )?;
-            Ok(db::first::<JsonB>(stats)?.unwrap_or(JsonB(json!([]))))
+            Ok(JsonB(
+                db::first::<crate::jsonb::JsonValue>(stats)?.map_or_else(|| json!([]), |v| v.0),
+            ))
         })
     })
 }

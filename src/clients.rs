@@ -25,7 +25,7 @@ fn records(table: SpiTupleTable<'_>) -> Result<Vec<Value>> {
                 "actorId": row.get::<String>(2)?,
                 "wireVersion": row.get::<i32>(3)?,
                 "cursor": row.get::<i64>(4)?,
-                "subscriptions": row.get::<JsonB>(5)?.map(|j| args::unwrap_json_text(j.0)),
+                "subscriptions": row.get::<crate::jsonb::JsonValue>(5)?.map(|j| args::unwrap_json_text(j.0)),
                 "updatedAtMs": row.get::<i64>(6)?,
             }))
         })

@@ -95,6 +95,7 @@ fn distribute() -> JsonB {
         }
         db::with_spi(|client| {
             access::require_operator("database")?;
+            coordinator_in_metadata(client)?;
             let done = access::as_extension_owner(|| {
                 db::with_settings(
                     &[
@@ -114,6 +115,27 @@ fn distribute() -> JsonB {
             })))
         })
     })
+}
+
+/// The coordinator must be in Citus's metadata (`citus_set_coordinator_host`), so that it holds
+/// a copy of every reference table: the registry of app tables holds each node's own OIDs and is
+/// read only from this node's copy (src/heap.rs `registry_read_here`; red team 38, F1). Without
+/// one, `distribute` itself and every registration on the coordinator would be refused after
+/// the fact (`SY004`); refused here first, with what to run (red team 39, F2).
+fn coordinator_in_metadata(client: &SpiClient<'_>) -> Result<()> {
+    let present = db::first::<bool>(db::read(
+        client,
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_node n WHERE n.groupid = 0)",
+        &[],
+    )?)?;
+    if present == Some(true) {
+        return Ok(());
+    }
+    Err(Error::invalid_argument("database", "missing").with_hint(
+        "the coordinator is not in Citus's metadata, so it keeps no copy of the reference \
+         tables syncular reads locally: run SELECT citus_set_coordinator_host('<its host>', \
+         <its port>) on it first, docs/SCALING.md",
+    ))
 }
 
 /// The tables and functions [`distribute`] made Citus's now (each list in its constant's order).

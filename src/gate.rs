@@ -57,7 +57,7 @@ pub fn read_state(
         db::read(client, STATE_SQL, &params)?
     };
     let row = table.first();
-    let pending = pending(row.get::<JsonB>(4)?);
+    let pending = pending(row.get::<crate::jsonb::JsonValue>(4)?.map(|v| JsonB(v.0)));
     Ok(SchemaState {
         stored_schema_version: row.get::<i64>(1)?.unwrap_or(0),
         stored_layouts: row.get::<String>(2)?,

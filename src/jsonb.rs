@@ -606,12 +606,13 @@ pub struct RawJsonb<'a>(&'a [u8]);
 impl RawJsonb<'_> {
     /// The value's text, as `jsonb_out` prints it.
     pub fn printed(self) -> String {
+        // In a context of its own: `jsonb_out`'s buffers are not freed by it (red team 39, F3).
+        let _scratch = Scratch::enter();
         let Some(datum) = self.into_datum() else {
             return String::new();
         };
-        // SAFETY: `datum` is the jsonb varlena just built in the current memory context;
-        // `jsonb_out` returns a palloc'd NUL-terminated string, copied out before the call's
-        // memory context frees it.
+        // SAFETY: `datum` is the jsonb varlena just built in the scratch context; `jsonb_out`
+        // returns a palloc'd NUL-terminated string there, copied out before it is deleted.
         unsafe {
             pgrx::direct_function_call_as_datum(pg_sys::jsonb_out, &[Some(datum)]).map_or_else(
                 String::new,
@@ -638,6 +639,91 @@ impl IntoDatum for RawJsonb<'_> {
             std::ptr::copy_nonoverlapping(self.0.as_ptr(), out.add(pg_sys::VARHDRSZ), self.0.len());
             Some(pg_sys::Datum::from(out))
         }
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+/// A memory context of its own for PostgreSQL functions whose allocations nobody frees, made the
+/// current one while it lives and deleted with everything in it when it drops — on an error's
+/// unwinding too.
+struct Scratch {
+    context: pg_sys::MemoryContext,
+    previous: pg_sys::MemoryContext,
+}
+
+impl Scratch {
+    fn enter() -> Scratch {
+        // SAFETY: a small child of the current context, made current; the name is a static
+        // string, so nothing is allocated in the current context for it.
+        unsafe {
+            let context = pg_sys::AllocSetContextCreateExtended(
+                pg_sys::CurrentMemoryContext,
+                c"syncular jsonb text".as_ptr(),
+                pg_sys::ALLOCSET_SMALL_MINSIZE as usize,
+                pg_sys::ALLOCSET_SMALL_INITSIZE as usize,
+                pg_sys::ALLOCSET_SMALL_MAXSIZE as usize,
+            );
+            let previous = pg_sys::MemoryContextSwitchTo(context);
+            Scratch { context, previous }
+        }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // SAFETY: the context made in `enter`, current since; the one before is current again
+        // before it is deleted.
+        unsafe {
+            pg_sys::MemoryContextSwitchTo(self.previous);
+            pg_sys::MemoryContextDelete(self.context);
+        }
+    }
+}
+
+/// A jsonb column read as a serde value, as pgrx's `JsonB` reads it — printed by `jsonb_out`
+/// and parsed — but printed in a memory context of its own ([`Scratch`]): `jsonb_out`'s buffers
+/// were left in the current context, which a reader's row loop does not reset, so every value
+/// read grew the transaction until it ended (red team 39, F3; docs/SECURITY.md rule 14).
+pub struct JsonValue(pub serde_json::Value);
+
+impl FromDatum for JsonValue {
+    unsafe fn from_polymorphic_datum(
+        datum: pg_sys::Datum,
+        is_null: bool,
+        _: pg_sys::Oid,
+    ) -> Option<JsonValue> {
+        if is_null {
+            return None;
+        }
+        let text = {
+            let _scratch = Scratch::enter();
+            // SAFETY: a non-NULL jsonb datum of a result row, alive while the row is read;
+            // `jsonb_out` returns a NUL-terminated string, copied out before the scratch
+            // context (where it and the detoasted copy live) is deleted.
+            unsafe {
+                let detoasted = pg_sys::pg_detoast_datum(datum.cast_mut_ptr());
+                let printed = pgrx::direct_function_call_as_datum(
+                    pg_sys::jsonb_out,
+                    &[Some(detoasted.into())],
+                )
+                .expect("jsonb_out returns a string");
+                std::ffi::CStr::from_ptr(printed.cast_mut_ptr::<std::ffi::c_char>())
+                    .to_string_lossy()
+                    .into_owned()
+            }
+        };
+        Some(JsonValue(
+            serde_json::from_str(&text).expect("the text of a jsonb value is JSON"),
+        ))
+    }
+}
+
+impl IntoDatum for JsonValue {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        pgrx::JsonB(self.0).into_datum()
     }
 
     fn type_oid() -> pg_sys::Oid {

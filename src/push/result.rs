@@ -247,7 +247,10 @@ pub fn stored_result_seen(
             } else {
                 db::read(client, RESULT_SQL, &params)?
             };
-            (db::first::<JsonB>(table)?, None)
+            (
+                db::first::<crate::jsonb::JsonValue>(table)?.map(|v| JsonB(v.0)),
+                None,
+            )
         }
     };
     let stored = stored
@@ -359,7 +362,7 @@ pub fn store_result(client: &SpiClient<'_>, key: &[&str; 3], document: Value) ->
     let inserted = if written {
         (!inserted.is_empty()).then_some(document)
     } else {
-        db::first::<JsonB>(inserted)?.map(|stored| stored.0)
+        db::first::<crate::jsonb::JsonValue>(inserted)?.map(|stored| stored.0)
     };
     stored(client, key, inserted)
 }

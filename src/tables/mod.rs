@@ -588,7 +588,9 @@ fn list_tables() -> JsonB {
                    LEFT JOIN pg_catalog.pg_roles r ON r.oid = a.registered_by",
                 &[],
             )?;
-            Ok(db::first::<JsonB>(list)?.unwrap_or(JsonB(json!([]))))
+            Ok(JsonB(
+                db::first::<crate::jsonb::JsonValue>(list)?.map_or_else(|| json!([]), |v| v.0),
+            ))
         })
     })
 }

@@ -21,7 +21,6 @@ use crate::error;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::spi::{quote_identifier, SpiClient};
-use pgrx::JsonB;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 
@@ -120,7 +119,7 @@ impl StoredRow {
                 ))
             }
             Some(_) => row
-                .get::<JsonB>(first + 1)?
+                .get::<crate::jsonb::JsonValue>(first + 1)?
                 .map(|j| args::unwrap_json_text(j.0))
                 .unwrap_or(json!({})),
             None => json!({}),
@@ -743,7 +742,7 @@ impl AppRelation {
             "a.\"_sync_server_version\", a.\"_sync_scopes\"",
             |row| {
                 let scopes = row
-                    .get::<JsonB>(2)?
+                    .get::<crate::jsonb::JsonValue>(2)?
                     .map(|j| args::unwrap_json_text(j.0))
                     .unwrap_or(json!({}));
                 found = Some(json!({"serverVersion": row.get::<i64>(1)?, "scopes": scopes}));
@@ -794,7 +793,8 @@ impl AppRelation {
             |row| {
                 scopes.insert(
                     row.get::<String>(1)?.unwrap_or_default(),
-                    row.get::<JsonB>(2)?.map(|j| args::unwrap_json_text(j.0)),
+                    row.get::<crate::jsonb::JsonValue>(2)?
+                        .map(|j| args::unwrap_json_text(j.0)),
                 );
                 Ok(false)
             },

@@ -601,6 +601,73 @@ fn distribute_without_citus_says_what_to_do_first() {
     assert_eq!(err.state, "42501", "{err:?}");
 }
 
+/// A Citus database whose coordinator is not in Citus's metadata keeps no copy of the reference
+/// tables there, and syncular reads its registry of app tables only from this node's copy:
+/// `distribute()` says so and what to run, before it changes anything. It used to distribute,
+/// then refuse its own read of the registry (red team 39, F2).
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn distribute_without_the_coordinator_in_citus_metadata_says_what_to_run() {
+    let mut c = coordinator();
+    let name = format!("citus_nocoord_{}", std::process::id());
+    let connect_to = |node: i32, db: &str| -> Client {
+        let params = node_params(node)
+            .split_whitespace()
+            .filter(|kv| !kv.starts_with("dbname="))
+            .collect::<Vec<_>>()
+            .join(" ");
+        Client::connect(&format!("{params} dbname={db}"), NoTls).unwrap()
+    };
+    for node in 0..3 {
+        let mut n = connect_to(node, "postgres");
+        exec(&mut n, &format!("DROP DATABASE IF EXISTS {name}"));
+        exec(&mut n, &format!("CREATE DATABASE {name}"));
+        exec(&mut connect_to(node, &name), "CREATE EXTENSION citus");
+    }
+    let mut d = connect_to(0, &name);
+    let base: String = one(&mut c, "SELECT current_setting('port')", &[]);
+    for node in 1..3 {
+        let port = base.parse::<i32>().unwrap() + node;
+        one::<i32>(&mut d, "SELECT citus_add_node('127.0.0.1', $1)", &[&port]);
+    }
+    exec(&mut d, "CREATE EXTENSION syncular");
+    let err = expect_error(
+        d.query_one("SELECT syncular.distribute()", &[]).map(|_| ()),
+        "SY000",
+        "sync.storage.invalid_argument",
+        Some(json!({"argument": "database", "reason": "missing"})),
+    );
+    assert!(
+        err.hint
+            .unwrap_or_default()
+            .contains("citus_set_coordinator_host"),
+        "the hint names what to run"
+    );
+    let managed: i64 = one(
+        &mut d,
+        "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid::regclass::text LIKE 'syncular.%'",
+        &[],
+    );
+    assert_eq!(managed, 0, "nothing distributed");
+    exec(
+        &mut d,
+        &format!("SELECT citus_set_coordinator_host('127.0.0.1', {base})"),
+    );
+    let report: serde_json::Value = one(&mut d, "SELECT syncular.distribute()", &[]);
+    assert_eq!(
+        report["distributed"].as_array().map(Vec::len),
+        Some(12),
+        "{report}"
+    );
+    drop(d);
+    for node in 0..3 {
+        exec(
+            &mut connect_to(node, "postgres"),
+            &format!("DROP DATABASE {name} WITH (FORCE)"),
+        );
+    }
+}
+
 /// Checks of a table's stored rows never read the empty shell Citus leaves under its name: a
 /// distributed relation holding rows (in its shards) is refused as a new registration, as on one
 /// node — read below SQL it looked empty and was registered — and a migration that would
