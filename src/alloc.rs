@@ -324,21 +324,22 @@ pub fn try_base64(engine: &impl base64::Engine, bytes: &[u8]) -> Result<String, 
     Ok(unsafe { String::from_utf8_unchecked(out) })
 }
 
-/// `read` of the varlena `datum` detoasted (`pg_detoast_datum_packed`), the detoasted copy freed
-/// after it when there is one: a reader's row loop does not reset the memory context the copy is
-/// made in, so each toasted value read stayed there until the transaction ended (red team 37, F3;
-/// docs/SECURITY.md rule 14).
+/// `read` of the varlena `datum` detoasted by `detoast` (`pg_detoast_datum` or its `_packed`
+/// variant), the detoasted copy freed after it when there is one: a reader's row loop does not
+/// reset the memory context the copy is made in, so each copied value read stayed there until the
+/// transaction ended (red team 37, F3; docs/SECURITY.md rule 14).
 ///
 /// # Safety
 /// `datum` must be a non-NULL varlena datum, alive for the call; `read` must not keep a pointer
 /// into the varlena it is handed.
-unsafe fn detoasted<R>(
+pub unsafe fn detoasted<R>(
     datum: pgrx::pg_sys::Datum,
+    detoast: unsafe fn(*mut pgrx::pg_sys::varlena) -> *mut pgrx::pg_sys::varlena,
     read: impl FnOnce(*mut pgrx::pg_sys::varlena) -> R,
 ) -> R {
     // SAFETY: the caller's promise.
     unsafe {
-        let varlena = pgrx::pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
+        let varlena = detoast(datum.cast_mut_ptr());
         let out = read(varlena);
         if varlena != datum.cast_mut_ptr() {
             // The palloc'd copy `pg_detoast_datum_packed` made; nothing points at it any more.
@@ -365,7 +366,7 @@ impl pgrx::FromDatum for Bytes {
         // SAFETY: a non-NULL bytea datum of a result row, alive while the row is read; its
         // bytes are copied out before the detoasted copy is freed.
         unsafe {
-            detoasted(datum, |varlena| {
+            detoasted(datum, pgrx::pg_sys::pg_detoast_datum_packed, |varlena| {
                 // A failed copy reads as NULL here and is recorded: `db::bytes_column` checks at
                 // once.
                 try_copy(pgrx::varlena_to_byte_slice(varlena))
@@ -400,7 +401,7 @@ impl pgrx::FromDatum for Text {
         }
         // SAFETY: as for `Bytes`, for a text datum.
         unsafe {
-            detoasted(datum, |varlena| {
+            detoasted(datum, pgrx::pg_sys::pg_detoast_datum_packed, |varlena| {
                 let text = pgrx::text_to_rust_str(varlena).expect("the database encoding is UTF-8");
                 try_string(text).ok().map(Text)
             })

@@ -57,7 +57,7 @@ pub fn read_state(
         db::read(client, STATE_SQL, &params)?
     };
     let row = table.first();
-    let pending = pending(row.get::<crate::jsonb::JsonValue>(4)?.map(|v| JsonB(v.0)));
+    let pending = pending(row.get::<crate::jsonb::JsonValue>(4)?.map(|v| v.0));
     Ok(SchemaState {
         stored_schema_version: row.get::<i64>(1)?.unwrap_or(0),
         stored_layouts: row.get::<String>(2)?,
@@ -160,9 +160,9 @@ pub unsafe fn pending_here(
 }
 
 /// The `[[partition, name], …]` array of the pending checkpoints, as pairs.
-pub fn pending(value: Option<JsonB>) -> Vec<(String, String)> {
+pub fn pending(value: Option<Value>) -> Vec<(String, String)> {
     match value {
-        Some(JsonB(Value::Array(items))) => items
+        Some(Value::Array(items)) => items
             .into_iter()
             .filter_map(|pair| match pair {
                 Value::Array(mut p) if p.len() == 2 => {

@@ -502,24 +502,27 @@ macro_rules! jsonb_argument {
 pub(crate) use jsonb_argument;
 
 /// The container bytes of a jsonb datum (past the varlena header), detoasted: the datum itself,
-/// or a copy `pg_detoast_datum` makes in the current memory context — returned too when it is
-/// one, for a caller that frees it.
+/// or a copy `pg_detoast_datum` makes in the current memory context.
 ///
 /// # Safety
 /// `datum` must be a non-NULL jsonb datum that stays valid for `'a`.
-unsafe fn container_bytes<'a>(datum: pg_sys::Datum) -> (&'a [u8], Option<*mut pg_sys::varlena>) {
+unsafe fn container_bytes<'a>(datum: pg_sys::Datum) -> &'a [u8] {
+    // SAFETY: the caller's promise. Not the `_packed` variant: the container must keep its
+    // 4-byte alignment.
+    unsafe { container_of(pg_sys::pg_detoast_datum(datum.cast_mut_ptr())) }
+}
+
+/// The container bytes of a detoasted jsonb varlena (past its header).
+///
+/// # Safety
+/// `detoasted` must be a detoasted jsonb varlena that stays valid for `'a`.
+unsafe fn container_of<'a>(detoasted: *mut pg_sys::varlena) -> &'a [u8] {
     // SAFETY: the caller's promise; the header and data are read in bounds of the varlena.
     unsafe {
-        // Not the `_packed` variant: the container must keep its 4-byte alignment.
-        let detoasted = pg_sys::pg_detoast_datum(datum.cast_mut_ptr());
         let total = pgrx::varsize_any(detoasted as *const _);
         let data = pgrx::vardata_any(detoasted as *const _) as *const u8;
         let header = data as usize - detoasted as usize;
-        let copy = (detoasted != datum.cast_mut_ptr()).then_some(detoasted);
-        (
-            std::slice::from_raw_parts(data, total.saturating_sub(header)),
-            copy,
-        )
+        std::slice::from_raw_parts(data, total.saturating_sub(header))
     }
 }
 
@@ -591,7 +594,7 @@ impl FromDatum for JsonbArg {
         }
         // SAFETY: a non-NULL jsonb datum of this call, alive for the whole call; a detoasted
         // copy stays in the call's memory context as long.
-        let (bytes, _) = unsafe { container_bytes(datum) };
+        let bytes = unsafe { container_bytes(datum) };
         Some(JsonbArg {
             data: bytes.as_ptr(),
             len: bytes.len(),
@@ -807,21 +810,18 @@ impl FromDatum for OwnedJsonb {
             return None;
         }
         // SAFETY: a non-NULL jsonb datum of a result row, alive while the row is read; its bytes
-        // are copied out before the detoasted copy is freed.
-        let (bytes, copy) = unsafe { container_bytes(datum) };
-        // A failed copy reads as NULL here, and is recorded: the call ends in `53200` at its next
-        // check point ([`OwnedJsonb::column`] checks at once).
-        let owned = crate::alloc::try_copy(bytes).ok().map(OwnedJsonb);
-        // `pg_detoast_datum` copies a value stored with a short header (every jsonb of under
-        // 127 bytes on disk) into the current memory context, which a reader's row loop does not
-        // reset: freed here, or each row read grew its caller's transaction's memory by the
-        // value's size (red team 37, F3; docs/SECURITY.md rule 14).
-        if let Some(copy) = copy {
-            // SAFETY: the palloc'd copy `pg_detoast_datum` made; nothing else points at it and
-            // `bytes` is not used after this.
-            unsafe { pg_sys::pfree(copy.cast()) };
+        // are copied out before the detoasted copy is freed (`alloc::detoasted`: every jsonb of
+        // under 127 bytes on disk is copied, stored with a short header; red team 37, F3). Not
+        // the `_packed` variant: the container must keep its 4-byte alignment.
+        unsafe {
+            crate::alloc::detoasted(datum, pg_sys::pg_detoast_datum, |varlena| {
+                // A failed copy reads as NULL here, and is recorded: the call ends in `53200` at
+                // its next check point ([`OwnedJsonb::column`] checks at once).
+                crate::alloc::try_copy(container_of(varlena))
+                    .ok()
+                    .map(OwnedJsonb)
+            })
         }
-        owned
     }
 }
 

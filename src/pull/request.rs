@@ -302,7 +302,7 @@ fn head_by(
             stored_schema_version: row.get::<i64>(1)?.unwrap_or(0),
             stored_layouts: None,
             log_epoch: row.get::<String>(2)?,
-            pending: gate::pending(row.get::<crate::jsonb::JsonValue>(3)?.map(|v| JsonB(v.0))),
+            pending: gate::pending(row.get::<crate::jsonb::JsonValue>(3)?.map(|v| v.0)),
         },
         max_seq: row.get::<i64>(4)?.unwrap_or(0),
         horizon: row.get::<i64>(5)?.unwrap_or(0),
