@@ -28,11 +28,19 @@ pub fn set_scopes_many(
     tbl: &str,
     rows: &[(&str, &Map<String, Value>)],
 ) -> Result<i64> {
+    // One index probe per row id, whatever the kept generic plan was made from: the row ids
+    // drive a nested loop into `sync_row_scopes_by_row` (a LATERAL reference is a join
+    // parameter, an index condition on all three columns). `row_id = ANY ($3)` instead let
+    // PostgreSQL 15 keep a plan made while the table was empty, with the array as a filter over
+    // all of the table's entries in the partition: a bulk insert through the row-meta trigger
+    // was quadratic (docs/DESIGN.md §App-table registry and row metadata).
     let held = db::write_generic(
         client,
-        "SELECT r.row_id::text, r.var::text, r.value::text
-           FROM syncular.sync_row_scopes r
-          WHERE r.partition = $1 AND r.tbl = $2 AND r.row_id = ANY ($3::text[] COLLATE \"C\")",
+        "SELECT k.row_id, r.var::text, r.value::text
+           FROM pg_catalog.unnest($3::text[]) AS k(row_id),
+                LATERAL (SELECT r.var, r.value FROM syncular.sync_row_scopes r
+                          WHERE r.partition = $1 AND r.tbl = $2
+                            AND r.row_id = k.row_id COLLATE \"C\" OFFSET 0) r",
         &[
             DatumWithOid::from(partition),
             DatumWithOid::from(tbl),
@@ -48,23 +56,59 @@ pub fn set_scopes_many(
             .or_default()
             .push((text(2)?, text(3)?));
     }
-    let changed: Vec<(&str, &Map<String, Value>)> = rows
-        .iter()
-        .filter(|(row_id, scopes)| {
-            crate::interrupts::check();
-            let mut held = held_by_row.remove(*row_id).unwrap_or_default();
-            let mut want: Vec<(&str, &str)> = entries_of(scopes).collect();
-            held.sort_unstable();
-            want.sort_unstable();
-            !held
-                .iter()
-                .map(|(var, value)| (var.as_str(), value.as_str()))
-                .eq(want)
-        })
-        .copied()
-        .collect();
-    if !changed.is_empty() {
-        replace_scopes(client, partition, tbl, &changed)?;
+    // What each row holds and should not (stale), and should hold and does not (missing).
+    let mut stale: Vec<(&str, String, String)> = Vec::new();
+    let mut missing: Vec<(&str, &str, &str)> = Vec::new();
+    for (row_id, scopes) in rows {
+        crate::interrupts::check();
+        let held = held_by_row.remove(*row_id).unwrap_or_default();
+        let want: Vec<(&str, &str)> = entries_of(scopes).collect();
+        let holds = |var: &str, value: &str| held.iter().any(|(v, x)| v == var && x == value);
+        missing.extend(
+            want.iter()
+                .filter(|(var, value)| !holds(var, value))
+                .map(|(var, value)| (*row_id, *var, *value)),
+        );
+        stale.extend(
+            held.into_iter()
+                .filter(|(var, value)| !want.contains(&(var.as_str(), value.as_str())))
+                .map(|(var, value)| (*row_id, var, value)),
+        );
+    }
+    // Stale entries are rare (a row whose scopes changed), each removed by its primary key: a
+    // probe whatever the plan was made from. The row-meta trigger runs under the host row's
+    // lock, so no other session changes the row's entries between the read and these writes;
+    // two direct `set_row_scopes` calls for one row race as two statements did before.
+    for (row_id, var, value) in &stale {
+        crate::interrupts::check();
+        db::write_generic(
+            client,
+            "DELETE FROM syncular.sync_row_scopes
+              WHERE partition = $1 AND tbl = $2 AND var = $3 AND value = $4 AND row_id = $5",
+            &[
+                DatumWithOid::from(partition),
+                DatumWithOid::from(tbl),
+                DatumWithOid::from(var.as_str()),
+                DatumWithOid::from(value.as_str()),
+                DatumWithOid::from(*row_id),
+            ],
+        )?;
+    }
+    if !missing.is_empty() {
+        db::write_generic(
+            client,
+            "INSERT INTO syncular.sync_row_scopes (partition, tbl, var, value, row_id)
+             SELECT $1, $2, w.var, w.value, w.row_id
+               FROM unnest($3::text[], $4::text[], $5::text[]) AS w(row_id, var, value)
+             ON CONFLICT DO NOTHING",
+            &[
+                DatumWithOid::from(partition),
+                DatumWithOid::from(tbl),
+                DatumWithOid::from(missing.iter().map(|e| e.0).collect::<Vec<_>>()),
+                DatumWithOid::from(missing.iter().map(|e| e.1).collect::<Vec<_>>()),
+                DatumWithOid::from(missing.iter().map(|e| e.2).collect::<Vec<_>>()),
+            ],
+        )?;
     }
     Ok(rows.iter().map(|(_, scopes)| scopes.len() as i64).sum())
 }
@@ -74,47 +118,6 @@ fn entries_of(scopes: &Map<String, Value>) -> impl Iterator<Item = (&str, &str)>
     scopes
         .iter()
         .map(|(var, value)| (var.as_str(), value.as_str().unwrap_or_default()))
-}
-
-/// Writes the rows' entries in one set-based statement: stale entries are deleted (through
-/// `sync_row_scopes_by_row`), missing ones inserted, unchanged ones untouched.
-fn replace_scopes(
-    client: &SpiClient<'_>,
-    partition: &str,
-    tbl: &str,
-    rows: &[(&str, &Map<String, Value>)],
-) -> Result<()> {
-    let entries: Vec<(&str, &str, &str)> = rows
-        .iter()
-        .flat_map(|(row_id, scopes)| {
-            entries_of(scopes).map(move |(var, value)| (*row_id, var, value))
-        })
-        .collect();
-    db::write_generic(
-        client,
-        "WITH wanted AS (
-           SELECT w.row_id, w.var, w.value
-             FROM unnest($3::text[], $4::text[], $5::text[]) AS w(row_id, var, value)
-         ), stale AS (
-           DELETE FROM syncular.sync_row_scopes r
-            WHERE r.partition = $1 AND r.tbl = $2 AND r.row_id = ANY ($6::text[] COLLATE \"C\")
-              AND NOT EXISTS (SELECT 1 FROM wanted w
-                               WHERE w.row_id COLLATE \"C\" = r.row_id AND w.var COLLATE \"C\" = r.var
-                                 AND w.value COLLATE \"C\" = r.value)
-         )
-         INSERT INTO syncular.sync_row_scopes (partition, tbl, var, value, row_id)
-         SELECT $1, $2, w.var, w.value, w.row_id FROM wanted w
-         ON CONFLICT DO NOTHING",
-        &[
-            DatumWithOid::from(partition),
-            DatumWithOid::from(tbl),
-            DatumWithOid::from(entries.iter().map(|e| e.0).collect::<Vec<_>>()),
-            DatumWithOid::from(entries.iter().map(|e| e.1).collect::<Vec<_>>()),
-            DatumWithOid::from(entries.iter().map(|e| e.2).collect::<Vec<_>>()),
-            DatumWithOid::from(rows.iter().map(|r| r.0).collect::<Vec<_>>()),
-        ],
-    )?;
-    Ok(())
 }
 
 /// One row's scope entries (set_row_scopes, the row-meta trigger).

@@ -260,7 +260,7 @@ fn row_scope_statements_keep_one_generic_index_plan_under_skewed_statistics() {
             assert_no_seq_scan(&plans, &["sync_row_scopes"]);
             let probes: Vec<&str> = plans
                 .lines()
-                .filter(|l| l.contains("Index Cond") && l.contains("row_id = ANY"))
+                .filter(|l| l.contains("Index Cond") && l.contains("row_id = "))
                 .collect();
             assert!(!probes.is_empty(), "call {i}: no row_id probe:\n{plans}");
             assert!(
@@ -269,6 +269,77 @@ fn row_scope_statements_keep_one_generic_index_plan_under_skewed_statistics() {
             );
         }
     }
+}
+
+/// The row-meta trigger's scope statements keep the plan the backend made for them first,
+/// here while `sync_row_scopes` was empty; each row is still found by its id (an index
+/// condition), not by filtering every entry of the partition's table. On PostgreSQL 15 the
+/// plan made from an empty table once filtered `row_id = ANY ($3)`: a bulk insert through the
+/// trigger read every entry written before it, quadratic in the rows inserted.
+#[test]
+fn the_row_meta_trigger_probes_each_row_by_its_id_whatever_the_table_held_when_planned() {
+    let db = TestDb::new("idxrowmeta");
+    let mut c = db.connect();
+    exec(
+        &mut c,
+        "SELECT syncular.register_table('tasks', 'public.tasks', true)",
+    );
+    let (mut e, notices) = explaining(&db);
+    exec(
+        &mut e,
+        "RESET enable_seqscan;
+         SET auto_explain.log_analyze = on;
+         SET auto_explain.log_timing = off;",
+    );
+    let insert = |from: i32, to: i32| {
+        format!(
+            "INSERT INTO public.tasks (\"_sync_partition\", \"_sync_row_id\", id, \"_sync_server_version\",
+                                       \"_sync_scopes\", \"_sync_payload\")
+             SELECT 'part-1', 'r' || i, 'r' || i, 1, jsonb_build_object('project_id', 'p' || (i % 7)), '\\x01'
+               FROM generate_series({from}, {to}) i"
+        )
+    };
+    // The first row's statements are planned here, on the empty table.
+    plans_of(&mut e, &notices, &insert(1, 1));
+    let plans = plans_of(&mut e, &notices, &insert(2, 2001));
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT count(*) FROM syncular.sync_row_scopes", &[]),
+        2001
+    );
+    // Every read of the table's entries probes one row id: 2,000 probes, none of which read
+    // another row's entry (a filter over the partition would read ~10^6 in all).
+    let read = rows_read(&plans, "sync_row_scopes_by_row");
+    assert!(read <= 2001, "entries read: {read}\n{}", &plans[..plans.len().min(4000)]);
+    assert_no_row_id_filter(&plans);
+    // A scope change of each row removes its stale entry by key and inserts the new one.
+    let plans = plans_of(
+        &mut e,
+        &notices,
+        "UPDATE public.tasks SET \"_sync_scopes\" = jsonb_build_object('project_id', 'moved')
+          WHERE \"_sync_row_id\" IN ('r5', 'r6')",
+    );
+    assert_no_row_id_filter(&plans);
+    assert_eq!(
+        one::<i64>(
+            &mut c,
+            "SELECT count(*) FROM syncular.sync_row_scopes WHERE value = 'moved'",
+            &[]
+        ),
+        2
+    );
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT count(*) FROM syncular.sync_row_scopes", &[]),
+        2001
+    );
+}
+
+/// No plan filters `sync_row_scopes` entries by their row id (each is an index condition).
+fn assert_no_row_id_filter(plans: &str) {
+    let filtered: Vec<&str> = plans
+        .lines()
+        .filter(|l| l.contains("Filter") && l.replace("_sync_row_id", "").contains("row_id"))
+        .collect();
+    assert!(filtered.is_empty(), "row ids filtered: {filtered:?}");
 }
 
 /// The `actual rows` of the plan nodes reading `index`, summed (auto_explain with ANALYZE).
