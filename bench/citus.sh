@@ -28,7 +28,7 @@ scripts/cluster.sh stop "$DIR/single"
 scripts/cluster.sh start "$DIR/single" "$PORT"
 q "$PORT" postgres "CREATE DATABASE bench"
 scripts/citus.sh fresh "$DIR/citus" "$((PORT + 10))" bench
-q "$((PORT + 10))" postgres "ALTER SYSTEM SET shared_preload_libraries = 'citus', 'pg_stat_statements'"
+q "$((PORT + 10))" postgres "ALTER SYSTEM SET shared_preload_libraries = 'citus', 'syncular', 'pg_stat_statements'"
 scripts/cluster.sh stop "$DIR/citus/node0"
 scripts/cluster.sh start "$DIR/citus/node0" "$((PORT + 10))"
 BENCH_SINGLE="host=127.0.0.1 port=$PORT user=postgres dbname=bench" \

@@ -2,7 +2,7 @@
 # A throwaway Citus cluster for tests/multisession/tests/citus.rs, from a Citus already installed
 # into PostgreSQL 15 (nothing of Citus is in this repository; docs/SCALING.md): a coordinator
 # on PORT and two workers on PORT+1 and PORT+2, all on 127.0.0.1, each a scripts/cluster.sh
-# cluster with shared_preload_libraries = 'citus', and a database DB with Citus on every node and
+# cluster with shared_preload_libraries = 'citus, syncular', and a database DB with Citus on every node and
 # the workers added to the coordinator.
 #   scripts/citus.sh available          exit 0 if Citus is installed for PostgreSQL 15
 #   scripts/citus.sh fresh DIR PORT DB  (re)create and start the three nodes
@@ -22,7 +22,7 @@ case "${1:?available|fresh|stop}" in
     for i in 0 1 2; do
       node="$dir/node$i"
       "$here/cluster.sh" fresh "$node" "$((port + i))"
-      psql_on "$((port + i))" postgres "ALTER SYSTEM SET shared_preload_libraries = 'citus'"
+      psql_on "$((port + i))" postgres "ALTER SYSTEM SET shared_preload_libraries = citus, syncular"
       "$here/cluster.sh" stop "$node"
       "$here/cluster.sh" start "$node" "$((port + i))"
       psql_on "$((port + i))" postgres "CREATE DATABASE $db"

@@ -1,4 +1,4 @@
-//! Reads of PostgreSQL's own catalog that the below-SQL readers share (src/heap.rs, src/citus.rs,
+//! Reads of PostgreSQL's own catalog that the below-SQL readers share (src/heap.rs, src/citus/mod.rs,
 //! src/tables/payloads.rs): a relation's columns are found by name, never by position.
 
 use pgrx::pg_sys;

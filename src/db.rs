@@ -168,7 +168,7 @@ pub fn write<'conn>(
 /// (docs/BENCHMARKS.md, Pull).
 fn generic<R>(body: impl FnOnce() -> Result<R>) -> Result<R> {
     // Citus plans a statement over its tables itself and cannot route a generic plan of it
-    // ("could not create distributed plan"): the plan cache's own choice there (src/citus.rs).
+    // ("could not create distributed plan"): the plan cache's own choice there (src/citus/mod.rs).
     if crate::citus::installed() {
         return body();
     }

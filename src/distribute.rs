@@ -1,7 +1,7 @@
 //! `syncular.distribute()` (docs/SCALING.md, issue 30): the operator's one call that lays the
 //! extension out on a Citus cluster — its tables distributed by `partition` and colocated, or
 //! made reference tables, its one-call functions delegated to their partition's node. What
-//! Citus is and which tables it manages is src/citus.rs.
+//! Citus is and which tables it manages is src/citus/mod.rs.
 
 use crate::access;
 use crate::db;
@@ -96,6 +96,7 @@ fn distribute() -> JsonB {
         db::with_spi(|client| {
             access::require_operator("database")?;
             coordinator_in_metadata(client)?;
+            preloaded_on_every_node(client)?;
             let done = access::as_extension_owner(|| {
                 db::with_settings(
                     &[
@@ -136,6 +137,54 @@ fn coordinator_in_metadata(client: &SpiClient<'_>) -> Result<()> {
          tables syncular reads locally: run SELECT citus_set_coordinator_host('<its host>', \
          <its port>) on it first, docs/SCALING.md",
     ))
+}
+
+/// Every node must load the library when it starts (`shared_preload_libraries = 'citus,syncular'`):
+/// its planner hook is what keeps a delegated function called in a subquery from crashing the
+/// node (src/citus/subquery.rs; red team 39, F1), and a node that loads it only at a session's
+/// first call of one of its functions plans that session's first queries unguarded. Refused
+/// here, naming the nodes, before anything is delegated.
+fn preloaded_on_every_node(client: &SpiClient<'_>) -> Result<()> {
+    let nodes = db::read(
+        client,
+        "SELECT n.nodename || ':' || n.nodeport, r.success, r.result
+           FROM pg_catalog.run_command_on_all_nodes(
+                  'SELECT pg_catalog.current_setting(''shared_preload_libraries'')') r
+           JOIN pg_catalog.pg_dist_node n ON n.nodeid = r.nodeid
+          ORDER BY n.nodeid",
+        &[],
+    )?;
+    let mut missing = Vec::new();
+    for node in nodes {
+        crate::interrupts::check();
+        let name = node.get::<String>(1)?.unwrap_or_default();
+        let loads = node.get::<bool>(2)?.unwrap_or(false)
+            && preloads_syncular(&node.get::<String>(3)?.unwrap_or_default());
+        if !loads {
+            missing.push(name);
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(
+        Error::invalid_argument("database", "missing").with_hint(format!(
+            "syncular is not in shared_preload_libraries on {}: set shared_preload_libraries = \
+         'citus,syncular' on every node and restart it (its planner hook keeps a delegated \
+         function called in a subquery from crashing Citus), docs/SCALING.md",
+            missing.join(", ")
+        )),
+    )
+}
+
+/// Whether a `shared_preload_libraries` value names the library (`syncular`,
+/// `$libdir/syncular`, `syncular.so`, quoted or not).
+fn preloads_syncular(setting: &str) -> bool {
+    setting.split(',').any(|entry| {
+        let entry = entry.trim().trim_matches('"');
+        let file = entry.rsplit('/').next().unwrap_or(entry);
+        file.strip_suffix(".so").unwrap_or(file) == "syncular"
+    })
 }
 
 /// The tables and functions [`distribute`] made Citus's now (each list in its constant's order).
@@ -240,4 +289,31 @@ fn app_tables(client: &SpiClient<'_>) -> Result<serde_json::Value> {
         out.push(entry);
     }
     Ok(serde_json::Value::Array(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::preloads_syncular;
+
+    #[test]
+    fn the_preload_setting_is_read_as_postgresql_lists_libraries() {
+        for yes in [
+            "citus,syncular",
+            "citus, syncular",
+            "citus,\"syncular\"",
+            "citus,$libdir/syncular",
+            "citus,syncular.so,pg_stat_statements",
+        ] {
+            assert!(preloads_syncular(yes), "{yes}");
+        }
+        for no in [
+            "",
+            "citus",
+            "citus,syncular_old",
+            "citus,pg_syncular",
+            "syncularx",
+        ] {
+            assert!(!preloads_syncular(no), "{no}");
+        }
+    }
 }

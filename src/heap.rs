@@ -131,7 +131,7 @@ pub enum Lookup<T = Option<i64>> {
 /// check: the fence lookup must not depend on the inserting role (docs/DESIGN.md §Writer fence)
 /// and runs once per inserted commit row. The column is found by name in the open relation's
 /// descriptor, so a column added or dropped by an update never shifts what is read. When Citus
-/// manages the table (src/citus.rs), the relation read is the shard on this node that holds
+/// manages the table (src/citus/mod.rs), the relation read is the shard on this node that holds
 /// `distribution` (the key's value of a distributed table; `None` for a reference table), never
 /// the empty shell under the table's name; [`Lookup::Elsewhere`] when that shard is on another
 /// node.

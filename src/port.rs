@@ -300,6 +300,21 @@ pub fn namespace_usage(namespace: pg_sys::Oid, role: pg_sys::Oid) -> bool {
     result == pg_sys::AclResult::ACLCHECK_OK
 }
 
+/// `list_length(l)` and `list_nth(l, n)` (`src/include/nodes/pg_list.h`, `static inline`): a
+/// NIL list is the null pointer; a list's cells are an array since PostgreSQL 13.
+///
+/// # Safety
+/// `list` is NIL or a valid pointer list.
+pub unsafe fn list_pointers<'a>(list: *const pg_sys::List) -> &'a [pg_sys::ListCell] {
+    // SAFETY: a valid list's `elements` holds `length` cells; NIL has none.
+    unsafe {
+        if list.is_null() || (*list).length <= 0 {
+            return &[];
+        }
+        std::slice::from_raw_parts((*list).elements, (*list).length as usize)
+    }
+}
+
 /// This backend's local transaction id, `MyProc->lxid` on PostgreSQL 15, `MyProc->vxid.lxid`
 /// from 17 on (`src/include/storage/proc.h`): a new one for every transaction the backend runs.
 pub fn local_transaction_id() -> pg_sys::LocalTransactionId {

@@ -6,7 +6,7 @@
 //!
 //! Nothing may be silent there: the tables Citus distributes are empty shells under their own
 //! names on every node, so what the extension reads or writes below SQL must reach the shards
-//! (src/citus.rs), on the coordinator and in a call Citus delegates to a worker alike.
+//! (src/citus/mod.rs), on the coordinator and in a call Citus delegates to a worker alike.
 
 use postgres::{Client, NoTls};
 use serde_json::json;
@@ -570,6 +570,147 @@ fn a_serving_roles_push_applies_delegated_and_is_refused_whole_through_the_coord
     let pulled = c.query(PULL, &[&"srv-push", &0i64]).unwrap();
     assert_eq!(pulled.len(), 2, "the document and the change");
     exec(&mut c, "RESET ROLE");
+}
+
+/// Red team 39, F1: Citus 13 crashes a backend (SIGSEGV, every session of the node restarted)
+/// planning a delegated function called in a subquery in `FROM`, as ORMs write counts and pages
+/// — any role that may name the function, `EXECUTE` or not. The library's planner hook (loaded
+/// on every node: `distribute()` requires it in `shared_preload_libraries`) fences such a
+/// subquery: the call runs on the node it was sent to, as a call Citus does not delegate, and
+/// answers what the direct form answers. A session opened before the queries is still there
+/// after them, on every node.
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn a_delegated_function_called_in_a_subquery_crashes_no_node() {
+    let mut c = coordinator();
+    tasks(&mut c);
+    serving_role(&mut c);
+    let p = &format!("subquery-form-{}", std::process::id());
+    let pushed: serde_json::Value = one(&mut c, PUSH, &[p, &"k1", &"r1"]);
+    assert_eq!(pushed["outcome"], "applied", "{pushed}");
+    let mut witnesses: Vec<Client> = (0..3)
+        .map(|n| Client::connect(&node_params(n), NoTls).unwrap())
+        .collect();
+    assert_eq!(
+        c.query(PULL, &[p, &0i64]).unwrap().len(),
+        2,
+        "the document and the change"
+    );
+    let pull_in = PULL.replacen(
+        "SELECT sub, commit_seq, row_id, document FROM",
+        "SELECT * FROM",
+        1,
+    );
+    let push_in = PUSH.replacen(
+        "SELECT syncular.push_commit(",
+        "SELECT * FROM (SELECT * FROM syncular.push_commit(",
+        1,
+    ) + ") t";
+    for node in 0..3 {
+        let mut n = Client::connect(&node_params(node), NoTls).unwrap();
+        exec(&mut n, "SET ROLE citus_srv");
+        // What the direct form answers now (a push in a subquery below may have applied).
+        let direct = n.query(PULL, &[p, &0i64]).unwrap().len() as i64;
+        let counted: i64 = one(
+            &mut n,
+            &format!("SELECT count(*) FROM ({pull_in}) t"),
+            &[p, &0i64],
+        );
+        assert_eq!(counted, direct, "node {node}: the pull in a subquery");
+        let nested: i64 = one(
+            &mut n,
+            &format!("SELECT count(*) FROM (SELECT * FROM ({pull_in}) a) b"),
+            &[p, &0i64],
+        );
+        assert_eq!(nested, direct, "node {node}: two subqueries deep");
+        let none: Option<serde_json::Value> = one(
+            &mut n,
+            "SELECT * FROM (SELECT * FROM syncular.get_reaction($1, 'nope')) t",
+            &[p],
+        );
+        assert_eq!(none, None, "node {node}: get_reaction");
+        // A function the serving role may not execute: planned (and crashed) all the same before.
+        let denied = n
+            .query(
+                "SELECT * FROM (SELECT * FROM syncular.list_reactions($1, 10)) t",
+                &[p],
+            )
+            .map_err(|e| sql_error(&e))
+            .unwrap_err();
+        assert_eq!(denied.state, "42501", "node {node}: {denied:?}");
+        // The push in a subquery: not delegated, so through this node as in a transaction block
+        // (a_serving_roles_push_applies_delegated_and_is_refused_whole_through_the_coordinator):
+        // applied or refused whole, never a crash.
+        let _ = n.query(&push_in, &[p, &format!("k-sub-{node}"), &"r2"]);
+        let alive: i32 = one(&mut n, "SELECT 1", &[]);
+        assert_eq!(alive, 1, "node {node}: the session survived its push");
+        for (i, w) in witnesses.iter_mut().enumerate() {
+            let alive: i32 = one(w, "SELECT 1", &[]);
+            assert_eq!(alive, 1, "node {i}'s witness after node {node}'s queries");
+        }
+    }
+    // The direct form is still delegated: Citus sees no subquery in it.
+    let explained: Vec<String> = c
+        .query(&format!("EXPLAIN (COSTS OFF) {PULL}"), &[p, &0i64])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        explained.iter().any(|l| l.contains("Custom Scan (Citus")),
+        "{explained:?}"
+    );
+}
+
+/// Row scopes through the coordinator (alone and in a transaction block): the read by row id
+/// (a LATERAL probe per id), the stale entries deleted by key and the missing ones inserted are
+/// routed to the partition's shard, and leave what they leave on one node.
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn row_scopes_through_the_coordinator_answer_as_on_one_node() {
+    let mut c = coordinator();
+    tasks(&mut c);
+    let p = &format!("row-scopes-{}", std::process::id());
+    let entries = |c: &mut Client| -> Vec<(String, String, String)> {
+        c.query(
+            "SELECT row_id, var, value FROM syncular.sync_row_scopes
+              WHERE partition = $1 ORDER BY 1, 2",
+            &[p],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+    };
+    let e = |r: &str, v: &str, x: &str| (r.to_string(), v.to_string(), x.to_string());
+    for (in_block, value) in [(false, "p1"), (true, "p2"), (false, "p2")] {
+        let held: i32 = call(
+            &mut c,
+            in_block,
+            "SELECT syncular.set_row_scopes($1, 'tasks', 'r1', jsonb_build_object('project_id', $2::text))",
+            &[p, &value],
+        )
+        .unwrap()
+        .get(0);
+        assert_eq!(held, 1);
+        assert_eq!(entries(&mut c), vec![e("r1", "project_id", value)]);
+    }
+    let rows = json!([{"rowId": "r1", "scopes": {"project_id": "p3"}},
+                      {"rowId": "r2", "scopes": {"project_id": "p3", "x": "y"}}]);
+    let held: i32 = one(
+        &mut c,
+        "SELECT syncular.set_rows_scopes($1, 'tasks', $2)",
+        &[p, &rows],
+    );
+    assert_eq!(held, 3);
+    assert_eq!(
+        entries(&mut c),
+        vec![
+            e("r1", "project_id", "p3"),
+            e("r2", "project_id", "p3"),
+            e("r2", "x", "y")
+        ]
+    );
 }
 
 /// Where Citus is not installed (every database of the plain suite), `distribute()` says what to

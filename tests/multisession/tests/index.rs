@@ -309,7 +309,11 @@ fn the_row_meta_trigger_probes_each_row_by_its_id_whatever_the_table_held_when_p
     // Every read of the table's entries probes one row id: 2,000 probes, none of which read
     // another row's entry (a filter over the partition would read ~10^6 in all).
     let read = rows_read(&plans, "sync_row_scopes_by_row");
-    assert!(read <= 2001, "entries read: {read}\n{}", &plans[..plans.len().min(4000)]);
+    assert!(
+        read <= 2001,
+        "entries read: {read}\n{}",
+        &plans[..plans.len().min(4000)]
+    );
     assert_no_row_id_filter(&plans);
     // A scope change of each row removes its stale entry by key and inserts the new one.
     let plans = plans_of(

@@ -4,6 +4,8 @@
 //! of the extension may read or write such a table below SQL (src/heap.rs), and its statements
 //! must let Citus plan them (no forced generic plans, src/db.rs) — issue 30, item 1.
 
+mod subquery;
+
 use crate::error::Result;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
@@ -18,8 +20,10 @@ thread_local! {
 /// Registers the callback that forgets [`catalog`]'s answer: PostgreSQL calls it where the
 /// catalog cache drops a `pg_class` entry by name (a relation created, dropped or renamed, in
 /// this session or another, seen when this backend reads invalidations — as the cache lookup
-/// itself would see it), and on a reset of every cache.
+/// itself would see it), and on a reset of every cache; and installs the planner hook that keeps
+/// a call of the extension's functions in a subquery from crashing Citus (`subquery`).
 pub fn init() {
+    subquery::install();
     // SAFETY: called once per backend from `_PG_init`; the callback only clears a cell.
     unsafe {
         pg_sys::CacheRegisterSyscacheCallback(
