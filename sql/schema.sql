@@ -3,6 +3,20 @@
 -- starts with `syncular` reads and writes the same rows. Every text column is COLLATE "C":
 -- ordering and pagination are byte order, whatever the database locale.
 
+-- 0a. The database's encoding: UTF8 only. Upstream's strings are Unicode, and everything the
+--    extension reads from a row (ids, scopes, documents) is taken as UTF-8 text; in another
+--    encoding (SQL_ASCII stores any bytes) a value would be misread — a scope value rewritten
+--    could match another tenant's (red team 40, F2).
+DO $encoding$
+BEGIN
+  IF pg_catalog.getdatabaseencoding() OPERATOR(pg_catalog.<>) 'UTF8' THEN
+    RAISE EXCEPTION 'syncular: the database encoding is %, not UTF8', pg_catalog.getdatabaseencoding()
+      USING ERRCODE = 'feature_not_supported',
+            HINT = 'Install syncular in a database created with ENCODING ''UTF8'' (docs/API.md, Conventions).';
+  END IF;
+END
+$encoding$;
+
 -- 0. First of all: the schema. PostgreSQL installs into an existing schema named by the control
 --    file (`schema = syncular`) whoever owns it; the extension's functions, event triggers and
 --    grants then resolve `syncular.<name>` there. A role that could own the schema or create

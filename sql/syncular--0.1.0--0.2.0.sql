@@ -29,6 +29,20 @@
 -- - exported symbols of the library are never removed (an update chain loads the newest
 --   library for every older install script).
 
+-- Before anything: the database's encoding: UTF8 only. Upstream's strings are Unicode, and everything the
+--    extension reads from a row (ids, scopes, documents) is taken as UTF-8 text; in another
+--    encoding (SQL_ASCII stores any bytes) a value would be misread — a scope value rewritten
+--    could match another tenant's (red team 40, F2).
+DO $encoding$
+BEGIN
+  IF pg_catalog.getdatabaseencoding() OPERATOR(pg_catalog.<>) 'UTF8' THEN
+    RAISE EXCEPTION 'syncular: the database encoding is %, not UTF8', pg_catalog.getdatabaseencoding()
+      USING ERRCODE = 'feature_not_supported',
+            HINT = 'Install syncular in a database created with ENCODING ''UTF8'' (docs/API.md, Conventions).';
+  END IF;
+END
+$encoding$;
+
 -- First: the schema. 0.1.0 was installed into an existing schema named syncular whoever owned
 -- it; 0.2.0 installs only into one no other role controlled (sql/schema.sql, step 0). An install
 -- whose schema is not the superuser-owned schema named syncular (owned by another role from the

@@ -926,6 +926,16 @@ pub struct Seen {
     subxip: Vec<u32>,
 }
 
+/// Whether this transaction has written nothing yet, in any of its subtransactions (no
+/// transaction id at its top). A fingerprint ([`Seen`]) says nothing of the reader's own writes:
+/// an earlier read's is worth keeping only while there are none, as one made before that read
+/// may be invisible to the snapshot it read with — an older cursor's, read in a savepoint that
+/// has no id of its own (red team 40, F1).
+pub fn nothing_written_yet() -> bool {
+    // SAFETY: reads the current transaction's state.
+    unsafe { pg_sys::GetTopTransactionIdIfAny() == pg_sys::InvalidTransactionId }
+}
+
 /// Beyond this many running transactions a snapshot is not fingerprinted: the copy and the
 /// comparison would cost what the lookup they save does.
 const SEEN_MOST: usize = 64;

@@ -602,6 +602,16 @@ impl FromDatum for JsonbArg {
     }
 }
 
+/// `jsonb_out`'s text as a Rust string. The extension is installed only in UTF8 databases
+/// (sql/schema.sql), where it is always UTF-8; anything else is an error, never text rewritten
+/// (a replaced character let one tenant's scope value match another's: red team 40, F2).
+fn utf8(text: &std::ffi::CStr) -> String {
+    match text.to_str() {
+        Ok(text) => text.to_owned(),
+        Err(_) => panic!("syncular: jsonb_out printed text that is not UTF-8"),
+    }
+}
+
 /// The bytes of a jsonb container, passed to SQL as a `jsonb` value.
 #[derive(Clone, Copy)]
 pub struct RawJsonb<'a>(&'a [u8]);
@@ -620,9 +630,9 @@ impl RawJsonb<'_> {
             pgrx::direct_function_call_as_datum(pg_sys::jsonb_out, &[Some(datum)]).map_or_else(
                 String::new,
                 |text| {
-                    std::ffi::CStr::from_ptr(text.cast_mut_ptr::<std::ffi::c_char>())
-                        .to_string_lossy()
-                        .into_owned()
+                    utf8(std::ffi::CStr::from_ptr(
+                        text.cast_mut_ptr::<std::ffi::c_char>(),
+                    ))
                 },
             )
         }
@@ -713,9 +723,9 @@ impl FromDatum for JsonValue {
                     &[Some(detoasted.into())],
                 )
                 .expect("jsonb_out returns a string");
-                std::ffi::CStr::from_ptr(printed.cast_mut_ptr::<std::ffi::c_char>())
-                    .to_string_lossy()
-                    .into_owned()
+                utf8(std::ffi::CStr::from_ptr(
+                    printed.cast_mut_ptr::<std::ffi::c_char>(),
+                ))
             }
         };
         Some(JsonValue(

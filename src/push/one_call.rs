@@ -127,6 +127,9 @@ fn push(client: &SpiClient<'_>, caller: pg_sys::Oid, request: &Request<'_>) -> R
     if let Some(stored) = stored {
         return Ok(replay(stored, "optimistic"));
     }
+    // What C1 saw lets C4 skip its lookup only where this transaction had written nothing: a
+    // result it stored itself, earlier, is in no fingerprint (`heap::nothing_written_yet`).
+    let seen = seen.filter(|_| crate::heap::nothing_written_yet());
     // C2: the partition lock, before any app table is opened (and locked to the end of the
     // transaction): a push that held an app table's lock while it waited for a migration's
     // barrier would deadlock with the migration's DDL on that table (red team 13;

@@ -103,6 +103,72 @@ pub struct StoredRow {
     pub column_versions: Option<Vec<u8>>,
 }
 
+/// A stored `_sync_scopes`, parsed (a legacy string-wrapped value unwrapped, docs/DESIGN.md
+/// D15), or — nested deeper than serde's parser goes (`jsonb::MAX_DEPTH`), which the host's
+/// writer decides — its top level only: each key with its value where that is a string and
+/// `null` where it is anything else, or `null` for a top level that is not an object. Scopes are
+/// an object of strings, so a value that deep is refused by what reads it (red team 40, F3).
+enum Parsed {
+    Value(Value),
+    TooDeep(Value),
+}
+
+/// [`Parsed`] for column `ordinal` of `row`, whose binary value is `binary`.
+fn stored_scopes(
+    row: &pgrx::spi::SpiHeapTupleData<'_>,
+    ordinal: usize,
+    binary: &crate::jsonb::OwnedJsonb,
+) -> error::Result<Parsed> {
+    let malformed = |_| error::Error::Internal("syncular: a malformed jsonb value".into());
+    let container = binary.container().map_err(malformed)?;
+    // serde's parser stops at its 128th level (`jsonb::MAX_DEPTH`).
+    if !container
+        .nests_deeper_than(crate::jsonb::MAX_DEPTH - 1)
+        .map_err(malformed)?
+    {
+        let parsed = row.get::<crate::jsonb::JsonValue>(ordinal)?;
+        return Ok(Parsed::Value(
+            parsed.map_or(json!({}), |j| args::unwrap_json_text(j.0)),
+        ));
+    }
+    let crate::jsonb::Node::Object(top) = container.root().map_err(malformed)? else {
+        return Ok(Parsed::TooDeep(Value::Null));
+    };
+    let mut shallow = serde_json::Map::new();
+    for (key, value) in top.pairs().map_err(malformed)? {
+        crate::interrupts::check();
+        let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+        let value = match value {
+            crate::jsonb::Node::String(s) => Value::String(text(s)),
+            _ => Value::Null,
+        };
+        shallow.insert(text(key), value);
+    }
+    Ok(Parsed::TooDeep(Value::Object(shallow)))
+}
+
+/// The `_sync_scopes` a reader returns as stored (`get_row_scopes`, `rows_referencing_blob`):
+/// one nested deeper than a document can be parsed is refused, `SY005` (`_sync_scopes`,
+/// `too_deep`), naming the row.
+fn scopes_column(
+    row: &pgrx::spi::SpiHeapTupleData<'_>,
+    ordinal: usize,
+    row_id: &str,
+) -> error::Result<Option<Value>> {
+    let Some(binary) = crate::jsonb::OwnedJsonb::column(row, ordinal)? else {
+        return Ok(None);
+    };
+    match stored_scopes(row, ordinal, &binary)? {
+        Parsed::Value(scopes) => Ok(Some(scopes)),
+        Parsed::TooDeep(_) => Err(error::Error::invalid_commit("_sync_scopes", "too_deep")
+            .with_hint(format!(
+                "stored row {row_id:?} has _sync_scopes nested deeper than {} levels; scopes \
+                 are an object of strings: rewrite the row's _sync_scopes",
+                crate::jsonb::MAX_DEPTH
+            ))),
+    }
+}
+
 impl StoredRow {
     /// The four meta columns (`_sync_server_version`, `_sync_scopes`, `_sync_payload`,
     /// `_sync_column_versions`) of a result row, starting at column `first` (1-based).
@@ -118,10 +184,10 @@ impl StoredRow {
                         .into(),
                 ))
             }
-            Some(_) => row
-                .get::<crate::jsonb::JsonValue>(first + 1)?
-                .map(|j| args::unwrap_json_text(j.0))
-                .unwrap_or(json!({})),
+            Some(binary) => match stored_scopes(row, first + 1, &binary)? {
+                Parsed::Value(scopes) => scopes,
+                Parsed::TooDeep(shallow) => shallow,
+            },
             None => json!({}),
         };
         Ok(StoredRow {
@@ -741,10 +807,7 @@ impl AppRelation {
             &[row_id],
             "a.\"_sync_server_version\", a.\"_sync_scopes\"",
             |row| {
-                let scopes = row
-                    .get::<crate::jsonb::JsonValue>(2)?
-                    .map(|j| args::unwrap_json_text(j.0))
-                    .unwrap_or(json!({}));
+                let scopes = scopes_column(row, 2, row_id)?.unwrap_or(json!({}));
                 found = Some(json!({"serverVersion": row.get::<i64>(1)?, "scopes": scopes}));
                 Ok(true)
             },
@@ -791,11 +854,9 @@ impl AppRelation {
             row_ids,
             "a.\"_sync_row_id\", a.\"_sync_scopes\"",
             |row| {
-                scopes.insert(
-                    row.get::<String>(1)?.unwrap_or_default(),
-                    row.get::<crate::jsonb::JsonValue>(2)?
-                        .map(|j| args::unwrap_json_text(j.0)),
-                );
+                let row_id = row.get::<String>(1)?.unwrap_or_default();
+                let value = scopes_column(row, 2, &row_id)?;
+                scopes.insert(row_id, value);
                 Ok(false)
             },
         )?;

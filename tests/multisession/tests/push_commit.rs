@@ -2056,3 +2056,124 @@ fn the_locked_recheck_reads_again_only_where_another_transaction_ended() {
     );
     assert!(scans.contains(&2), "C4 read again every time: {scans:?}");
 }
+
+/// Red team 40, F1: a push of a key its own transaction already pushed, read in a cursor whose
+/// snapshot predates the first push and fetched in a savepoint that has no transaction id of
+/// its own — C1 reads with the cursor's snapshot and finds nothing, and C4 was skipped because
+/// no other transaction had ended (the fingerprint does not cover the reader's own writes): the
+/// second push appended a commit and failed on the one-result guard. It replays now, with one
+/// commit for the key.
+#[test]
+fn a_key_pushed_again_by_its_own_transaction_replays_whatever_snapshot_the_call_reads_with() {
+    let (_db, mut c) = fixture("c4_own");
+    let op = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
+    let tables = vec!["tasks"];
+    let ids = vec!["t1"];
+    let kinds: Vec<i16> = vec![op.kind];
+    let bvs: Vec<Option<i64>> = vec![op.bv];
+    let payloads: Vec<Option<&[u8]>> = vec![op.payload.as_deref()];
+    let options = json!({});
+    let allowed = allowed();
+    let params: [&(dyn postgres::types::ToSql + Sync); 12] = [
+        &P,
+        &"c1",
+        &"k-own",
+        &NOW,
+        &V,
+        &Some(&allowed),
+        &tables,
+        &ids,
+        &kinds,
+        &bvs,
+        &payloads,
+        &options,
+    ];
+    let mut t = c.transaction().unwrap();
+    t.execute(
+        &format!("DECLARE c NO SCROLL CURSOR FOR {PUSH_SQL}"),
+        &params,
+    )
+    .unwrap();
+    let first: Value = t.query_one(PUSH_SQL, &params).unwrap().get(0);
+    assert_eq!(first["outcome"], "applied", "{first}");
+    t.batch_execute("SAVEPOINT s").unwrap();
+    let again: Value = t
+        .query_one("FETCH c", &[])
+        .map_err(|e| sql_error(&e))
+        .unwrap_or_else(|e| panic!("the second push: {e:?}"))
+        .get(0);
+    assert_eq!(again["replayed"], true, "{again}");
+    assert_eq!(again["commitSeq"], first["commitSeq"], "{again}");
+    t.commit().unwrap();
+    let commits: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM syncular.sync_commits WHERE partition = $1 AND client_commit_id = 'k-own'",
+        &[&P],
+    );
+    assert_eq!(commits, 1);
+}
+
+/// Red team 40, F3: a stored row whose `_sync_scopes` the host nested deeper than a document can
+/// be parsed (here 200 levels, and 5,000) ended a push touching the row, and `get_row_scopes`,
+/// in an uncoded panic message (XX000). The push refuses it as it refuses any scope value that
+/// is not a string (`SY005`, at the change's path), and the readers that return stored scopes
+/// answer `SY005` (`_sync_scopes`, `too_deep`) naming the row; 100 levels still read as stored.
+#[test]
+fn scopes_stored_nested_too_deep_end_in_a_coded_error() {
+    let (_db, mut c) = fixture("deep_scopes");
+    let op = up(&mut c, "tasks", "t1", None, task("t1", "p1"));
+    let first = push(&mut c, "k0", &[op]);
+    assert_eq!(first["outcome"], "applied", "{first}");
+    exec(
+        &mut c,
+        "SELECT syncular.set_blob_refs('part-1', 'tasks', 't1', ARRAY['sha256:deep'])",
+    );
+    let nested = |levels: usize| {
+        format!(
+            "{{\"project_id\": {}\"p1\"{}}}",
+            "[".repeat(levels),
+            "]".repeat(levels)
+        )
+    };
+    for levels in [200, 5000] {
+        c.execute(
+            "UPDATE public.np_tasks SET \"_sync_scopes\" = $1::text::jsonb WHERE \"_sync_row_id\" = 't1'",
+            &[&nested(levels)],
+        )
+        .unwrap();
+        let op = up(&mut c, "tasks", "t1", Some(1), task("t1", "p1"));
+        let out = try_push(&mut c, &format!("k-deep-{levels}"), &[op], json!({}));
+        expect_error(
+            out,
+            "SY005",
+            "sync.storage.invalid_commit",
+            Some(json!({"path": "changes[0].scopes.project_id", "reason": "type"})),
+        );
+        for read in [
+            "SELECT syncular.get_row_scopes('part-1', 'tasks', 't1')",
+            "SELECT syncular.rows_referencing_blob('part-1', 'sha256:deep')",
+        ] {
+            let err = expect_error(
+                try_one::<Value>(&mut c, read, &[]),
+                "SY005",
+                "sync.storage.invalid_commit",
+                Some(json!({"path": "_sync_scopes", "reason": "too_deep"})),
+            );
+            assert!(err.hint.unwrap_or_default().contains("\"t1\""), "{read}");
+        }
+    }
+    c.execute(
+        "UPDATE public.np_tasks SET \"_sync_scopes\" = $1::text::jsonb WHERE \"_sync_row_id\" = 't1'",
+        &[&nested(100)],
+    )
+    .unwrap();
+    let read: Value = one(
+        &mut c,
+        "SELECT syncular.get_row_scopes('part-1', 'tasks', 't1')",
+        &[],
+    );
+    assert_eq!(
+        read["scopes"],
+        serde_json::from_str::<Value>(&nested(100)).unwrap()
+    );
+}

@@ -489,3 +489,51 @@ fn a_push_commit_by_a_host_role_notifies_on_the_channel() {
         )]
     );
 }
+
+/// Red team 40, F2: in a `SQL_ASCII` database (any bytes in text) a Latin-1 scope value was read
+/// as `caf\u{FFFD}`, matching another tenant's allowed value. The extension is installed only
+/// in UTF8 databases: `CREATE EXTENSION` refuses another encoding, and so does the update of an
+/// install made at 0.1.0 (which had no such check), each with `0A000`, leaving nothing behind.
+#[test]
+fn the_extension_installs_and_updates_only_in_a_utf8_database() {
+    let name = format!("sqlascii_{}", std::process::id());
+    let mut admin = connect_to("postgres");
+    exec(&mut admin, &format!("DROP DATABASE IF EXISTS {name}"));
+    exec(
+        &mut admin,
+        &format!(
+            "CREATE DATABASE {name} TEMPLATE template0 ENCODING 'SQL_ASCII' \
+             LC_COLLATE 'C' LC_CTYPE 'C'"
+        ),
+    );
+    let mut c = connect_to(&name);
+    let refused = c
+        .batch_execute("CREATE EXTENSION syncular")
+        .map_err(|e| sql_error(&e))
+        .unwrap_err();
+    assert_eq!(refused.state, "0A000", "{refused:?}");
+    assert!(
+        refused.message.contains("SQL_ASCII, not UTF8"),
+        "{refused:?}"
+    );
+    let installed: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM pg_extension WHERE extname = 'syncular'",
+        &[],
+    );
+    assert_eq!(installed, 0);
+    exec(&mut c, "CREATE EXTENSION syncular VERSION '0.1.0'");
+    let refused = c
+        .batch_execute("ALTER EXTENSION syncular UPDATE")
+        .map_err(|e| sql_error(&e))
+        .unwrap_err();
+    assert_eq!(refused.state, "0A000", "{refused:?}");
+    let version: String = one(
+        &mut c,
+        "SELECT extversion FROM pg_extension WHERE extname = 'syncular'",
+        &[],
+    );
+    assert_eq!(version, "0.1.0", "the update changed nothing");
+    drop(c);
+    exec(&mut admin, &format!("DROP DATABASE {name} WITH (FORCE)"));
+}
