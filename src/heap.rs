@@ -40,9 +40,10 @@ pub enum SyncTable {
     BackfillCheckpoints = 12,
     Commits = 13,
     Clients = 14,
+    RowScopes = 15,
 }
 
-const TABLES: usize = 15;
+const TABLES: usize = 16;
 
 impl SyncTable {
     pub fn name(self) -> &'static CStr {
@@ -62,6 +63,7 @@ impl SyncTable {
             SyncTable::BackfillCheckpoints => c"sync_backfill_checkpoints",
             SyncTable::Commits => c"sync_commits",
             SyncTable::Clients => c"sync_clients",
+            SyncTable::RowScopes => c"sync_row_scopes",
         }
     }
 }

@@ -150,6 +150,48 @@ const TOMBSTONES_SQL: &str =
 SELECT $1, unnest($3::text[]), unnest($4::text[]), $2::int8
 ON CONFLICT (partition, tbl, row_id) DO UPDATE SET commit_seq = EXCLUDED.commit_seq";
 
+/// The tombstones of a commit appended below SQL, at `seq`: one statement, or on Citus one routed
+/// `INSERT … VALUES` per tombstone — Citus runs an `INSERT … SELECT` through its COPY path, which
+/// takes the metadata lock of every shard of the table, so a delegated push waited while any
+/// shard group on its worker was being moved (docs/SCALING.md, "Waits on a worker").
+fn write_tombstones(
+    client: &SpiClient<'_>,
+    partition: &str,
+    seq: i64,
+    tables: Vec<&str>,
+    rows: Vec<&str>,
+) -> Result<()> {
+    if !crate::citus::installed() {
+        db::write(
+            client,
+            TOMBSTONES_SQL,
+            &[
+                DatumWithOid::from(partition),
+                DatumWithOid::from(seq),
+                DatumWithOid::from(tables),
+                DatumWithOid::from(rows),
+            ],
+        )?;
+        return Ok(());
+    }
+    for (tbl, row_id) in tables.into_iter().zip(rows) {
+        crate::interrupts::check();
+        db::write(
+            client,
+            "INSERT INTO syncular.sync_tombstones (partition, tbl, row_id, commit_seq)
+             VALUES ($1, $2, $3, $4)
+             ON CONFLICT (partition, tbl, row_id) DO UPDATE SET commit_seq = EXCLUDED.commit_seq",
+            &[
+                DatumWithOid::from(partition),
+                DatumWithOid::from(tbl),
+                DatumWithOid::from(row_id),
+                DatumWithOid::from(seq),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
 const COMMIT_ONLY_SQL: [&str; 2] = [append_sql!(), append_sql!(tombstones_fragment!())];
 const WHOLE_COMMIT_SQL: [&str; 2] = [
     append_sql!(rows_fragment!()),
@@ -222,16 +264,7 @@ pub fn append<'a>(client: &SpiClient<'_>, partition: &str, commit: &Commit<'a>) 
     let seq = match allocate_held(client, partition, commit)? {
         Some(seq) => {
             if !tombstones.is_empty() {
-                db::write(
-                    client,
-                    TOMBSTONES_SQL,
-                    &[
-                        DatumWithOid::from(partition),
-                        DatumWithOid::from(seq),
-                        DatumWithOid::from(tombstone_tables),
-                        DatumWithOid::from(tombstone_rows),
-                    ],
-                )?;
+                write_tombstones(client, partition, seq, tombstone_tables, tombstone_rows)?;
             }
             seq
         }

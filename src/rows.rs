@@ -95,22 +95,89 @@ pub fn set_scopes_many(
         )?;
     }
     if !missing.is_empty() {
-        db::write_generic(
-            client,
-            "INSERT INTO syncular.sync_row_scopes (partition, tbl, var, value, row_id)
-             SELECT $1, $2, w.var, w.value, w.row_id
-               FROM unnest($3::text[], $4::text[], $5::text[]) AS w(row_id, var, value)
-             ON CONFLICT DO NOTHING",
-            &[
-                DatumWithOid::from(partition),
-                DatumWithOid::from(tbl),
-                DatumWithOid::from(missing.iter().map(|e| e.0).collect::<Vec<_>>()),
-                DatumWithOid::from(missing.iter().map(|e| e.1).collect::<Vec<_>>()),
-                DatumWithOid::from(missing.iter().map(|e| e.2).collect::<Vec<_>>()),
-            ],
-        )?;
+        insert_missing(client, partition, tbl, &missing)?;
     }
     Ok(rows.iter().map(|(_, scopes)| scopes.len() as i64).sum())
+}
+
+const ROW_SCOPE_COLUMNS: &[(&std::ffi::CStr, pg_sys::Oid)] = &[
+    (c"partition", pg_sys::TEXTOID),
+    (c"tbl", pg_sys::TEXTOID),
+    (c"var", pg_sys::TEXTOID),
+    (c"value", pg_sys::TEXTOID),
+    (c"row_id", pg_sys::TEXTOID),
+];
+
+/// Inserts the `(row_id, var, value)` entries, each unless it stands already (`ON CONFLICT DO
+/// NOTHING`): below SQL where the table is as created and here (on Citus, the partition's shard
+/// on this node) under READ COMMITTED, as the push result is (`heap::DirectInsert`); otherwise
+/// by statement — on Citus one routed `INSERT … VALUES` per entry, as an `INSERT … SELECT` goes
+/// through Citus's COPY path, which takes the metadata lock of every shard of the table (a push
+/// waited while any shard group on its worker was moved: docs/SCALING.md, "Waits on a worker").
+fn insert_missing(
+    client: &SpiClient<'_>,
+    partition: &str,
+    tbl: &str,
+    missing: &[(&str, &str, &str)],
+) -> Result<()> {
+    // SAFETY: reads a backend global of the current transaction.
+    let read_committed = unsafe { pg_sys::XactIsoLevel } == pg_sys::XACT_READ_COMMITTED as i32;
+    let direct = if read_committed {
+        crate::heap::DirectInsert::open_for_conflicts(
+            crate::heap::SyncTable::RowScopes,
+            partition,
+            ROW_SCOPE_COLUMNS,
+        )?
+    } else {
+        None
+    };
+    if let Some(mut direct) = direct {
+        for (row_id, var, value) in missing {
+            crate::interrupts::check();
+            let text = |t| Some(crate::heap::Value::Text(t));
+            direct.insert_unless_conflict(&[
+                text(partition),
+                text(tbl),
+                text(var),
+                text(value),
+                text(row_id),
+            ])?;
+        }
+        return Ok(());
+    }
+    if crate::citus::installed() {
+        for (row_id, var, value) in missing {
+            crate::interrupts::check();
+            db::write(
+                client,
+                "INSERT INTO syncular.sync_row_scopes (partition, tbl, var, value, row_id)
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                &[
+                    DatumWithOid::from(partition),
+                    DatumWithOid::from(tbl),
+                    DatumWithOid::from(*var),
+                    DatumWithOid::from(*value),
+                    DatumWithOid::from(*row_id),
+                ],
+            )?;
+        }
+        return Ok(());
+    }
+    db::write_generic(
+        client,
+        "INSERT INTO syncular.sync_row_scopes (partition, tbl, var, value, row_id)
+         SELECT $1, $2, w.var, w.value, w.row_id
+           FROM unnest($3::text[], $4::text[], $5::text[]) AS w(row_id, var, value)
+         ON CONFLICT DO NOTHING",
+        &[
+            DatumWithOid::from(partition),
+            DatumWithOid::from(tbl),
+            DatumWithOid::from(missing.iter().map(|e| e.0).collect::<Vec<_>>()),
+            DatumWithOid::from(missing.iter().map(|e| e.1).collect::<Vec<_>>()),
+            DatumWithOid::from(missing.iter().map(|e| e.2).collect::<Vec<_>>()),
+        ],
+    )?;
+    Ok(())
 }
 
 /// A row's scope entries as `(var, value)` text pairs (values were validated as strings).

@@ -590,3 +590,102 @@ fn unchanged_row_scopes_are_not_rewritten() {
     assert_eq!(after[2].1, "project_id=p9");
     assert_ne!(after[2].2, written[2].2);
 }
+
+/// The row scopes' two ways of writing the missing entries — below SQL (READ COMMITTED, the
+/// table as created: `heap::DirectInsert`, `ON CONFLICT DO NOTHING` as the executor does it) and
+/// by statement (REPEATABLE READ, where the direct insert is not used) — leave the same entries:
+/// 2,000 generated calls of `set_rows_scopes` and `set_row_scopes`, each applied to one partition
+/// in each mode, over rows whose scopes are added, changed, emptied and kept, with the entries of
+/// both partitions compared after every call.
+#[test]
+fn row_scopes_written_below_sql_and_by_statement_are_the_same() {
+    let db = TestDb::new("row_scopes_diff");
+    let mut c = db.connect();
+    let mut rng = syncular_multisession::rng::Rng(0x5c09e5);
+    let entries = |c: &mut postgres::Client, p: &str| -> Vec<(String, String, String)> {
+        c.query(
+            "SELECT row_id, var, value FROM syncular.sync_row_scopes
+              WHERE partition = $1 AND tbl = 'tasks' ORDER BY 1, 2, 3",
+            &[&p],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+    };
+    let vars = ["project_id", "org", "team", "b"];
+    let values = ["p1", "p2", "", "x y", "é"];
+    for call in 0..2000 {
+        let rows: Vec<Value> = (0..1 + rng.below(6))
+            .map(|i| {
+                let mut scopes = serde_json::Map::new();
+                for var in vars {
+                    if rng.chance(40) {
+                        scopes.insert(var.into(), json!(rng.pick(&values)));
+                    }
+                }
+                json!({"rowId": format!("r{}", (call * 3 + i * 7) % 23), "scopes": scopes})
+            })
+            .collect();
+        // Row ids are unique within a call.
+        let mut seen = std::collections::HashSet::new();
+        let rows: Vec<Value> = rows
+            .into_iter()
+            .filter(|r| seen.insert(r["rowId"].as_str().unwrap().to_string()))
+            .collect();
+        let single = rows.len() == 1 && rng.chance(50);
+        for (p, isolation) in [("rc", "READ COMMITTED"), ("rr", "REPEATABLE READ")] {
+            let mut t = c.transaction().unwrap();
+            t.batch_execute(&format!("SET TRANSACTION ISOLATION LEVEL {isolation}"))
+                .unwrap();
+            let held: i32 = if single {
+                t.query_one(
+                    "SELECT syncular.set_row_scopes($1, 'tasks', $2, $3)",
+                    &[&p, &rows[0]["rowId"].as_str().unwrap(), &rows[0]["scopes"]],
+                )
+            } else {
+                t.query_one(
+                    "SELECT syncular.set_rows_scopes($1, 'tasks', $2)",
+                    &[&p, &Value::Array(rows.clone())],
+                )
+            }
+            .unwrap_or_else(|e| panic!("call {call} ({isolation}): {e:?}"))
+            .get(0);
+            let want: usize = rows
+                .iter()
+                .map(|r| r["scopes"].as_object().unwrap().len())
+                .sum();
+            assert_eq!(held as usize, want, "call {call}");
+            t.commit().unwrap();
+        }
+        assert_eq!(
+            entries(&mut c, "rc"),
+            entries(&mut c, "rr"),
+            "call {call}: {rows:?}"
+        );
+    }
+    assert!(!entries(&mut c, "rc").is_empty());
+    // Which way each mode wrote: the statements a call ran, as auto_explain logs them.
+    let (mut e, notices) = db.connect_with_notices();
+    exec(
+        &mut e,
+        "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0;
+         SET auto_explain.log_nested_statements = on; SET auto_explain.log_level = notice;",
+    );
+    for (isolation, by_statement) in [("READ COMMITTED", false), ("REPEATABLE READ", true)] {
+        notices.lock().unwrap().clear();
+        e.batch_execute(&format!(
+            "BEGIN ISOLATION LEVEL {isolation};
+             SELECT syncular.set_row_scopes('modes', 'tasks', 'new-{}', '{{\"a\": \"b\"}}');
+             COMMIT;",
+            isolation.len()
+        ))
+        .unwrap();
+        let logged = notices.lock().unwrap().join("\n");
+        assert_eq!(
+            logged.contains("INSERT INTO syncular.sync_row_scopes"),
+            by_statement,
+            "{isolation}: {logged}"
+        );
+    }
+}
