@@ -41,9 +41,10 @@ pub enum SyncTable {
     Commits = 13,
     Clients = 14,
     RowScopes = 15,
+    Tombstones = 16,
 }
 
-const TABLES: usize = 16;
+const TABLES: usize = 17;
 
 impl SyncTable {
     pub fn name(self) -> &'static CStr {
@@ -64,6 +65,7 @@ impl SyncTable {
             SyncTable::Commits => c"sync_commits",
             SyncTable::Clients => c"sync_clients",
             SyncTable::RowScopes => c"sync_row_scopes",
+            SyncTable::Tombstones => c"sync_tombstones",
         }
     }
 }
@@ -421,7 +423,9 @@ pub unsafe fn by_primary_key<T>(
 /// Every row of `table` whose columns equal the values `keys` name (each compared with its
 /// equality function under its collation), handed to `each` in turn until it answers `false`:
 /// through the index named `index` — which must be the table's and hold every key column —, or
-/// without one through the whole table (for small tables with no index on the columns).
+/// without one through the whole table (for small tables with no index on the columns). On
+/// Citus, the shard on this node that holds `distribution` (the rows' distribution value; `None`
+/// for a reference table).
 /// `false` when Citus keeps the table on another node (as [`Lookup::Elsewhere`]), and when an
 /// index is named and the table has none of that name: read through SQL then (a Citus shard's
 /// indexes carry the shard's suffix).
@@ -430,6 +434,7 @@ pub unsafe fn by_primary_key<T>(
 /// As for [`by_primary_key`]; each value is a datum of its column's type.
 pub unsafe fn rows_where(
     table: SyncTable,
+    distribution: Option<&str>,
     index: Option<&CStr>,
     keys: &[(&CStr, pg_sys::Datum, (u32, pg_sys::Oid))],
     snapshot: pg_sys::Snapshot,
@@ -439,7 +444,7 @@ pub unsafe fn rows_where(
     unsafe {
         scan(
             table,
-            None,
+            distribution,
             Keys::Columns(index, keys),
             snapshot,
             |row, _| each(row),

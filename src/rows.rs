@@ -28,34 +28,15 @@ pub fn set_scopes_many(
     tbl: &str,
     rows: &[(&str, &Map<String, Value>)],
 ) -> Result<i64> {
-    // One index probe per row id, whatever the kept generic plan was made from: the row ids
-    // drive a nested loop into `sync_row_scopes_by_row` (a LATERAL reference is a join
-    // parameter, an index condition on all three columns). `row_id = ANY ($3)` instead let
-    // PostgreSQL 15 keep a plan made while the table was empty, with the array as a filter over
-    // all of the table's entries in the partition: a bulk insert through the row-meta trigger
-    // was quadratic (docs/DESIGN.md §App-table registry and row metadata).
-    let held = db::write_generic(
-        client,
-        "SELECT k.row_id, r.var::text, r.value::text
-           FROM pg_catalog.unnest($3::text[]) AS k(row_id),
-                LATERAL (SELECT r.var, r.value FROM syncular.sync_row_scopes r
-                          WHERE r.partition = $1 AND r.tbl = $2
-                            AND r.row_id = k.row_id COLLATE \"C\" OFFSET 0) r",
-        &[
-            DatumWithOid::from(partition),
-            DatumWithOid::from(tbl),
-            DatumWithOid::from(rows.iter().map(|r| r.0).collect::<Vec<_>>()),
-        ],
-    )?;
-    let mut held_by_row: HashMap<String, Vec<(String, String)>> = HashMap::new();
-    for entry in held {
-        crate::interrupts::check();
-        let text = |i| entry.get::<String>(i).map(Option::unwrap_or_default);
-        held_by_row
-            .entry(text(1)?)
-            .or_default()
-            .push((text(2)?, text(3)?));
-    }
+    let read_committed = read_committed();
+    let below_sql = match read_committed {
+        true => held_below_sql(partition, tbl, rows)?,
+        false => None,
+    };
+    let mut held_by_row = match below_sql {
+        Some(held) => held,
+        None => held_by_statement(client, partition, tbl, rows)?,
+    };
     // What each row holds and should not (stale), and should hold and does not (missing).
     let mut stale: Vec<(&str, String, String)> = Vec::new();
     let mut missing: Vec<(&str, &str, &str)> = Vec::new();
@@ -95,9 +76,103 @@ pub fn set_scopes_many(
         )?;
     }
     if !missing.is_empty() {
-        insert_missing(client, partition, tbl, &missing)?;
+        insert_missing(client, partition, tbl, &missing, read_committed)?;
     }
     Ok(rows.iter().map(|(_, scopes)| scopes.len() as i64).sum())
+}
+
+/// Whether the transaction runs in READ COMMITTED, where the row scopes are read and inserted
+/// below SQL as the statements would (each statement's fresh snapshot, `ON CONFLICT DO
+/// NOTHING`'s wait); elsewhere the statements run (a conflicting row the transaction's snapshot
+/// cannot see is their 40001).
+fn read_committed() -> bool {
+    // SAFETY: reads a backend global of the current transaction.
+    unsafe { pg_sys::XactIsoLevel == pg_sys::XACT_READ_COMMITTED as i32 }
+}
+
+/// Each row's `(var, value)` entries, by row id.
+type Held = HashMap<String, Vec<(String, String)>>;
+
+/// [`Held`] read below SQL: one scan of `sync_row_scopes_by_row` per row id, with a fresh
+/// snapshot (after the command counter moved past this transaction's writes, as the statement's);
+/// `None` where the index is not there under its name (a Citus shard's carries a suffix): the
+/// statement reads then.
+fn held_below_sql(
+    partition: &str,
+    tbl: &str,
+    rows: &[(&str, &Map<String, Value>)],
+) -> Result<Option<Held>> {
+    let mut held = Held::new();
+    let here = crate::heap::with_snapshot(true, |snapshot| {
+        for (row_id, _) in rows {
+            crate::interrupts::check();
+            let key = |column, value| {
+                let (datum, equality) = crate::heap::text_key(value);
+                (column, datum, equality)
+            };
+            let keys = [
+                key(c"partition", partition),
+                key(c"tbl", tbl),
+                key(c"row_id", row_id),
+            ];
+            let entries = held.entry((*row_id).to_string()).or_default();
+            // SAFETY: the keys are text datums built above, alive for the scan; the snapshot is
+            // registered around this closure.
+            let scanned = unsafe {
+                crate::heap::rows_where(
+                    crate::heap::SyncTable::RowScopes,
+                    Some(partition),
+                    Some(c"sync_row_scopes_by_row"),
+                    &keys,
+                    snapshot,
+                    |row| {
+                        let text = |column| row.text(column).map(Option::unwrap_or_default);
+                        entries.push((text(c"var")?, text(c"value")?));
+                        Ok(true)
+                    },
+                )
+            }?;
+            if !scanned {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    })?;
+    Ok(here.then_some(held))
+}
+
+/// [`Held`] read by statement: one index probe per row id, whatever the kept generic plan was
+/// made from — the row ids drive a nested loop into `sync_row_scopes_by_row` (a LATERAL
+/// reference is a join parameter, an index condition on all three columns). `row_id = ANY ($3)`
+/// instead let PostgreSQL 15 keep a plan made while the table was empty, with the array as a
+/// filter over all of the table's entries in the partition: a bulk insert through the row-meta
+/// trigger was quadratic (docs/DESIGN.md §App-table registry and row metadata).
+fn held_by_statement(
+    client: &SpiClient<'_>,
+    partition: &str,
+    tbl: &str,
+    rows: &[(&str, &Map<String, Value>)],
+) -> Result<Held> {
+    let entries = db::write_generic(
+        client,
+        "SELECT k.row_id, r.var::text, r.value::text
+           FROM pg_catalog.unnest($3::text[]) AS k(row_id),
+                LATERAL (SELECT r.var, r.value FROM syncular.sync_row_scopes r
+                          WHERE r.partition = $1 AND r.tbl = $2
+                            AND r.row_id = k.row_id COLLATE \"C\" OFFSET 0) r",
+        &[
+            DatumWithOid::from(partition),
+            DatumWithOid::from(tbl),
+            DatumWithOid::from(rows.iter().map(|r| r.0).collect::<Vec<_>>()),
+        ],
+    )?;
+    let mut held = Held::new();
+    for entry in entries {
+        crate::interrupts::check();
+        let text = |i| entry.get::<String>(i).map(Option::unwrap_or_default);
+        held.entry(text(1)?).or_default().push((text(2)?, text(3)?));
+    }
+    Ok(held)
 }
 
 const ROW_SCOPE_COLUMNS: &[(&std::ffi::CStr, pg_sys::Oid)] = &[
@@ -119,9 +194,8 @@ fn insert_missing(
     partition: &str,
     tbl: &str,
     missing: &[(&str, &str, &str)],
+    read_committed: bool,
 ) -> Result<()> {
-    // SAFETY: reads a backend global of the current transaction.
-    let read_committed = unsafe { pg_sys::XactIsoLevel } == pg_sys::XACT_READ_COMMITTED as i32;
     let direct = if read_committed {
         crate::heap::DirectInsert::open_for_conflicts(
             crate::heap::SyncTable::RowScopes,
@@ -410,7 +484,9 @@ fn get_tombstone_seq(
 }
 
 /// A row's tombstone, if it has one; `fresh`: with a snapshot that sees this transaction's (and
-/// this call's) latest writes.
+/// this call's) latest writes. Looked up by its primary key below SQL, in the snapshot the
+/// statement would read with (`heap::with_snapshot`); by statement where Citus keeps the
+/// partition's shard on another node.
 pub fn tombstone_seq(
     client: &SpiClient<'_>,
     partition: &str,
@@ -418,6 +494,23 @@ pub fn tombstone_seq(
     row_id: &str,
     fresh: bool,
 ) -> Result<Option<i64>> {
+    let keys = [partition, tbl, row_id].map(crate::heap::text_key);
+    let read = crate::heap::with_snapshot(fresh, |snapshot| {
+        // SAFETY: the keys are text datums built above, alive for the lookup; the snapshot is
+        // registered around this closure.
+        unsafe {
+            crate::heap::by_primary_key(
+                crate::heap::SyncTable::Tombstones,
+                Some(partition),
+                &keys,
+                snapshot,
+                |row| row.map_or(Ok(None), |row| row.bigint(c"commit_seq")),
+            )
+        }
+    })?;
+    if let crate::heap::Lookup::Here(seq, _) = read {
+        return Ok(seq);
+    }
     const SQL: &str = "SELECT commit_seq FROM syncular.sync_tombstones
                         WHERE partition = $1 AND tbl = $2 AND row_id = $3";
     let args = [

@@ -213,8 +213,20 @@ fn local_execution_claimed() -> bool {
         if pg_sys::ffi::pg_guard_ffi_boundary(|| get()) == DISABLED {
             return false;
         }
-        // A local task, as Citus's local executor checks one (`isRemote` false).
-        pg_sys::ffi::pg_guard_ffi_boundary(|| allowed(false));
+        // A local task, as Citus's local executor checks one (`isRemote` false) — with
+        // `citus.allow_nested_distributed_execution` off for the check: a role may turn it on
+        // for itself, and Citus would then let its statements run inside a per-shard query,
+        // where writes below SQL commit with that query alone (red team 39's note).
+        let checked = crate::db::with_settings(
+            &[(c"citus.allow_nested_distributed_execution", c"off")],
+            || {
+                pg_sys::ffi::pg_guard_ffi_boundary(|| allowed(false));
+                Ok(())
+            },
+        );
+        if checked.is_err() {
+            return false;
+        }
         pg_sys::ffi::pg_guard_ffi_boundary(|| set(REQUIRED));
         true
     }

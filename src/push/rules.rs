@@ -422,6 +422,10 @@ impl<'a> Context<'a, '_> {
                 .find(|(v, _)| *v == var)
                 .and_then(|(_, value)| value.as_deref())
         };
+        // Whether the row's tombstone was looked up and found absent: then there is none to
+        // clear below, as tombstones are written only under the partition lock this push holds
+        // (`log::append`), after which the lookup's fresh snapshot was taken.
+        let mut no_tombstone = false;
         match op.base_version {
             Some(bv) if bv != 0 => {
                 return if authorized(allowed, &t.schema, payload_scope) {
@@ -445,6 +449,7 @@ impl<'a> Context<'a, '_> {
                         "a deleted row rejects an unversioned upsert within the retention horizon (§5.2)",
                     );
                 }
+                no_tombstone = true;
             }
         }
         if patch.iter().any(Option::is_none) {
@@ -485,7 +490,9 @@ impl<'a> Context<'a, '_> {
         if self.validated(op.table) {
             return Ok(Some(fallback("row_validator", Some((k, op.table)))));
         }
-        rows::delete_tombstone(self.client, self.partition, op.table, op.row_id)?;
+        if !no_tombstone {
+            rows::delete_tombstone(self.client, self.partition, op.table, op.row_id)?;
+        }
         let meta = RowMeta {
             version: 1,
             scopes: &scopes,

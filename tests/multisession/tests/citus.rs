@@ -433,6 +433,34 @@ fn a_call_inside_a_query_on_a_shard_is_refused_as_citus_refuses_its_statements()
         &[partition],
     );
     assert_eq!(kept, 1, "nothing of the refused call kept");
+    // A role may allow Citus's nested execution for itself (its per-shard queries connect as
+    // it): refused all the same, and nothing kept (red team 39's note).
+    exec(
+        &mut c,
+        "ALTER ROLE CURRENT_USER SET citus.allow_nested_distributed_execution = on",
+    );
+    let mut nested = Client::connect(&node_params(0), NoTls).unwrap();
+    let refused = nested.query_one(
+        "SELECT syncular.append_commit($1, $2) FROM public.tasks
+          WHERE _sync_partition = $1 AND _sync_row_id = 'seed'",
+        &[partition, &commit("k1", Some(1), &["b"])],
+    );
+    exec(
+        &mut c,
+        "ALTER ROLE CURRENT_USER RESET citus.allow_nested_distributed_execution",
+    );
+    let e = sql_error(&refused.expect_err("nested execution allowed by the role"));
+    assert!(
+        e.message
+            .contains("cannot execute a distributed query from a query on a shard"),
+        "{e:?}"
+    );
+    let kept: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM syncular.sync_commits WHERE partition = $1",
+        &[partition],
+    );
+    assert_eq!(kept, 1, "nothing of the refused call kept");
     let seq: i64 = one(&mut c, alone, &[partition, &commit("k2", Some(1), &["c"])]);
     assert_eq!(seq, 2);
 }
@@ -711,6 +739,83 @@ fn row_scopes_through_the_coordinator_answer_as_on_one_node() {
             e("r2", "x", "y")
         ]
     );
+}
+
+/// A delegated push's row scopes and tombstones are written into its own shards only: below
+/// SQL, or by routed `INSERT … VALUES`. They were `INSERT … SELECT`s, which Citus runs through
+/// its COPY path, taking the metadata lock of every shard of the table: a push waited while any
+/// other shard group on its worker was being moved (red team 36; docs/SCALING.md, "Waits on a
+/// worker"). Here another session holds the metadata locks of another partition's shards on the
+/// same worker, as a move does, and the push, the delete (a tombstone) and the re-create go
+/// through within the statement timeout.
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn a_delegated_push_never_waits_for_another_shard_groups_metadata_lock() {
+    let mut c = coordinator();
+    tasks(&mut c);
+    let p = &format!("own-shards-{}", std::process::id());
+    let seq: serde_json::Value = one(&mut c, PUSH, &[p, &"k1", &"r1"]);
+    assert_eq!(seq["outcome"], "applied", "{seq}");
+    let port = shard_port(&mut c, p);
+    let shard = |c: &mut Client, table: &str, partition: &str| -> i64 {
+        one(
+            c,
+            "SELECT get_shard_id_for_distribution_column($1::regclass, $2::text)",
+            &[&table, &partition],
+        )
+    };
+    // Another partition on the same worker, in another shard group.
+    let other = (0..200)
+        .map(|i| format!("{p}-other-{i}"))
+        .find(|q| {
+            shard_port(&mut c, q) == port
+                && shard(&mut c, "syncular.sync_row_scopes", q)
+                    != shard(&mut c, "syncular.sync_row_scopes", p)
+        })
+        .expect("another shard group on the same worker");
+    let locked: Vec<i64> = ["syncular.sync_row_scopes", "syncular.sync_tombstones"]
+        .iter()
+        .map(|t| shard(&mut c, t, &other))
+        .collect();
+    let base: i32 = one(&mut c, "SELECT current_setting('port')::int", &[]);
+    let mut holder = Client::connect(&node_params(port - base), NoTls).unwrap();
+    holder
+        .batch_execute("BEGIN")
+        .and_then(|_| {
+            holder
+                .execute("SELECT lock_shard_metadata(7, $1)", &[&locked])
+                .map(|_| ())
+        })
+        .unwrap();
+    exec(&mut c, "SET statement_timeout = '20s'");
+    let delete = "SELECT syncular.push_commit($1, 'c1', $2, 'actor', 1750000000000, 1,
+                    '{\"project_id\":[\"p1\"]}', ARRAY['tasks'], ARRAY[$3], ARRAY[2]::int2[],
+                    ARRAY[NULL::int8], ARRAY[NULL::bytea])";
+    for (sql, key) in [(PUSH, "k2"), (delete, "k3"), (PUSH, "k4")] {
+        let out: serde_json::Value = c
+            .query_one(sql, &[p, &key, &"r2"])
+            .map_err(|e| sql_error(&e))
+            .unwrap_or_else(|e| panic!("{key}: {e:?}"))
+            .get(0);
+        assert_eq!(out["outcome"], "applied", "{key}: {out}");
+    }
+    exec(&mut c, "RESET statement_timeout");
+    holder.batch_execute("ROLLBACK").unwrap();
+    let tombstones: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM syncular.sync_tombstones WHERE partition = $1",
+        &[p],
+    );
+    assert_eq!(
+        tombstones, 0,
+        "the re-create cleared the delete's tombstone"
+    );
+    let scopes: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM syncular.sync_row_scopes WHERE partition = $1 AND row_id = 'r2'",
+        &[p],
+    );
+    assert_eq!(scopes, 1);
 }
 
 /// Where Citus is not installed (every database of the plain suite), `distribute()` says what to

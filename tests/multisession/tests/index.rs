@@ -159,27 +159,20 @@ fn idx_01_to_07_index_usage() {
     );
     assert_no_seq_scan(&plans, &log);
 
-    // IDX-04: removing a row's scope entries uses sync_row_scopes_by_row (also in the batch form).
+    // IDX-04: a row's scope entries are read through sync_row_scopes_by_row (also in the batch
+    // form), below SQL on one node in READ COMMITTED (its statement's plans: the test below).
     let by_row = "sync_row_scopes_by_row";
-    assert_uses(
-        &mut c,
-        &notices,
+    for call in [
         r#"SELECT syncular.set_row_scopes('part-1', 'tasks', 'r7', '{"project_id":"p9"}')"#,
-        by_row,
-    );
-    assert_uses(
-        &mut c,
-        &notices,
         r#"SELECT syncular.set_rows_scopes('part-1', 'tasks', '[{"rowId":"r9","scopes":{}}]')"#,
-        by_row,
-    );
-    // Unchanged scopes: only the comparing read runs, through the same index.
-    assert_uses(
-        &mut c,
-        &notices,
+        // Unchanged scopes: only the comparing read runs, through the same index.
         r#"SELECT syncular.set_rows_scopes('part-1', 'tasks', '[{"rowId":"r10","scopes":{"project_id":"p10"}}]')"#,
-        by_row,
-    );
+    ] {
+        let (_, scans, seq): (i32, i64, i64) =
+            counted(&mut plain, call, by_row, &["sync_row_scopes"]);
+        assert!(scans >= 1, "{call}: {by_row} scanned {scans} times");
+        assert_eq!(seq, 0, "{call}: sequential scans of sync_row_scopes");
+    }
     assert_uses(
         &mut c,
         &notices,
@@ -234,7 +227,8 @@ fn idx_01_to_07_index_usage() {
 /// cache would plan a key lookup again on every call: a custom plan for a rare partition always
 /// looks cheaper than the generic one. The row-scope statements run their generic plan, and it
 /// probes sync_row_scopes_by_row with the whole key — parameters in the index condition, no
-/// sequential scan — from the first call on.
+/// sequential scan — from the first call on. The statements run outside READ COMMITTED (here
+/// REPEATABLE READ) and on Citus; in READ COMMITTED on one node the same probes run below SQL.
 #[test]
 fn row_scope_statements_keep_one_generic_index_plan_under_skewed_statistics() {
     let db = TestDb::new("idxskew");
@@ -255,7 +249,10 @@ fn row_scope_statements_keep_one_generic_index_plan_under_skewed_statistics() {
             let plans = plans_of(
                 &mut c,
                 &notices,
-                &format!("SELECT syncular.set_rows_scopes('small', 'tasks', '{rows}')"),
+                &format!(
+                    "BEGIN ISOLATION LEVEL REPEATABLE READ;
+                     SELECT syncular.set_rows_scopes('small', 'tasks', '{rows}'); COMMIT;"
+                ),
             );
             assert_no_seq_scan(&plans, &["sync_row_scopes"]);
             let probes: Vec<&str> = plans
@@ -299,9 +296,11 @@ fn the_row_meta_trigger_probes_each_row_by_its_id_whatever_the_table_held_when_p
                FROM generate_series({from}, {to}) i"
         )
     };
-    // The first row's statements are planned here, on the empty table.
-    plans_of(&mut e, &notices, &insert(1, 1));
-    let plans = plans_of(&mut e, &notices, &insert(2, 2001));
+    // The statements (REPEATABLE READ; in READ COMMITTED the same probes run below SQL, the
+    // rows after these): the first row's are planned here, on the empty table.
+    let repeatable = |sql: String| format!("BEGIN ISOLATION LEVEL REPEATABLE READ; {sql}; COMMIT;");
+    plans_of(&mut e, &notices, &repeatable(insert(1, 1)));
+    let plans = plans_of(&mut e, &notices, &repeatable(insert(2, 2001)));
     assert_eq!(
         one::<i64>(&mut c, "SELECT count(*) FROM syncular.sync_row_scopes", &[]),
         2001
@@ -315,12 +314,19 @@ fn the_row_meta_trigger_probes_each_row_by_its_id_whatever_the_table_held_when_p
         &plans[..plans.len().min(4000)]
     );
     assert_no_row_id_filter(&plans);
+    assert!(
+        plans.matches("using sync_row_scopes_by_row").count() >= 2000,
+        "one probe per row"
+    );
     // A scope change of each row removes its stale entry by key and inserts the new one.
     let plans = plans_of(
         &mut e,
         &notices,
-        "UPDATE public.tasks SET \"_sync_scopes\" = jsonb_build_object('project_id', 'moved')
-          WHERE \"_sync_row_id\" IN ('r5', 'r6')",
+        &repeatable(
+            "UPDATE public.tasks SET \"_sync_scopes\" = jsonb_build_object('project_id', 'moved')
+              WHERE \"_sync_row_id\" IN ('r5', 'r6')"
+                .into(),
+        ),
     );
     assert_no_row_id_filter(&plans);
     assert_eq!(
@@ -334,6 +340,12 @@ fn the_row_meta_trigger_probes_each_row_by_its_id_whatever_the_table_held_when_p
     assert_eq!(
         one::<i64>(&mut c, "SELECT count(*) FROM syncular.sync_row_scopes", &[]),
         2001
+    );
+    // READ COMMITTED: below SQL, the same entries.
+    exec(&mut c, &insert(2002, 4001));
+    assert_eq!(
+        one::<i64>(&mut c, "SELECT count(*) FROM syncular.sync_row_scopes", &[]),
+        4001
     );
 }
 
