@@ -158,9 +158,16 @@ fn preloaded_on_every_node(client: &SpiClient<'_>) -> Result<()> {
     for node in nodes {
         crate::interrupts::check();
         let name = node.get::<String>(1)?.unwrap_or_default();
-        let loads = node.get::<bool>(2)?.unwrap_or(false)
-            && preloads_syncular(&node.get::<String>(3)?.unwrap_or_default());
-        if !loads {
+        let answer = node.get::<String>(3)?.unwrap_or_default();
+        if !node.get::<bool>(2)?.unwrap_or(false) {
+            // Not asked: a node that cannot be reached is named with what Citus said.
+            return Err(
+                Error::invalid_argument("database", "missing").with_hint(format!(
+                    "could not ask node {name} whether it preloads syncular: {answer}"
+                )),
+            );
+        }
+        if !preloads_syncular(&answer) {
             missing.push(name);
         }
     }

@@ -472,6 +472,7 @@ unsafe fn open_here(
         }
         let shell = (*relation).rd_id;
         pg_sys::table_close(relation, lock);
+        crate::citus::require_preloaded()?;
         Ok(crate::citus::local_shard(shell, distribution)?
             .map(|shard| pg_sys::table_open(shard, lock)))
     }

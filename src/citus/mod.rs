@@ -23,6 +23,12 @@ thread_local! {
 /// itself would see it), and on a reset of every cache; and installs the planner hook that keeps
 /// a call of the extension's functions in a subquery from crashing Citus (`subquery`).
 pub fn init() {
+    // SAFETY: a backend global, read in `_PG_init`: true only while the postmaster loads the
+    // preloaded libraries, whose state every backend it forks inherits.
+    PRELOADED.store(
+        unsafe { pg_sys::process_shared_preload_libraries_in_progress },
+        std::sync::atomic::Ordering::Relaxed,
+    );
     subquery::install();
     // SAFETY: called once per backend from `_PG_init`; the callback only clears a cell.
     unsafe {
@@ -32,6 +38,28 @@ pub fn init() {
             pg_sys::Datum::from(0),
         );
     }
+}
+
+/// Whether this process got the library from `shared_preload_libraries` ([`init`]).
+static PRELOADED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A node that serves the extension's distributed tables must load the library when it starts:
+/// its planner hook is what keeps a delegated function the planner rewrote from crashing Citus
+/// (`subquery`), and a node that loads it at a session's first call plans that session's first
+/// queries unguarded. `distribute()` checks every node it knows; a node added afterwards is
+/// refused here, at its first call that touches a distributed table (red team 41, F2):
+/// `SY000` (`database`, `missing`), the HINT saying what to set.
+pub fn require_preloaded() -> Result<()> {
+    if PRELOADED.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(());
+    }
+    Err(
+        crate::error::Error::invalid_argument("database", "missing").with_hint(
+            "this Citus node does not load syncular when it starts: set shared_preload_libraries \
+             = 'citus,syncular' on every node and restart it (its planner hook keeps a delegated \
+             function from crashing Citus), docs/SCALING.md",
+        ),
+    )
 }
 
 /// The syscache callback of [`init`]: cannot fail, allocates nothing.

@@ -1,71 +1,65 @@
-//! The guard against Citus's crash on a delegated function called in a subquery (red team 39,
-//! F1; docs/SCALING.md, "A Citus bug, and the guard"). Citus 13 delegates a distributed
-//! function's call to the node of its partition when a query is `SELECT … FROM f(…)` — and it
-//! decides so on the query as PostgreSQL's planner left it. `SELECT … FROM (SELECT * FROM
-//! f(…)) t` has its subquery pulled up by then, looks like the delegable form, and Citus's
-//! deparse of that rewritten query crashes the backend (SIGSEGV in `AcquireRewriteLocks`),
-//! which makes PostgreSQL restart every session of the node. Any role that may name the
-//! function triggers it — no `EXECUTE` needed, as planning comes first.
+//! The guard against Citus's crash on a delegated function the planner has rewritten into the
+//! delegable form (red teams 39, F1, and 41, F1; docs/SCALING.md, "A Citus bug, and the guard
+//! against it"). Citus 13 delegates a distributed function's call to the node of its partition
+//! when a query is `SELECT f(…)` or `SELECT … FROM f(…)` — and it decides so on the query as
+//! PostgreSQL's planner left it, then deparses that query to send it. A query the planner
+//! brought to that form — a subquery pulled up (`SELECT * FROM (SELECT * FROM f(…)) t`), a
+//! second `FROM` item it dropped (`…, (SELECT) z`), a CTE or a SQL function it inlined, a view —
+//! still holds the entries of what it rewrote in its range table, and Citus's deparse of it
+//! crashes the backend (SIGSEGV in `AcquireRewriteLocks`), which makes PostgreSQL restart every
+//! session of the node. Any role that may name the function triggers it, `EXECUTE` or not.
 //!
-//! The guard is a planner hook that runs before Citus's (the library loads after Citus, which
-//! must be first in `shared_preload_libraries`): where a query's only `FROM` item is a chain of
-//! subqueries ending in a call of one of the extension's functions, the outermost subquery gets
-//! `OFFSET 0` — the fence PostgreSQL documents against pulling a subquery up, which returns the
-//! same rows. Citus then sees a subquery, not a function, and runs the call on this node as it
-//! does any call it does not delegate (the forms Citus delegates, `SELECT f(…)` and `SELECT …
-//! FROM f(…)`, are untouched). It protects a node only where the library is loaded before the
-//! query is planned, so `distribute()` requires `syncular` in every node's
-//! `shared_preload_libraries` (src/distribute.rs).
+//! Guessing the planner's rewrites from the tree before planning missed half of them (red team
+//! 41). So the guard looks at the tree Citus looks at: from `create_upper_paths_hook` at the end
+//! of the top query's planning (`UPPERREL_FINAL`), which Citus's planner reaches through
+//! `standard_planner` before it decides. Where the query has the delegable form around a call of
+//! one of the extension's functions but its range table holds more than that form's own entries
+//! (the one function, or the empty `FROM`'s `RTE_RESULT`), the guard gives the query a `WHERE
+//! true` — planning is over, so the plan is unchanged — and Citus, which delegates no query with
+//! a `WHERE`, runs the call on this node as any call it does not delegate. The documented forms
+//! (`SELECT syncular.push_commit(…)`, `SELECT * FROM syncular.pull(…)`) are delegated as before.
+//!
+//! It protects a node only where the library is loaded before a session plans anything, so
+//! `distribute()` requires `syncular` in every node's `shared_preload_libraries`, and a call on a
+//! node that does not preload it is refused (`super::require_preloaded`).
 
 use crate::port;
 use pgrx::pg_sys;
-use std::ffi::{c_char, c_int};
 
-/// The planner hook installed before ours (Citus's `distributed_planner` on a Citus node).
-static mut PREVIOUS: pg_sys::planner_hook_type = None;
-
-/// The subqueries of one `FROM` item followed at most this deep (PostgreSQL's own limit is the
-/// stack; a deeper chain is left as it is, and Citus's planner sees it unchanged).
-const MAX_DEPTH: usize = 64;
+/// The `create_upper_paths_hook` installed before ours.
+static mut PREVIOUS: pg_sys::create_upper_paths_hook_type = None;
 
 /// Installs the hook (from `_PG_init`, once per process that loads the library).
 pub fn install() {
     // SAFETY: `_PG_init` runs once per process, single-threaded, before any planning of ours;
     // the hook installed before ours is kept and called by ours.
     unsafe {
-        PREVIOUS = pg_sys::planner_hook;
-        pg_sys::planner_hook = Some(fence_then_plan);
+        PREVIOUS = pg_sys::create_upper_paths_hook;
+        pg_sys::create_upper_paths_hook = Some(fence_after_planning);
     }
 }
 
-// PostgreSQL's own planner, called as C calls it (src/schema/executor_snapshots.rs says why not
-// through pgrx's guarded bindings).
-unsafe extern "C-unwind" {
-    #[link_name = "standard_planner"]
-    fn standard_planner(
-        parse: *mut pg_sys::Query,
-        query_string: *const c_char,
-        cursor_options: c_int,
-        bound_params: pg_sys::ParamListInfo,
-    ) -> *mut pg_sys::PlannedStmt;
-}
-
-/// The planner hook (`src/include/optimizer/planner.h`, the same on PostgreSQL 15 and 18): fences
-/// the subquery (see the module's comment), then plans as the hook before ours, or PostgreSQL,
-/// would. No `pg_guard`: an ERROR in planning passes through here, and nothing of ours is live.
-unsafe extern "C-unwind" fn fence_then_plan(
-    parse: *mut pg_sys::Query,
-    query_string: *const c_char,
-    cursor_options: c_int,
-    bound_params: pg_sys::ParamListInfo,
-) -> *mut pg_sys::PlannedStmt {
-    // SAFETY: PostgreSQL passes a valid query tree, which the planner may modify; the hook
-    // before ours takes the same arguments.
+/// The hook (`src/include/optimizer/planner.h`, the same on PostgreSQL 15 and 18): calls the one
+/// before ours, then fences the top query (see the module's comment). No `pg_guard` on it: an
+/// ERROR in the hook before ours passes through, and nothing of ours is live.
+unsafe extern "C-unwind" fn fence_after_planning(
+    root: *mut pg_sys::PlannerInfo,
+    stage: pg_sys::UpperRelationKind::Type,
+    input: *mut pg_sys::RelOptInfo,
+    output: *mut pg_sys::RelOptInfo,
+    extra: *mut std::ffi::c_void,
+) {
+    // SAFETY: PostgreSQL passes a valid planner state; the hook before ours takes the same
+    // arguments.
     unsafe {
-        fence_guarded(parse);
-        match PREVIOUS {
-            Some(previous) => previous(parse, query_string, cursor_options, bound_params),
-            None => standard_planner(parse, query_string, cursor_options, bound_params),
+        if let Some(previous) = PREVIOUS {
+            previous(root, stage, input, output, extra);
+        }
+        if stage == pg_sys::UpperRelationKind::UPPERREL_FINAL
+            && !root.is_null()
+            && (*root).parent_root.is_null()
+        {
+            fence_guarded((*root).parse);
         }
     }
 }
@@ -77,101 +71,126 @@ unsafe extern "C-unwind" fn fence_guarded(parse: *mut pg_sys::Query) {
     unsafe { fence(parse) }
 }
 
-/// Sets `OFFSET 0` on the outermost subquery of `parse`'s only `FROM` item when that item is a
-/// chain of subqueries around a call of one of the extension's functions, on a node where Citus
-/// is installed.
+/// Gives `parse` a `WHERE true` where it has Citus's delegable form around a call of one of the
+/// extension's functions with more in its range table than that form's own entries, on a node
+/// where Citus is installed.
 ///
 /// # Safety
-/// `parse` is null or a valid query tree.
+/// `parse` is null or a valid query tree whose planning is over.
 unsafe fn fence(parse: *mut pg_sys::Query) {
-    // SAFETY: the tree's nodes are read as PostgreSQL's headers lay them out: a `FROM` item is
-    // a `RangeTblRef` into the query's range table (1-based), a subquery entry holds its query,
-    // a function entry its `RangeTblFunction`s; the constant is made in the planner's memory.
+    // SAFETY: the tree's nodes are read as PostgreSQL's headers lay them out (a `FROM` item is a
+    // `RangeTblRef` into the 1-based range table, a function entry holds `RangeTblFunction`s, a
+    // target entry its expression); the constant is made in the planner's memory.
     unsafe {
-        if parse.is_null() || (*parse).commandType != pg_sys::CmdType::CMD_SELECT {
+        if parse.is_null()
+            || (*parse).commandType != pg_sys::CmdType::CMD_SELECT
+            || (*parse).jointree.is_null()
+            || !(*(*parse).jointree).quals.is_null()
+        {
             return;
         }
-        let mut query = parse;
-        let mut outermost: *mut pg_sys::Query = std::ptr::null_mut();
-        for _ in 0..MAX_DEPTH {
-            let Some(entry) = only_from_item(query) else {
-                return;
-            };
-            match (*entry).rtekind {
-                pg_sys::RTEKind::RTE_SUBQUERY if !(*entry).subquery.is_null() => {
-                    query = (*entry).subquery;
-                    if outermost.is_null() {
-                        outermost = query;
-                    }
+        let entries = port::list_pointers((*parse).rtable);
+        let kind =
+            |cell: &pg_sys::ListCell| (*cell.ptr_value.cast::<pg_sys::RangeTblEntry>()).rtekind;
+        let called = match port::list_pointers((*(*parse).jointree).fromlist) {
+            [] => only_target_call(parse),
+            [item] => match from_entry(item, entries) {
+                Some(entry) if (*entry).rtekind == pg_sys::RTEKind::RTE_FUNCTION => {
+                    our_function(entry)
                 }
-                pg_sys::RTEKind::RTE_FUNCTION => {
-                    if outermost.is_null()
-                        || !(*outermost).limitOffset.is_null()
-                        || !calls_ours(entry)
-                        || !super::installed()
-                    {
-                        return;
-                    }
-                    (*outermost).limitOffset = pg_sys::makeConst(
-                        pg_sys::INT8OID,
-                        -1,
-                        pg_sys::InvalidOid,
-                        8,
-                        pg_sys::Datum::from(0i64),
-                        false,
-                        true,
-                    )
-                    .cast();
-                    return;
+                Some(entry) if (*entry).rtekind == pg_sys::RTEKind::RTE_RESULT => {
+                    only_target_call(parse)
                 }
-                _ => return,
-            }
+                _ => None,
+            },
+            _ => None,
+        };
+        let Some(called) = called else {
+            return;
+        };
+        // The documented forms: the one function entry, or only the empty FROM's results.
+        let plain = match entries {
+            [only] => kind(only) == pg_sys::RTEKind::RTE_FUNCTION,
+            _ => entries
+                .iter()
+                .all(|e| kind(e) == pg_sys::RTEKind::RTE_RESULT),
+        };
+        if plain || !is_ours(called) || !super::installed() {
+            return;
         }
+        (*(*parse).jointree).quals = pg_sys::makeBoolConst(true, false);
     }
 }
 
-/// The range-table entry of `query`'s `FROM` list when it has exactly one item, a plain
-/// reference (not a join).
+/// The range-table entry a `FROM` item refers to, when it is a plain reference.
 ///
 /// # Safety
-/// `query` is a valid query tree.
-unsafe fn only_from_item(query: *mut pg_sys::Query) -> Option<*mut pg_sys::RangeTblEntry> {
+/// `item` is a cell of a valid `FROM` list, `entries` the query's range table.
+unsafe fn from_entry(
+    item: &pg_sys::ListCell,
+    entries: &[pg_sys::ListCell],
+) -> Option<*mut pg_sys::RangeTblEntry> {
     // SAFETY: see `fence`.
     unsafe {
-        let tree = (*query).jointree;
-        if tree.is_null() {
+        let node = item.ptr_value.cast::<pg_sys::Node>();
+        if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_RangeTblRef {
             return None;
         }
-        let [item] = port::list_pointers((*tree).fromlist) else {
-            return None;
-        };
-        let item = item.ptr_value.cast::<pg_sys::Node>();
-        if item.is_null() || (*item).type_ != pg_sys::NodeTag::T_RangeTblRef {
-            return None;
-        }
-        let index = (*item.cast::<pg_sys::RangeTblRef>()).rtindex;
-        let entries = port::list_pointers((*query).rtable);
+        let index = (*node.cast::<pg_sys::RangeTblRef>()).rtindex;
         let entry = entries.get(usize::try_from(index).ok()?.checked_sub(1)?)?;
         Some(entry.ptr_value.cast())
     }
 }
 
-/// Whether a function entry calls a function of the extension's schema.
+/// One of the extension's functions a function entry calls (`ROWS FROM` may hold several).
 ///
 /// # Safety
 /// `entry` is a valid `RTE_FUNCTION` entry.
-unsafe fn calls_ours(entry: *mut pg_sys::RangeTblEntry) -> bool {
-    // SAFETY: see `fence`; the lookups are catalog-cache reads in the planning transaction.
+unsafe fn our_function(entry: *mut pg_sys::RangeTblEntry) -> Option<pg_sys::Oid> {
+    // SAFETY: see `fence`.
+    unsafe {
+        port::list_pointers((*entry).functions)
+            .iter()
+            .filter_map(|f| function_of((*f.ptr_value.cast::<pg_sys::RangeTblFunction>()).funcexpr))
+            .find(|f| is_ours(*f))
+    }
+}
+
+/// The function of a query whose target list is one function call (`SELECT f(…)`).
+///
+/// # Safety
+/// `parse` is a valid query tree.
+unsafe fn only_target_call(parse: *mut pg_sys::Query) -> Option<pg_sys::Oid> {
+    // SAFETY: see `fence`.
+    unsafe {
+        let [target] = port::list_pointers((*parse).targetList) else {
+            return None;
+        };
+        function_of(
+            (*target.ptr_value.cast::<pg_sys::TargetEntry>())
+                .expr
+                .cast(),
+        )
+    }
+}
+
+/// The function `node` calls, when it is a function call.
+///
+/// # Safety
+/// `node` is null or a valid expression node.
+unsafe fn function_of(node: *mut pg_sys::Node) -> Option<pg_sys::Oid> {
+    // SAFETY: see `fence`.
+    unsafe {
+        (!node.is_null() && (*node).type_ == pg_sys::NodeTag::T_FuncExpr)
+            .then(|| (*node.cast::<pg_sys::FuncExpr>()).funcid)
+    }
+}
+
+/// Whether `function` is in the extension's schema.
+fn is_ours(function: pg_sys::Oid) -> bool {
+    // SAFETY: catalog-cache lookups in the planning transaction; `InvalidOid` when absent.
     unsafe {
         let ours = pg_sys::get_namespace_oid(c"syncular".as_ptr(), true);
-        if ours == pg_sys::InvalidOid {
-            return false;
-        }
-        port::list_pointers((*entry).functions).iter().any(|f| {
-            let call = (*f.ptr_value.cast::<pg_sys::RangeTblFunction>()).funcexpr;
-            !call.is_null()
-                && (*call).type_ == pg_sys::NodeTag::T_FuncExpr
-                && pg_sys::get_func_namespace((*call.cast::<pg_sys::FuncExpr>()).funcid) == ours
-        })
+        ours != pg_sys::InvalidOid && pg_sys::get_func_namespace(function) == ours
     }
 }

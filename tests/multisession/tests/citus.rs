@@ -600,13 +600,15 @@ fn a_serving_roles_push_applies_delegated_and_is_refused_whole_through_the_coord
     exec(&mut c, "RESET ROLE");
 }
 
-/// Red team 39, F1: Citus 13 crashes a backend (SIGSEGV, every session of the node restarted)
-/// planning a delegated function called in a subquery in `FROM`, as ORMs write counts and pages
-/// — any role that may name the function, `EXECUTE` or not. The library's planner hook (loaded
-/// on every node: `distribute()` requires it in `shared_preload_libraries`) fences such a
-/// subquery: the call runs on the node it was sent to, as a call Citus does not delegate, and
-/// answers what the direct form answers. A session opened before the queries is still there
-/// after them, on every node.
+/// Red teams 39 and 41, F1: Citus 13 crashes a backend (SIGSEGV, every session of the node
+/// restarted) planning a delegated function the planner rewrote into the delegable form — a
+/// subquery pulled up, as ORMs write counts and pages, a second `FROM` item dropped, a CTE, a
+/// SQL function or a view inlined, an empty-`FROM` subquery around a scalar call, 70 subqueries
+/// deep, under `EXPLAIN` — for any role that may name the function, `EXECUTE` or not. The
+/// library's hook (loaded on every node: `distribute()` requires it in `shared_preload_libraries`)
+/// looks at the planned query and keeps Citus from delegating such a one: the call runs on the
+/// node it was sent to, as a call Citus does not delegate, and answers what the direct form
+/// answers. A session opened before the queries is still there after them, on every node.
 #[test]
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
 fn a_delegated_function_called_in_a_subquery_crashes_no_node() {
@@ -614,6 +616,16 @@ fn a_delegated_function_called_in_a_subquery_crashes_no_node() {
     tasks(&mut c);
     serving_role(&mut c);
     let p = &format!("subquery-form-{}", std::process::id());
+    // A SQL function the planner inlines and a view, both over a call (red team 41).
+    exec(
+        &mut c,
+        "CREATE OR REPLACE FUNCTION public.citus_reaction_of(p text) RETURNS SETOF jsonb
+           LANGUAGE sql STABLE AS $$ SELECT * FROM syncular.get_reaction(p, 'nope') $$;
+         CREATE OR REPLACE VIEW public.citus_reaction_view AS
+           SELECT t.* FROM (SELECT * FROM syncular.get_reaction('x', 'nope')) t, (SELECT) z;
+         GRANT EXECUTE ON FUNCTION public.citus_reaction_of(text) TO PUBLIC;
+         GRANT SELECT ON public.citus_reaction_view TO PUBLIC;",
+    );
     let pushed: serde_json::Value = one(&mut c, PUSH, &[p, &"k1", &"r1"]);
     assert_eq!(pushed["outcome"], "applied", "{pushed}");
     let mut witnesses: Vec<Client> = (0..3)
@@ -666,6 +678,44 @@ fn a_delegated_function_called_in_a_subquery_crashes_no_node() {
             .map_err(|e| sql_error(&e))
             .unwrap_err();
         assert_eq!(denied.state, "42501", "node {node}: {denied:?}");
+        // Red team 41's shapes: each answers (or is refused) on this node, none crashes it.
+        let deep = format!(
+            "SELECT * FROM {}SELECT * FROM syncular.get_reaction($1, 'nope'){}",
+            "(SELECT * FROM ".repeat(70),
+            ") t".repeat(70)
+        );
+        for shape in [
+            "SELECT t.* FROM (SELECT * FROM syncular.get_reaction($1, 'nope')) t, (SELECT) z",
+            "SELECT t.* FROM (SELECT 1 AS one) a CROSS JOIN (SELECT * FROM syncular.get_reaction($1, 'nope')) t",
+            "SELECT t.* FROM (VALUES (1)) v, (SELECT * FROM syncular.get_reaction($1, 'nope')) t",
+            "SELECT t.* FROM (SELECT $1::text AS p) a, LATERAL (SELECT * FROM syncular.get_reaction(a.p, 'nope')) t",
+            "WITH x AS (SELECT * FROM syncular.get_reaction($1, 'nope')) SELECT * FROM x",
+            "WITH x AS NOT MATERIALIZED (SELECT * FROM syncular.get_reaction($1, 'nope')) SELECT * FROM x",
+            "SELECT * FROM (SELECT syncular.get_reaction($1, 'nope')) t",
+            "SELECT * FROM (SELECT syncular.get_reaction($1, 'nope') AS r) t(r), (SELECT) z",
+            "SELECT * FROM public.citus_reaction_of($1)",
+            "SELECT * FROM public.citus_reaction_view WHERE $1::text IS NOT NULL",
+            "EXPLAIN SELECT t.* FROM (SELECT * FROM syncular.get_reaction($1, 'nope')) t, (SELECT) z",
+            deep.as_str(),
+        ] {
+            let answered = n.query(shape, &[p]).map_err(|e| sql_error(&e));
+            if let Ok(rows) = &answered {
+                if !shape.starts_with("EXPLAIN") {
+                    assert!(rows.len() == 1, "node {node}: {shape}: {} rows", rows.len());
+                }
+            }
+            let alive: i32 = one(&mut n, "SELECT 1", &[]);
+            assert_eq!(alive, 1, "node {node}: the session survived {shape}: {answered:?}");
+        }
+        let counted: i64 = one(
+            &mut n,
+            &format!("SELECT count(*) FROM ({pull_in}) s, (SELECT) z"),
+            &[p, &0i64],
+        );
+        assert_eq!(
+            counted, direct,
+            "node {node}: the pull beside a dropped item"
+        );
         // The push in a subquery: not delegated, so through this node as in a transaction block
         // (a_serving_roles_push_applies_delegated_and_is_refused_whole_through_the_coordinator):
         // applied or refused whole, never a crash.

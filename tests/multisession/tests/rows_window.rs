@@ -689,3 +689,48 @@ fn row_scopes_written_below_sql_and_by_statement_are_the_same() {
         );
     }
 }
+
+/// Red team 41, F4: one row holding thousands of scope variables, all of them changed — the held
+/// and wanted entries are compared as sets (pairwise, 16,000 took a minute and ran past its
+/// statement timeout): every stale entry removed, every new one in place, below SQL and by
+/// statement alike.
+#[test]
+fn a_row_with_thousands_of_scope_variables_is_rewritten_whole() {
+    let db = TestDb::new("row_wide");
+    let mut c = db.connect();
+    let scopes = |value: &str| -> Value {
+        Value::Object(
+            (0..8000)
+                .map(|i| (format!("v{i}"), json!(format!("{value}{i}"))))
+                .collect(),
+        )
+    };
+    for isolation in ["READ COMMITTED", "REPEATABLE READ"] {
+        let p = format!("wide-{}", isolation.len());
+        for value in ["a", "b"] {
+            let mut t = c.transaction().unwrap();
+            t.batch_execute(&format!("SET TRANSACTION ISOLATION LEVEL {isolation}"))
+                .unwrap();
+            let held: i32 = t
+                .query_one(
+                    "SELECT syncular.set_row_scopes($1, 'tasks', 'wide', $2)",
+                    &[&p, &scopes(value)],
+                )
+                .unwrap()
+                .get(0);
+            assert_eq!(held, 8000);
+            t.commit().unwrap();
+            let (all, this): (i64, i64) = {
+                let row = c
+                    .query_one(
+                        "SELECT count(*), count(*) FILTER (WHERE value LIKE $2 || '%')
+                           FROM syncular.sync_row_scopes WHERE partition = $1",
+                        &[&p, &value],
+                    )
+                    .unwrap();
+                (row.get(0), row.get(1))
+            };
+            assert_eq!((all, this), (8000, 8000), "{isolation}, {value}");
+        }
+    }
+}
