@@ -109,12 +109,10 @@ unsafe fn fence(parse: *mut pg_sys::Query) {
             return;
         };
         // The documented forms: the one function entry, or only the empty FROM's results.
-        let plain = match entries {
-            [only] => kind(only) == pg_sys::RTEKind::RTE_FUNCTION,
-            _ => entries
+        let plain = matches!(entries, [only] if kind(only) == pg_sys::RTEKind::RTE_FUNCTION)
+            || entries
                 .iter()
-                .all(|e| kind(e) == pg_sys::RTEKind::RTE_RESULT),
-        };
+                .all(|e| kind(e) == pg_sys::RTEKind::RTE_RESULT);
         if plain || !is_ours(called) || !super::installed() {
             return;
         }

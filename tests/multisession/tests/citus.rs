@@ -810,7 +810,7 @@ fn a_delegated_push_never_waits_for_another_shard_groups_metadata_lock() {
     let shard = |c: &mut Client, table: &str, partition: &str| -> i64 {
         one(
             c,
-            "SELECT get_shard_id_for_distribution_column($1::regclass, $2::text)",
+            "SELECT get_shard_id_for_distribution_column($1::text::regclass, $2::text)",
             &[&table, &partition],
         )
     };
@@ -841,7 +841,10 @@ fn a_delegated_push_never_waits_for_another_shard_groups_metadata_lock() {
     let delete = "SELECT syncular.push_commit($1, 'c1', $2, 'actor', 1750000000000, 1,
                     '{\"project_id\":[\"p1\"]}', ARRAY['tasks'], ARRAY[$3], ARRAY[2]::int2[],
                     ARRAY[NULL::int8], ARRAY[NULL::bytea])";
-    for (sql, key) in [(PUSH, "k2"), (delete, "k3"), (PUSH, "k4")] {
+    // The re-create names base version 0, as a client re-creating a deleted row does.
+    let recreate = PUSH.replacen("ARRAY[NULL::int8]", "ARRAY[0::int8]", 1);
+    assert_ne!(recreate, PUSH);
+    for (sql, key) in [(PUSH, "k2"), (delete, "k3"), (recreate.as_str(), "k4")] {
         let out: serde_json::Value = c
             .query_one(sql, &[p, &key, &"r2"])
             .map_err(|e| sql_error(&e))
@@ -1471,11 +1474,26 @@ fn every_acknowledged_commit_kept(
             seqs.len(),
             "{p}: one app row per acknowledged push"
         );
-        let pulled = c.query(PULL, &[p, &0i64]).unwrap();
+        // Pulls from cursor 0 on, a page (at most 1,000 commits) at a time, return every commit.
+        let (mut cursor, mut pulled) = (0i64, Vec::new());
+        loop {
+            let page: Vec<i64> = c
+                .query(PULL, &[p, &cursor])
+                .unwrap()
+                .iter()
+                .skip(1)
+                .map(|r| r.get::<_, Option<i64>>(1).unwrap_or(0))
+                .collect();
+            let Some(last) = page.iter().copied().max() else {
+                break;
+            };
+            pulled.extend(page);
+            cursor = last;
+        }
         assert_eq!(
-            pulled.len(),
-            1 + seqs.len(),
-            "{p}: a pull returns every commit"
+            pulled,
+            (1..=seqs.len() as i64).collect::<Vec<_>>(),
+            "{p}: pulls return every commit"
         );
         shard_port(c, p);
         exec(c, &format!("SELECT syncular.raise_writer_fence('{p}', 3)"));
