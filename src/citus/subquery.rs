@@ -12,12 +12,15 @@
 //! Guessing the planner's rewrites from the tree before planning missed half of them (red team
 //! 41). So the guard looks at the tree Citus looks at: from `create_upper_paths_hook` at the end
 //! of the top query's planning (`UPPERREL_FINAL`), which Citus's planner reaches through
-//! `standard_planner` before it decides. Where the query has the delegable form around a call of
-//! one of the extension's functions but its range table holds more than that form's own entries
-//! (the one function, or the empty `FROM`'s `RTE_RESULT`), the guard gives the query a `WHERE
-//! true` — planning is over, so the plan is unchanged — and Citus, which delegates no query with
-//! a `WHERE`, runs the call on this node as any call it does not delegate. The documented forms
-//! (`SELECT syncular.push_commit(…)`, `SELECT * FROM syncular.pull(…)`) are delegated as before.
+//! `standard_planner` before it decides. Where one of the extension's functions is called where
+//! Citus could delegate it — the one target-list call, or in the one `FROM` function — and the
+//! query is not one of the two documented forms (`SELECT syncular.f(…)`: an empty `FROM`, only its
+//! `RTE_RESULT` in the range table; `SELECT <columns> FROM syncular.f(…)`: the one function entry,
+//! plain columns), the guard gives the query a `WHERE true` — planning is over, so the plan is
+//! unchanged — and Citus, which delegates no query with a `WHERE`, runs the call on this node as
+//! any call it does not delegate. Matching only the documented forms, not Citus's own choice of
+//! which call it takes (red team 42 found a target-list call over a `FROM` function Citus does
+//! not count), leaves nothing to guess. The documented forms are delegated as before.
 //!
 //! It protects a node only where the library is loaded before a session plans anything, so
 //! `distribute()` requires `syncular` in every node's `shared_preload_libraries`, and a call on a
@@ -71,9 +74,8 @@ unsafe extern "C-unwind" fn fence_guarded(parse: *mut pg_sys::Query) {
     unsafe { fence(parse) }
 }
 
-/// Gives `parse` a `WHERE true` where it has Citus's delegable form around a call of one of the
-/// extension's functions with more in its range table than that form's own entries, on a node
-/// where Citus is installed.
+/// Gives `parse` a `WHERE true` where it calls one of the extension's functions where Citus
+/// could delegate it and is not one of the documented forms, on a node where Citus is installed.
 ///
 /// # Safety
 /// `parse` is null or a valid query tree whose planning is over.
@@ -90,33 +92,61 @@ unsafe fn fence(parse: *mut pg_sys::Query) {
             return;
         }
         let entries = port::list_pointers((*parse).rtable);
-        let kind =
-            |cell: &pg_sys::ListCell| (*cell.ptr_value.cast::<pg_sys::RangeTblEntry>()).rtekind;
-        let called = match port::list_pointers((*(*parse).jointree).fromlist) {
-            [] => only_target_call(parse),
+        let kind = |entry: *mut pg_sys::RangeTblEntry| (*entry).rtekind;
+        let item = match port::list_pointers((*(*parse).jointree).fromlist) {
+            [] => None,
             [item] => match from_entry(item, entries) {
-                Some(entry) if (*entry).rtekind == pg_sys::RTEKind::RTE_FUNCTION => {
-                    our_function(entry)
-                }
-                Some(entry) if (*entry).rtekind == pg_sys::RTEKind::RTE_RESULT => {
-                    only_target_call(parse)
-                }
-                _ => None,
+                Some(entry) => Some(entry),
+                None => return,
             },
-            _ => None,
+            // More than one FROM item: Citus delegates none of those.
+            _ => return,
         };
-        let Some(called) = called else {
+        // Citus delegates the call in the target list or the one in FROM (function_call_
+        // delegation.c); which one it takes depends on how it reads the FROM function (a
+        // `current_date`, `ROWS FROM` of two, a multi-argument `unnest` are not counted: red
+        // team 42). Both are looked at.
+        let in_target = only_target_call(parse).filter(|f| is_ours(*f));
+        let in_from = item
+            .filter(|e| kind(*e) == pg_sys::RTEKind::RTE_FUNCTION)
+            .and_then(|e| our_function(e));
+        if in_target.is_none() && in_from.is_none() {
             return;
+        }
+        let entry_of = |cell: &pg_sys::ListCell| cell.ptr_value.cast::<pg_sys::RangeTblEntry>();
+        // The documented forms, nothing else: `SELECT syncular.f(…)` (an empty FROM, only its
+        // results in the range table) and `SELECT <columns> FROM syncular.f(…)` (the one function
+        // entry, the target list its columns).
+        let documented = match (in_target, in_from, item) {
+            (Some(_), None, _) => {
+                item.is_none_or(|e| kind(e) == pg_sys::RTEKind::RTE_RESULT)
+                    && entries
+                        .iter()
+                        .all(|e| kind(entry_of(e)) == pg_sys::RTEKind::RTE_RESULT)
+            }
+            (None, Some(_), Some(function)) => {
+                matches!(entries, [only] if entry_of(only) == function) && only_columns(parse)
+            }
+            _ => false,
         };
-        // The documented forms: the one function entry, or only the empty FROM's results.
-        let plain = matches!(entries, [only] if kind(only) == pg_sys::RTEKind::RTE_FUNCTION)
-            || entries
-                .iter()
-                .all(|e| kind(e) == pg_sys::RTEKind::RTE_RESULT);
-        if plain || !is_ours(called) || !super::installed() {
+        if documented || !super::installed() {
             return;
         }
         (*(*parse).jointree).quals = pg_sys::makeBoolConst(true, false);
+    }
+}
+
+/// Whether every entry of the target list is a plain column (`SELECT *`, `SELECT a, b`).
+///
+/// # Safety
+/// `parse` is a valid query tree.
+unsafe fn only_columns(parse: *mut pg_sys::Query) -> bool {
+    // SAFETY: see `fence`.
+    unsafe {
+        port::list_pointers((*parse).targetList).iter().all(|t| {
+            let expr = (*t.ptr_value.cast::<pg_sys::TargetEntry>()).expr;
+            !expr.is_null() && (*expr).type_ == pg_sys::NodeTag::T_Var
+        })
     }
 }
 

@@ -696,6 +696,14 @@ fn a_delegated_function_called_in_a_subquery_crashes_no_node() {
             "SELECT * FROM public.citus_reaction_of($1)",
             "SELECT * FROM public.citus_reaction_view WHERE $1::text IS NOT NULL",
             "EXPLAIN SELECT t.* FROM (SELECT * FROM syncular.get_reaction($1, 'nope')) t, (SELECT) z",
+            // Red team 42: a call in the target list over a FROM function Citus does not count.
+            "SELECT * FROM (SELECT syncular.get_reaction($1, 'nope') FROM current_date) t",
+            "SELECT * FROM (SELECT syncular.get_reaction($1, 'nope')
+                              FROM ROWS FROM (lower('a'), upper('b'))) t",
+            "SELECT * FROM (SELECT syncular.get_reaction($1, 'nope')
+                              FROM unnest(ARRAY[1], ARRAY[2])) t",
+            "SELECT * FROM (SELECT syncular.writer_fence_allows($1, 1) FROM current_date) t",
+            "SELECT (SELECT 1), * FROM syncular.get_reaction($1, 'nope')",
             deep.as_str(),
         ] {
             let answered = n.query(shape, &[p]).map_err(|e| sql_error(&e));
