@@ -132,11 +132,46 @@ unsafe fn fence(parse: *mut pg_sys::Query) {
             }
             _ => false,
         };
-        if documented {
+        if documented && nothing_else(parse) {
             return;
         }
         (*(*parse).jointree).quals = pg_sys::makeBoolConst(true, false);
     }
+}
+
+/// Whether the query has no clause beyond its range table, `FROM` and target list: no CTE,
+/// grouping (`GROUP BY ()`, `ROLLUP`, `CUBE`: Citus's deparse of the planner's rewritten
+/// grouping sets crashes too), `HAVING`, window, `DISTINCT`, `ORDER BY`, `LIMIT`/`OFFSET`, row
+/// locks, set operation, aggregate, set-returning function in the target list or subquery (red
+/// team 43: the documented forms with one such clause added were delegated, and crashed or went
+/// whole to another node). These are all the fields of `Query` a `SELECT` sets on PostgreSQL 15
+/// and 18; a later major's new clause must be added here.
+///
+/// # Safety
+/// `parse` is a valid query tree.
+unsafe fn nothing_else(parse: *mut pg_sys::Query) -> bool {
+    // SAFETY: see `fence`.
+    let q = unsafe { &*parse };
+    q.utilityStmt.is_null()
+        && q.cteList.is_null()
+        && !q.hasAggs
+        && !q.hasWindowFuncs
+        && !q.hasTargetSRFs
+        && !q.hasSubLinks
+        && !q.hasDistinctOn
+        && !q.hasRecursive
+        && !q.hasModifyingCTE
+        && !q.hasForUpdate
+        && q.groupClause.is_null()
+        && q.groupingSets.is_null()
+        && q.havingQual.is_null()
+        && q.windowClause.is_null()
+        && q.distinctClause.is_null()
+        && q.sortClause.is_null()
+        && q.limitOffset.is_null()
+        && q.limitCount.is_null()
+        && q.rowMarks.is_null()
+        && q.setOperations.is_null()
 }
 
 /// Whether every entry of the target list is a plain column (`SELECT *`, `SELECT a, b`).

@@ -624,7 +624,9 @@ fn a_delegated_function_called_in_a_subquery_crashes_no_node() {
          CREATE OR REPLACE VIEW public.citus_reaction_view AS
            SELECT t.* FROM (SELECT * FROM syncular.get_reaction('x', 'nope')) t, (SELECT) z;
          GRANT EXECUTE ON FUNCTION public.citus_reaction_of(text) TO PUBLIC;
-         GRANT SELECT ON public.citus_reaction_view TO PUBLIC;",
+         GRANT SELECT ON public.citus_reaction_view TO PUBLIC;
+         CREATE TABLE IF NOT EXISTS public.citus_audit (n int);
+         GRANT INSERT ON public.citus_audit TO PUBLIC;",
     );
     let pushed: serde_json::Value = one(&mut c, PUSH, &[p, &"k1", &"r1"]);
     assert_eq!(pushed["outcome"], "applied", "{pushed}");
@@ -704,12 +706,20 @@ fn a_delegated_function_called_in_a_subquery_crashes_no_node() {
                               FROM unnest(ARRAY[1], ARRAY[2])) t",
             "SELECT * FROM (SELECT syncular.writer_fence_allows($1, 1) FROM current_date) t",
             "SELECT (SELECT 1), * FROM syncular.get_reaction($1, 'nope')",
+            // Red team 43: a documented form with one more clause.
+            "SELECT syncular.get_reaction($1, 'nope') GROUP BY ()",
+            "SELECT r FROM syncular.get_reaction($1, 'nope') r GROUP BY ROLLUP (r)",
+            "SELECT r FROM syncular.get_reaction($1, 'nope') r GROUP BY CUBE (r)",
+            "SELECT syncular.get_reaction($1, 'nope') HAVING random() >= 0 AND random() < 2",
+            "SELECT r FROM syncular.get_reaction($1, 'nope') r LIMIT (SELECT 1)",
+            "WITH d AS (INSERT INTO public.citus_audit VALUES (1) RETURNING 1)
+             SELECT syncular.get_reaction($1, 'nope')",
             deep.as_str(),
         ] {
             let answered = n.query(shape, &[p]).map_err(|e| sql_error(&e));
             if let Ok(rows) = &answered {
                 if !shape.starts_with("EXPLAIN") {
-                    assert!(rows.len() == 1, "node {node}: {shape}: {} rows", rows.len());
+                    assert!(!rows.is_empty(), "node {node}: {shape}: no row");
                 }
             }
             let alive: i32 = one(&mut n, "SELECT 1", &[]);
