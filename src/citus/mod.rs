@@ -20,8 +20,9 @@ thread_local! {
 /// Registers the callback that forgets [`catalog`]'s answer: PostgreSQL calls it where the
 /// catalog cache drops a `pg_class` entry by name (a relation created, dropped or renamed, in
 /// this session or another, seen when this backend reads invalidations — as the cache lookup
-/// itself would see it), and on a reset of every cache; and installs the planner hook that keeps
-/// a call of the extension's functions in a subquery from crashing Citus (`subquery`).
+/// itself would see it), and on a reset of every cache; and installs the planning hook that
+/// leaves Citus only the documented call forms to delegate (`subquery`: any other it may have
+/// rewritten, and its deparse of that crashes).
 pub fn init() {
     // SAFETY: a backend global, read in `_PG_init`: true only while the postmaster loads the
     // preloaded libraries, whose state every backend it forks inherits.
