@@ -113,9 +113,9 @@ unsafe fn fence(parse: *mut pg_sys::Query) {
         let in_from = item
             .filter(|e| kind(*e) == pg_sys::RTEKind::RTE_FUNCTION)
             .and_then(|e| our_function(e));
-        if in_target.is_none() && in_from.is_none() {
+        let Some(call) = in_target.or(in_from) else {
             return;
-        }
+        };
         let entry_of = |cell: &pg_sys::ListCell| cell.ptr_value.cast::<pg_sys::RangeTblEntry>();
         // The documented forms, nothing else: `SELECT syncular.f(…)` (an empty FROM, only its
         // results in the range table) and `SELECT <columns> FROM syncular.f(…)` (the one function
@@ -132,7 +132,7 @@ unsafe fn fence(parse: *mut pg_sys::Query) {
             }
             _ => false,
         };
-        if documented && nothing_else(parse) {
+        if documented && nothing_else(parse) && !null_partition(call) {
             return;
         }
         (*(*parse).jointree).quals = pg_sys::makeBoolConst(true, false);
@@ -183,7 +183,11 @@ unsafe fn only_columns(parse: *mut pg_sys::Query) -> bool {
     unsafe {
         port::list_pointers((*parse).targetList).iter().all(|t| {
             let expr = (*t.ptr_value.cast::<pg_sys::TargetEntry>()).expr;
-            !expr.is_null() && (*expr).type_ == pg_sys::NodeTag::T_Var
+            // A column, not the whole row (`SELECT g FROM syncular.pull(…) g`: Citus cannot
+            // read back an anonymous record, red team 44, N2).
+            !expr.is_null()
+                && (*expr).type_ == pg_sys::NodeTag::T_Var
+                && (*expr.cast::<pg_sys::Var>()).varattno > 0
         })
     }
 }
@@ -212,7 +216,7 @@ unsafe fn from_entry(
 ///
 /// # Safety
 /// `entry` is a valid `RTE_FUNCTION` entry.
-unsafe fn our_function(entry: *mut pg_sys::RangeTblEntry) -> Option<pg_sys::Oid> {
+unsafe fn our_function(entry: *mut pg_sys::RangeTblEntry) -> Option<*mut pg_sys::FuncExpr> {
     // SAFETY: see `fence`.
     unsafe {
         port::list_pointers((*entry).functions)
@@ -226,7 +230,7 @@ unsafe fn our_function(entry: *mut pg_sys::RangeTblEntry) -> Option<pg_sys::Oid>
 ///
 /// # Safety
 /// `parse` is a valid query tree.
-unsafe fn only_target_call(parse: *mut pg_sys::Query) -> Option<pg_sys::Oid> {
+unsafe fn only_target_call(parse: *mut pg_sys::Query) -> Option<*mut pg_sys::FuncExpr> {
     // SAFETY: see `fence`.
     unsafe {
         let [target] = port::list_pointers((*parse).targetList) else {
@@ -240,23 +244,53 @@ unsafe fn only_target_call(parse: *mut pg_sys::Query) -> Option<pg_sys::Oid> {
     }
 }
 
-/// The function `node` calls, when it is a function call.
+/// The call `node` is, when it is a function call.
 ///
 /// # Safety
 /// `node` is null or a valid expression node.
-unsafe fn function_of(node: *mut pg_sys::Node) -> Option<pg_sys::Oid> {
+unsafe fn function_of(node: *mut pg_sys::Node) -> Option<*mut pg_sys::FuncExpr> {
     // SAFETY: see `fence`.
     unsafe {
         (!node.is_null() && (*node).type_ == pg_sys::NodeTag::T_FuncExpr)
-            .then(|| (*node.cast::<pg_sys::FuncExpr>()).funcid)
+            .then(|| node.cast::<pg_sys::FuncExpr>())
     }
 }
 
-/// Whether `function` is in the extension's schema.
-fn is_ours(function: pg_sys::Oid) -> bool {
-    // SAFETY: catalog-cache lookups in the planning transaction; `InvalidOid` when absent.
+/// Whether `call` calls a function of the extension's schema.
+///
+/// # Safety
+/// `call` is a valid function call node.
+unsafe fn is_ours(call: *mut pg_sys::FuncExpr) -> bool {
+    // SAFETY: the caller's node; catalog-cache lookups in the planning transaction,
+    // `InvalidOid` when absent.
     unsafe {
         let ours = pg_sys::get_namespace_oid(c"syncular".as_ptr(), true);
-        ours != pg_sys::InvalidOid && pg_sys::get_func_namespace(function) == ours
+        ours != pg_sys::InvalidOid && pg_sys::get_func_namespace((*call).funcid) == ours
+    }
+}
+
+/// Whether the call's first argument — the partition, every delegated function's distribution
+/// argument (src/distribute.rs) — is a NULL constant, seen through binary-compatible casts.
+/// Citus checks that it is a constant, not that it is not NULL, and hashes the NULL's pointer
+/// picking the node (`FindShardInterval`: SIGSEGV; red team 44, N1: `SELECT
+/// syncular.get_reaction(NULL, …)`, or a host's NULL bound to `$1`). Any other argument is left
+/// to Citus: it declines what it cannot route without deparsing it, and keeps a prepared
+/// statement on custom plans, where it can route the bound value, only if it sees the parameter.
+///
+/// # Safety
+/// `call` is a valid function call node whose planning is over.
+unsafe fn null_partition(call: *mut pg_sys::FuncExpr) -> bool {
+    // SAFETY: see `fence`.
+    unsafe {
+        let [first, ..] = port::list_pointers((*call).args) else {
+            return false;
+        };
+        let mut node = first.ptr_value.cast::<pg_sys::Node>();
+        while !node.is_null() && (*node).type_ == pg_sys::NodeTag::T_RelabelType {
+            node = (*node.cast::<pg_sys::RelabelType>()).arg.cast();
+        }
+        !node.is_null()
+            && (*node).type_ == pg_sys::NodeTag::T_Const
+            && (*node.cast::<pg_sys::Const>()).constisnull
     }
 }

@@ -714,6 +714,8 @@ fn a_delegated_function_called_in_a_subquery_crashes_no_node() {
             "SELECT r FROM syncular.get_reaction($1, 'nope') r LIMIT (SELECT 1)",
             "WITH d AS (INSERT INTO public.citus_audit VALUES (1) RETURNING 1)
              SELECT syncular.get_reaction($1, 'nope')",
+            // Red team 44: a documented form with a whole-row column.
+            "SELECT g FROM syncular.get_reaction($1, 'nope') g",
             deep.as_str(),
         ] {
             let answered = n.query(shape, &[p]).map_err(|e| sql_error(&e));
@@ -725,6 +727,25 @@ fn a_delegated_function_called_in_a_subquery_crashes_no_node() {
             let alive: i32 = one(&mut n, "SELECT 1", &[]);
             assert_eq!(alive, 1, "node {node}: the session survived {shape}: {answered:?}");
         }
+        // Red team 44, N1: a NULL partition (Citus hashed the NULL picking the node): refused
+        // as on one node, literal, folded or bound.
+        for null in [
+            "SELECT syncular.get_reaction(NULL, 'nope')",
+            "SELECT * FROM syncular.get_reaction(NULLIF('p1', 'p1'), 'nope')",
+            "SELECT syncular.writer_fence_allows(NULL::varchar, 1)",
+        ] {
+            let refused = n.query(null, &[]).map_err(|e| sql_error(&e));
+            assert!(refused.is_err(), "node {node}: {null}: {refused:?}");
+        }
+        let bound = n
+            .query("SELECT syncular.get_reaction($1, 'nope')", &[&None::<&str>])
+            .map_err(|e| sql_error(&e));
+        assert!(bound.is_err(), "node {node}: a bound NULL: {bound:?}");
+        let alive: i32 = one(&mut n, "SELECT 1", &[]);
+        assert_eq!(
+            alive, 1,
+            "node {node}: the session survived the NULL partitions"
+        );
         let counted: i64 = one(
             &mut n,
             &format!("SELECT count(*) FROM ({pull_in}) s, (SELECT) z"),
