@@ -1,6 +1,5 @@
-//! The guard against Citus's crash on a delegated function the planner has rewritten into the
-//! delegable form (red teams 39, F1, and 41, F1; docs/SCALING.md, "A Citus bug, and the guard
-//! against it"). Citus 13 delegates a distributed function's call to the node of its partition
+//! The guard against Citus's crashes on a delegated call of the extension's functions (red teams
+//! 39 and 41–45; docs/SCALING.md, "a Citus bug, and the guard against it"). Citus 13 delegates a distributed function's call to the node of its partition
 //! when a query is `SELECT f(…)` or `SELECT … FROM f(…)` — and it decides so on the query as
 //! PostgreSQL's planner left it, then deparses that query to send it. A query the planner
 //! brought to that form — a subquery pulled up (`SELECT * FROM (SELECT * FROM f(…)) t`), a
@@ -16,11 +15,14 @@
 //! Citus could delegate it — the one target-list call, or in the one `FROM` function — and the
 //! query is not one of the two documented forms (`SELECT syncular.f(…)`: an empty `FROM`, only its
 //! `RTE_RESULT` in the range table; `SELECT <columns> FROM syncular.f(…)`: the one function entry,
-//! plain columns), the guard gives the query a `WHERE true` — planning is over, so the plan is
-//! unchanged — and Citus, which delegates no query with a `WHERE`, runs the call on this node as
-//! any call it does not delegate. Matching only the documented forms, not Citus's own choice of
-//! which call it takes (red team 42 found a target-list call over a `FROM` function Citus does
-//! not count), leaves nothing to guess. The documented forms are delegated as before.
+//! real columns) with no other clause and a partition that is not a NULL constant, the guard
+//! gives the query a `WHERE true` — planning is over, so the plan is unchanged — and Citus, which
+//! delegates no query with a `WHERE`, runs the call on this node as any call it does not
+//! delegate. Matching only the documented forms, not Citus's own choice of which call it takes,
+//! leaves nothing to guess: red team 42 found a target-list call over a `FROM` function Citus
+//! does not count, 43 a documented form with a `GROUP BY ()` (Citus's deparse of rewritten
+//! grouping sets crashes too), 44 a NULL partition (Citus hashes the NULL's pointer to pick the
+//! node). The documented forms are delegated as before.
 //!
 //! It protects a node only where the library is loaded before a session plans anything, so
 //! `distribute()` requires `syncular` in every node's `shared_preload_libraries`, and a call on a
