@@ -140,10 +140,10 @@ fn coordinator_in_metadata(client: &SpiClient<'_>) -> Result<()> {
 }
 
 /// Every node must load the library when it starts (`shared_preload_libraries = 'citus,syncular'`):
-/// its planner hook is what keeps a delegated function called in a subquery from crashing the
-/// node (src/citus/subquery.rs; red team 39, F1), and a node that loads it only at a session's
-/// first call of one of its functions plans that session's first queries unguarded. Refused
-/// here, naming the nodes, before anything is delegated.
+/// its planning hook is what leaves Citus only the documented call forms to delegate — Citus
+/// crashes the node on others (src/citus/subquery.rs; red teams 39, 41–44) — and a node that
+/// loads it only at a session's first call of one of its functions plans that session's first
+/// queries unguarded. Refused here, naming the nodes, before anything is delegated.
 fn preloaded_on_every_node(client: &SpiClient<'_>) -> Result<()> {
     let nodes = db::read(
         client,
@@ -177,8 +177,8 @@ fn preloaded_on_every_node(client: &SpiClient<'_>) -> Result<()> {
     Err(
         Error::invalid_argument("database", "missing").with_hint(format!(
             "syncular is not in shared_preload_libraries on {}: set shared_preload_libraries = \
-         'citus,syncular' on every node and restart it (its planner hook keeps a delegated \
-         function called in a subquery from crashing Citus), docs/SCALING.md",
+         'citus,syncular' on every node and restart it (its planning hook keeps Citus from \
+         delegating calls it would crash on), docs/SCALING.md",
             missing.join(", ")
         )),
     )

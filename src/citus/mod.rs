@@ -45,7 +45,7 @@ pub fn init() {
 static PRELOADED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// A node that serves the extension's distributed tables must load the library when it starts:
-/// its planner hook is what keeps a delegated function the planner rewrote from crashing Citus
+/// its planning hook is what leaves Citus only the documented call forms to delegate
 /// (`subquery`), and a node that loads it at a session's first call plans that session's first
 /// queries unguarded. `distribute()` checks every node it knows; a node added afterwards is
 /// refused here, at its first call that touches a distributed table (red team 41, F2):
@@ -57,8 +57,8 @@ pub fn require_preloaded() -> Result<()> {
     Err(
         crate::error::Error::invalid_argument("database", "missing").with_hint(
             "this Citus node does not load syncular when it starts: set shared_preload_libraries \
-             = 'citus,syncular' on every node and restart it (its planner hook keeps a delegated \
-             function from crashing Citus), docs/SCALING.md",
+             = 'citus,syncular' on every node and restart it (its planning hook keeps Citus from \
+             delegating calls it would crash on), docs/SCALING.md",
         ),
     )
 }
