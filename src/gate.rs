@@ -137,7 +137,6 @@ pub unsafe fn pending_here(
     let here = unsafe {
         heap::rows_where(
             SyncTable::BackfillCheckpoints,
-            None,
             Some(c"sync_backfill_checkpoints_pending"),
             &keys,
             snapshot,

@@ -423,9 +423,7 @@ pub unsafe fn by_primary_key<T>(
 /// Every row of `table` whose columns equal the values `keys` name (each compared with its
 /// equality function under its collation), handed to `each` in turn until it answers `false`:
 /// through the index named `index` — which must be the table's and hold every key column —, or
-/// without one through the whole table (for small tables with no index on the columns). On
-/// Citus, the shard on this node that holds `distribution` (the rows' distribution value; `None`
-/// for a reference table).
+/// without one through the whole table (for small tables with no index on the columns).
 /// `false` when Citus keeps the table on another node (as [`Lookup::Elsewhere`]), and when an
 /// index is named and the table has none of that name: read through SQL then (a Citus shard's
 /// indexes carry the shard's suffix).
@@ -434,7 +432,6 @@ pub unsafe fn by_primary_key<T>(
 /// As for [`by_primary_key`]; each value is a datum of its column's type.
 pub unsafe fn rows_where(
     table: SyncTable,
-    distribution: Option<&str>,
     index: Option<&CStr>,
     keys: &[(&CStr, pg_sys::Datum, (u32, pg_sys::Oid))],
     snapshot: pg_sys::Snapshot,
@@ -444,7 +441,7 @@ pub unsafe fn rows_where(
     unsafe {
         scan(
             table,
-            distribution,
+            None,
             Keys::Columns(index, keys),
             snapshot,
             |row, _| each(row),
@@ -920,6 +917,15 @@ pub fn with_snapshot<T>(
     }
 }
 
+/// Whether the transaction runs in READ COMMITTED (`XactIsoLevel`), where a statement takes a
+/// fresh snapshot and `ON CONFLICT` waits for a conflicting row and then skips or locks it — what
+/// the writes below SQL do; elsewhere the statement's own behaviour (40001 on a row its snapshot
+/// cannot see) is needed, and callers run the statement or refuse.
+pub fn read_committed() -> bool {
+    // SAFETY: reads a backend global of the current transaction.
+    unsafe { pg_sys::XactIsoLevel == pg_sys::XACT_READ_COMMITTED as i32 }
+}
+
 /// Which other transactions' rows a snapshot sees: its `xmax` and the transactions it takes for
 /// running (`xip`, `subxip`, sorted). Two MVCC snapshots with the same see the same rows of every
 /// transaction but the reader's own, whatever their age: a transaction below `xmax` and not
@@ -1092,12 +1098,17 @@ impl DirectInsert {
     }
 
     /// [`DirectInsert::open`] for [`DirectInsert::insert_unless_conflict`]: the unique indexes'
-    /// conflict checks are prepared too.
+    /// conflict checks are prepared too. `None` outside READ COMMITTED ([`read_committed`]):
+    /// there the statement raises 40001 on a conflicting row its snapshot cannot see, which the
+    /// direct insert would not.
     pub fn open_for_conflicts(
         table: SyncTable,
         partition: &str,
         columns: &'static [(&'static CStr, pg_sys::Oid)],
     ) -> Result<Option<Self>> {
+        if !read_committed() {
+            return Ok(None);
+        }
         Self::open_with(table, partition, columns, None, true)
     }
 
@@ -1422,7 +1433,7 @@ pub fn lock_by_key(
     // is registered around the lookup and the row lock; the slot is the table AM's own, made and
     // dropped here; the table AM's `tuple_lock` is called as `ExecLockRows` calls it.
     unsafe {
-        if pg_sys::XactReadOnly || pg_sys::XactIsoLevel != pg_sys::XACT_READ_COMMITTED as i32 {
+        if pg_sys::XactReadOnly || !read_committed() {
             return Ok(None);
         }
         // Where Citus distributes the table, its shard on this node (the key is the table's

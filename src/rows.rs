@@ -28,8 +28,9 @@ pub fn set_scopes_many(
     tbl: &str,
     rows: &[(&str, &Map<String, Value>)],
 ) -> Result<i64> {
-    let read_committed = read_committed();
-    let below_sql = match read_committed {
+    // Below SQL in READ COMMITTED only, as the insert of the missing entries: the statements
+    // elsewhere, both ways held together by the differential test.
+    let below_sql = match crate::heap::read_committed() {
         true => held_below_sql(partition, tbl, rows)?,
         false => None,
     };
@@ -81,69 +82,65 @@ pub fn set_scopes_many(
         )?;
     }
     if !missing.is_empty() {
-        insert_missing(client, partition, tbl, &missing, read_committed)?;
+        insert_missing(client, partition, tbl, &missing)?;
     }
     Ok(rows.iter().map(|(_, scopes)| scopes.len() as i64).sum())
-}
-
-/// Whether the transaction runs in READ COMMITTED, where the row scopes are read and inserted
-/// below SQL as the statements would (each statement's fresh snapshot, `ON CONFLICT DO
-/// NOTHING`'s wait); elsewhere the statements run (a conflicting row the transaction's snapshot
-/// cannot see is their 40001).
-fn read_committed() -> bool {
-    // SAFETY: reads a backend global of the current transaction.
-    unsafe { pg_sys::XactIsoLevel == pg_sys::XACT_READ_COMMITTED as i32 }
 }
 
 /// Each row's `(var, value)` entries, by row id.
 type Held = HashMap<String, Vec<(String, String)>>;
 
-/// [`Held`] read below SQL: one scan of `sync_row_scopes_by_row` per row id, with a fresh
-/// snapshot (after the command counter moved past this transaction's writes, as the statement's);
-/// `None` where the index is not there under its name (a Citus shard's carries a suffix): the
-/// statement reads then.
+/// [`Held`] read below SQL: one scan of `sync_row_scopes_by_row` per row id, the table and index
+/// opened once for all of them (`heap::with_reader_on`), with a fresh snapshot (after the command
+/// counter moved past this transaction's writes, as the statement's); `None` where the index is
+/// not there under its name (a Citus shard's carries a suffix) or Citus keeps the partition's
+/// shard on another node: the statement reads then.
 fn held_below_sql(
     partition: &str,
     tbl: &str,
     rows: &[(&str, &Map<String, Value>)],
 ) -> Result<Option<Held>> {
-    let mut held = Held::new();
-    let here = crate::heap::with_snapshot(true, |snapshot| {
-        for (row_id, _) in rows {
-            crate::interrupts::check();
-            let key = |column, value| {
-                let (datum, equality) = crate::heap::text_key(value);
-                (column, datum, equality)
-            };
-            let keys = [
-                key(c"partition", partition),
-                key(c"tbl", tbl),
-                key(c"row_id", row_id),
-            ];
-            let entries = held.entry((*row_id).to_string()).or_default();
-            // SAFETY: the keys are text datums built above, alive for the scan; the snapshot is
-            // registered around this closure.
-            let scanned = unsafe {
-                crate::heap::rows_where(
-                    crate::heap::SyncTable::RowScopes,
-                    Some(partition),
-                    Some(c"sync_row_scopes_by_row"),
-                    &keys,
-                    snapshot,
-                    |row| {
-                        let text = |column| row.text(column).map(Option::unwrap_or_default);
-                        entries.push((text(c"var")?, text(c"value")?));
-                        Ok(true)
-                    },
-                )
-            }?;
-            if !scanned {
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    })?;
-    Ok(here.then_some(held))
+    let by_row = (
+        c"sync_row_scopes_by_row",
+        &[c"partition", c"tbl", c"row_id"][..],
+    );
+    crate::heap::with_snapshot(true, |snapshot| {
+        // SAFETY: inside the call's transaction, with the snapshot registered around this
+        // closure; the keys are text datums built for each scan, alive until it ends, and every
+        // scan begun here is ended here.
+        let read = unsafe {
+            crate::heap::with_reader_on(
+                crate::heap::SyncTable::RowScopes,
+                Some(partition),
+                Some(by_row),
+                |reader, by_name| {
+                    if !by_name {
+                        return Ok(None);
+                    }
+                    let mut held = Held::new();
+                    for (row_id, _) in rows {
+                        crate::interrupts::check();
+                        let keys = [partition, tbl, row_id].map(crate::heap::text_key);
+                        let entries = held.entry((*row_id).to_string()).or_default();
+                        let mut scan = reader.scan(&keys, None, snapshot)?;
+                        let read = (|| -> Result<()> {
+                            while let Some(entry) = scan.next(|row| {
+                                let text = |column| row.text(column).map(Option::unwrap_or_default);
+                                Ok((text(c"var")?, text(c"value")?))
+                            })? {
+                                entries.push(entry);
+                            }
+                            Ok(())
+                        })();
+                        scan.end();
+                        read?;
+                    }
+                    Ok(Some(held))
+                },
+            )
+        }?;
+        Ok(read.flatten())
+    })
 }
 
 /// [`Held`] read by statement: one index probe per row id, whatever the kept generic plan was
@@ -199,17 +196,12 @@ fn insert_missing(
     partition: &str,
     tbl: &str,
     missing: &[(&str, &str, &str)],
-    read_committed: bool,
 ) -> Result<()> {
-    let direct = if read_committed {
-        crate::heap::DirectInsert::open_for_conflicts(
-            crate::heap::SyncTable::RowScopes,
-            partition,
-            ROW_SCOPE_COLUMNS,
-        )?
-    } else {
-        None
-    };
+    let direct = crate::heap::DirectInsert::open_for_conflicts(
+        crate::heap::SyncTable::RowScopes,
+        partition,
+        ROW_SCOPE_COLUMNS,
+    )?;
     if let Some(mut direct) = direct {
         for (row_id, var, value) in missing {
             crate::interrupts::check();

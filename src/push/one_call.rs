@@ -297,8 +297,7 @@ fn push_commit(
             op_base_versions.as_ref(),
             op_payloads.as_ref(),
         )?;
-        // SAFETY: reads a backend global of the current transaction; never errors.
-        if unsafe { pg_sys::XactIsoLevel } != pg_sys::XACT_READ_COMMITTED as i32 {
+        if !crate::heap::read_committed() {
             return Err(Error::invalid_transaction_state("isolation"));
         }
         // A staged push stands until push_finish or a rollback: no push may run over its

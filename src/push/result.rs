@@ -397,10 +397,6 @@ const RESULT_COLUMNS: &[(&std::ffi::CStr, pg_sys::Oid)] = &[
 /// snapshot cannot see, 40001), in a read-only transaction, or where the table is not as created
 /// (Citus included).
 fn insert_below_sql(key: &[&str; 3], binary: &crate::jsonb::OwnedJsonb) -> Result<Option<bool>> {
-    // SAFETY: reads a backend global of the current transaction.
-    if unsafe { pg_sys::XactIsoLevel } != pg_sys::XACT_READ_COMMITTED as i32 {
-        return Ok(None);
-    }
     let Some(mut results) = heap::DirectInsert::open_for_conflicts(
         heap::SyncTable::PushResults,
         key[0],

@@ -177,7 +177,7 @@ pub fn require_transaction(no_prior_writes: bool) -> Result<()> {
         if no_prior_writes && pg_sys::GetTopTransactionIdIfAny() != pg_sys::InvalidTransactionId {
             return Err(Error::invalid_transaction_state("prior_writes"));
         }
-        if pg_sys::XactIsoLevel != pg_sys::XACT_READ_COMMITTED as i32 {
+        if !crate::heap::read_committed() {
             return Err(Error::invalid_transaction_state("isolation"));
         }
     }

@@ -363,7 +363,7 @@ fn registration_here(tbl: &str) -> error::Result<Option<Option<Registration>>> {
         )];
         // SAFETY: as above; the key is an OID datum, passed by value.
         let here = unsafe {
-            heap::rows_where(SyncTable::AppTables, None, None, &key, snapshot, |row| {
+            heap::rows_where(SyncTable::AppTables, None, &key, snapshot, |row| {
                 let name = row.text(c"tbl")?.unwrap_or_default();
                 if name != tbl && also.as_ref().is_none_or(|least| name < *least) {
                     also = Some(name);
