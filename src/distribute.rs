@@ -176,10 +176,9 @@ fn preloaded_on_every_node(client: &SpiClient<'_>) -> Result<()> {
     }
     Err(
         Error::invalid_argument("database", "missing").with_hint(format!(
-            "syncular is not in shared_preload_libraries on {}: set shared_preload_libraries = \
-         'citus,syncular' on every node and restart it (its planning hook keeps Citus from \
-         delegating calls it would crash on), docs/SCALING.md",
-            missing.join(", ")
+            "syncular is not in shared_preload_libraries on {}: {}",
+            missing.join(", "),
+            crate::citus::PRELOAD_FIX
         )),
     )
 }

@@ -55,13 +55,17 @@ pub fn require_preloaded() -> Result<()> {
         return Ok(());
     }
     Err(
-        crate::error::Error::invalid_argument("database", "missing").with_hint(
-            "this Citus node does not load syncular when it starts: set shared_preload_libraries \
-             = 'citus,syncular' on every node and restart it (its planning hook keeps Citus from \
-             delegating calls it would crash on), docs/SCALING.md",
-        ),
+        crate::error::Error::invalid_argument("database", "missing").with_hint(format!(
+            "this Citus node does not load syncular when it starts: {PRELOAD_FIX}"
+        )),
     )
 }
+
+/// What to do where a node does not preload the library: the end of the HINT of this refusal
+/// and of `distribute()`'s (src/distribute.rs).
+pub const PRELOAD_FIX: &str = "set shared_preload_libraries = 'citus,syncular' on every node \
+    and restart it (its planning hook keeps Citus from delegating calls it would crash on), \
+    docs/SCALING.md";
 
 /// The syscache callback of [`init`]: cannot fail, allocates nothing.
 unsafe extern "C-unwind" fn forget_catalog(_: pg_sys::Datum, _: std::ffi::c_int, _: u32) {
