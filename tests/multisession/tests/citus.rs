@@ -414,53 +414,47 @@ fn a_call_inside_a_query_on_a_shard_is_refused_as_citus_refuses_its_statements()
             "INSERT INTO public.tasks VALUES ('{partition}', 'seed', 'seed', 'p1', 1, '{{}}', '\\x00', NULL)"
         ),
     );
-    let refused = c
-        .query_one(
+    // The call inside a query Citus pushes down to the shard, made on `s`: its error, and the
+    // commits the partition then holds.
+    let on_the_shard = |s: &mut Client, c: &mut Client| {
+        let refused = s.query_one(
             "SELECT syncular.append_commit($1, $2) FROM public.tasks
               WHERE _sync_partition = $1 AND _sync_row_id = 'seed'",
             &[partition, &commit("k1", Some(1), &["b"])],
-        )
-        .expect_err("a call inside a query on a shard");
-    let e = sql_error(&refused);
-    assert!(
-        e.message
-            .contains("cannot execute a distributed query from a query on a shard"),
-        "{e:?}"
-    );
-    let kept: i64 = one(
-        &mut c,
-        "SELECT count(*) FROM syncular.sync_commits WHERE partition = $1",
-        &[partition],
-    );
-    assert_eq!(kept, 1, "nothing of the refused call kept");
+        );
+        let kept: i64 = one(
+            c,
+            "SELECT count(*) FROM syncular.sync_commits WHERE partition = $1",
+            &[partition],
+        );
+        (refused.map(|_| ()).map_err(|e| sql_error(&e)), kept)
+    };
+    // Refused as Citus refuses its own statements there, and nothing of it kept.
+    let refused_and_nothing_kept = |(refused, kept): (Result<(), SqlError>, i64), why: &str| {
+        let e = refused.expect_err(why);
+        assert!(
+            e.message
+                .contains("cannot execute a distributed query from a query on a shard"),
+            "{why}: {e:?}"
+        );
+        assert_eq!(kept, 1, "{why}: nothing of the refused call kept");
+    };
+    let mut same = Client::connect(&node_params(0), NoTls).unwrap();
+    let plain = on_the_shard(&mut same, &mut c);
+    refused_and_nothing_kept(plain, "a call inside a query on a shard");
     // A role may allow Citus's nested execution for itself (its per-shard queries connect as
-    // it): refused all the same, and nothing kept (red team 39's note).
+    // it): refused all the same (red team 39's note).
     exec(
         &mut c,
         "ALTER ROLE CURRENT_USER SET citus.allow_nested_distributed_execution = on",
     );
     let mut nested = Client::connect(&node_params(0), NoTls).unwrap();
-    let refused = nested.query_one(
-        "SELECT syncular.append_commit($1, $2) FROM public.tasks
-          WHERE _sync_partition = $1 AND _sync_row_id = 'seed'",
-        &[partition, &commit("k1", Some(1), &["b"])],
-    );
+    let allowed = on_the_shard(&mut nested, &mut c);
     exec(
         &mut c,
         "ALTER ROLE CURRENT_USER RESET citus.allow_nested_distributed_execution",
     );
-    let e = sql_error(&refused.expect_err("nested execution allowed by the role"));
-    assert!(
-        e.message
-            .contains("cannot execute a distributed query from a query on a shard"),
-        "{e:?}"
-    );
-    let kept: i64 = one(
-        &mut c,
-        "SELECT count(*) FROM syncular.sync_commits WHERE partition = $1",
-        &[partition],
-    );
-    assert_eq!(kept, 1, "nothing of the refused call kept");
+    refused_and_nothing_kept(allowed, "nested execution allowed by the role");
     let seq: i64 = one(&mut c, alone, &[partition, &commit("k2", Some(1), &["c"])]);
     assert_eq!(seq, 2);
 }
