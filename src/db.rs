@@ -159,6 +159,21 @@ pub fn write<'conn>(
     Ok(client.select(stmt, None, args)?)
 }
 
+/// The schema barrier, L0 (docs/DESIGN.md §Lock order): `EXCLUSIVE` on `sync_partitions`, which
+/// waits for every transaction holding a partition lock and keeps new ones out until this one
+/// ends — taken by `migrate_schema`, `register_table`, `retire_table` and
+/// `repair_schema_marker`. On Citus the lock is sent to every node and waited for there, where
+/// this session's `lock_timeout` is sent first ([`crate::citus::send_lock_timeout`]).
+pub fn lock_barrier(client: &SpiClient<'_>) -> Result<()> {
+    crate::citus::send_lock_timeout()?;
+    write(
+        client,
+        "LOCK TABLE syncular.sync_partitions IN EXCLUSIVE MODE",
+        &[],
+    )?;
+    Ok(())
+}
+
 /// Runs `body` with `plan_cache_mode = force_generic_plan`: statements planned or opened in it
 /// run their kept generic plan, never a custom one. For statements whose parameters are all keys
 /// with an index made for them (`= ANY ($n)`, ranges of a primary key): the plan cache plans such

@@ -468,7 +468,13 @@ unsafe fn open_here(
             return Ok(Some(relation));
         }
         let shell = (*relation).rd_id;
-        pg_sys::table_close(relation, lock);
+        // The shell's lock is kept to the end of the transaction, as the statement through
+        // Citus this read replaces would keep it: a `LOCK TABLE` of a distributed table — the
+        // schema barrier's, `LOCK TABLE syncular.sync_partitions IN EXCLUSIVE MODE` (L0,
+        // docs/DESIGN.md §Locks) — is propagated to every node's shell, never to the shards,
+        // so a push holding only its shard's locks did not hold a migration off
+        // (docs/SCALING.md, "The schema barrier across nodes").
+        pg_sys::table_close(relation, pg_sys::NoLock as pg_sys::LOCKMODE);
         crate::citus::require_preloaded()?;
         Ok(crate::citus::local_shard(shell, distribution)?
             .map(|shard| pg_sys::table_open(shard, lock)))

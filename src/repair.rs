@@ -95,11 +95,7 @@ fn repair_schema_marker(
             access::require_operator("schema_version")?;
             access::as_extension_owner(|| {
                 // The barrier lock of migrate_schema: no migration or append runs meanwhile.
-                db::write(
-                    client,
-                    "LOCK TABLE syncular.sync_partitions IN EXCLUSIVE MODE",
-                    &[],
-                )?;
+                db::lock_barrier(client)?;
                 let stored = db::write(
                     client,
                     "SELECT schema_version, required_writer_version FROM syncular.sync_schema_meta

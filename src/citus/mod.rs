@@ -265,6 +265,27 @@ fn local_execution_claimed() -> bool {
     }
 }
 
+/// Makes Citus send this session's `lock_timeout` along with the transaction's next statements
+/// to every node they reach. Citus runs a `LOCK TABLE` of a distributed table — the schema
+/// barrier's ([`crate::db::lock_barrier`]) — on every node over its connections, and the wait
+/// there is the node's own: the session's `lock_timeout` did not bound it (a migration on the
+/// coordinator with `lock_timeout = 1s` waited 7 s for a push on a worker). Citus sends a
+/// `SET LOCAL` made while `citus.propagate_set_commands = local` to the transaction's
+/// connections, in a transaction block (which `migrate_schema` requires); the setting itself is
+/// set only around that statement. Nothing to do without Citus or without a `lock_timeout`.
+pub fn send_lock_timeout() -> Result<()> {
+    // SAFETY: backend globals, read inside a transaction.
+    let (ms, block) = unsafe { (pg_sys::LockTimeout, pg_sys::IsTransactionBlock()) };
+    if ms <= 0 || !block || !installed() {
+        return Ok(());
+    }
+    crate::db::with_settings(&[(c"citus.propagate_set_commands", c"local")], || {
+        // An integer of milliseconds: the session's own value, set again so Citus sends it.
+        Spi::run(&format!("SET LOCAL lock_timeout = {ms}"))?;
+        Ok(())
+    })
+}
+
 /// [`placed_shard`]'s first statement: the shard of the table's row for the key (a reference
 /// table's one shard), its metadata locked in share mode as the statement returns it.
 const SHARD_SQL: &str = "SELECT s.shard, pg_catalog.lock_shard_metadata(5, ARRAY[s.shard])

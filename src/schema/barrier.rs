@@ -347,11 +347,7 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
         marker::wait_for_older_transactions();
     }
     // L0: waits for every partition lock holder and allocator; blocks them until we end.
-    db::write(
-        client,
-        "LOCK TABLE syncular.sync_partitions IN EXCLUSIVE MODE",
-        &[],
-    )?;
+    db::lock_barrier(client)?;
     // Push schemas stay as they are until we end, and one being stored now is committed first:
     // `set_push_schema` takes ROW EXCLUSIVE before it compares with the marker, so each of the
     // two sees the other's result (red team 6, R6-1; docs/DESIGN.md §Lock order). A 0.1.0

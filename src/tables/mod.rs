@@ -685,14 +685,7 @@ fn overlapping(
 /// (it reads them again once it holds its lock: src/push/open.rs, red team 11, C1). Taken first,
 /// before any lock on the app relation, as the migration takes it (docs/DESIGN.md §Lock order).
 fn hold_pushes(client: &SpiClient<'_>) -> error::Result<()> {
-    access::as_extension_owner(|| {
-        db::write(
-            client,
-            "LOCK TABLE syncular.sync_partitions IN EXCLUSIVE MODE",
-            &[],
-        )
-        .map(drop)
-    })
+    access::as_extension_owner(|| db::lock_barrier(client))
 }
 
 pub fn register(
