@@ -89,6 +89,9 @@ pub fn switched<R>(
     discard: bool,
     body: impl FnOnce() -> Result<R>,
 ) -> Result<R> {
+    // On Citus, no scope runs in a transaction whose SET LOCALs Citus replays on the owner's
+    // connections — made before the call, or by host code in an earlier scope of it.
+    crate::citus::propagated::refuse()?;
     let (mut user, mut context) = (pg_sys::InvalidOid, 0);
     // SAFETY: the pairs of miscinit.c and guc.c PostgreSQL's own restricted operations use
     // (ExecRefreshMatView): the identity saved here is restored below on every Rust return path
@@ -128,7 +131,8 @@ pub fn switched<R>(
                 // instead). `false` discards what was set inside, non-local `SET`s included.
                 unsafe { pg_sys::AtEOXact_GUC(false, level) };
             }
-            result
+            // Host code of this scope made one: refused before the caller's next statement.
+            result.and_then(|r| crate::citus::propagated::refuse().map(|()| r))
         }
         Err(panic) => resume_unwind(panic),
     }

@@ -225,6 +225,26 @@ fn distribute_ours(client: &SpiClient<'_>) -> Result<Done> {
         )?;
         done.0.push(table);
     }
+    // Citus 13.2's non-blocking shard transfer (logical replication, its default `auto` mode)
+    // lost the app rows of acknowledged pushes while it moved a group whose tables have two
+    // owners — ours the extension owner's, the app tables their migrator's, as always here (red
+    // team 46, F2: 570–840 rows a run; a control without syncular lost rows with two owners and
+    // none with one). `auto` refuses a group with a table without a replica identity: one of
+    // ours has none, so a move, a drain or a rebalance of the partitions' group is refused unless
+    // it blocks writes (docs/SCALING.md, "Rebalancing").
+    let identity = db::first::<String>(db::write(
+        client,
+        "SELECT c.relreplident::pg_catalog.text FROM pg_catalog.pg_class c
+          WHERE c.oid = 'syncular.sync_change_scopes'::pg_catalog.regclass",
+        &[],
+    )?)?;
+    if identity.as_deref() != Some("n") {
+        db::write(
+            client,
+            "ALTER TABLE syncular.sync_change_scopes REPLICA IDENTITY NOTHING",
+            &[],
+        )?;
+    }
     for table in REFERENCE {
         crate::interrupts::check();
         if managed(table)? {

@@ -4,6 +4,7 @@
 //! of the extension may read or write such a table below SQL (src/heap.rs), and its statements
 //! must let Citus plan them (no forced generic plans, src/db.rs) — issue 30, item 1.
 
+pub mod propagated;
 mod subquery;
 
 use crate::error::Result;
@@ -48,7 +49,8 @@ static PRELOADED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool:
 /// its planning hook is what leaves Citus only the documented call forms to delegate
 /// (`subquery`), and a node that loads it at a session's first call plans that session's first
 /// queries unguarded. `distribute()` checks every node it knows; a node added afterwards is
-/// refused here, at its first call that touches a distributed table (red team 41, F2):
+/// refused here, at its first call that touches a distributed table — and, since it could not have
+/// seen the settings Citus replays (`propagated`), at its first call of any kind (red team 41, F2):
 /// `SY000` (`database`, `missing`), the HINT saying what to set.
 pub fn require_preloaded() -> Result<()> {
     if PRELOADED.load(std::sync::atomic::Ordering::Relaxed) {
@@ -281,7 +283,9 @@ pub fn send_lock_timeout() -> Result<()> {
     }
     crate::db::with_settings(&[(c"citus.propagate_set_commands", c"local")], || {
         // An integer of milliseconds: the session's own value, set again so Citus sends it.
-        Spi::run(&format!("SET LOCAL lock_timeout = {ms}"))?;
+        // Harmless on the owner's connections, so not a reason to refuse the call
+        // (`propagated`).
+        propagated::ours(|| Spi::run(&format!("SET LOCAL lock_timeout = {ms}")))?;
         Ok(())
     })
 }

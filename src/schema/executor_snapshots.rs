@@ -174,12 +174,15 @@ unsafe extern "C-unwind" fn record_then_utility(
     completion: *mut pg_sys::QueryCompletion,
 ) {
     // SAFETY: the active snapshot, when one is set, is valid while the statement runs (asked
-    // through pgrx's guarded bindings, which raise nothing here); the arguments go on as
-    // PostgreSQL passed them, to a hook that takes the same ones.
+    // through pgrx's guarded bindings, which raise nothing here); `statement` is PostgreSQL's,
+    // as `observe` requires; the arguments go on as PostgreSQL passed them, to a hook that takes
+    // the same ones.
     unsafe {
         if pg_sys::ActiveSnapshotSet() {
             record_guarded(pg_sys::GetActiveSnapshot());
         }
+        // The settings Citus would replay on the extension owner's connections (red team 46).
+        crate::citus::propagated::observe(statement);
         let run = match PREVIOUS_UTILITY {
             Some(previous) => previous,
             None => standard_process_utility,
