@@ -8,7 +8,7 @@ use crate::db;
 use crate::error::{self, Error, Result};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
-use pgrx::spi::SpiClient;
+use pgrx::spi::{quote_identifier, quote_literal, SpiClient};
 use pgrx::JsonB;
 use serde_json::json;
 
@@ -98,6 +98,7 @@ fn distribute() -> JsonB {
             coordinator_in_metadata(client)?;
             preloaded_on_every_node(client)?;
             let done = access::as_extension_owner(|| {
+                pin_owner_search_path(client)?;
                 db::with_settings(
                     &[
                         // Citus refuses DDL after a parallel operation in one transaction.
@@ -145,32 +146,12 @@ fn coordinator_in_metadata(client: &SpiClient<'_>) -> Result<()> {
 /// loads it only at a session's first call of one of its functions plans that session's first
 /// queries unguarded. Refused here, naming the nodes, before anything is delegated.
 fn preloaded_on_every_node(client: &SpiClient<'_>) -> Result<()> {
-    let nodes = db::read(
+    let missing = nodes_where(
         client,
-        "SELECT n.nodename || ':' || n.nodeport, r.success, r.result
-           FROM pg_catalog.run_command_on_all_nodes(
-                  'SELECT pg_catalog.current_setting(''shared_preload_libraries'')') r
-           JOIN pg_catalog.pg_dist_node n ON n.nodeid = r.nodeid
-          ORDER BY n.nodeid",
-        &[],
+        "SELECT pg_catalog.current_setting('shared_preload_libraries')",
+        "whether it preloads syncular",
+        |answer| !preloads_syncular(answer),
     )?;
-    let mut missing = Vec::new();
-    for node in nodes {
-        crate::interrupts::check();
-        let name = node.get::<String>(1)?.unwrap_or_default();
-        let answer = node.get::<String>(3)?.unwrap_or_default();
-        if !node.get::<bool>(2)?.unwrap_or(false) {
-            // Not asked: a node that cannot be reached is named with what Citus said.
-            return Err(
-                Error::invalid_argument("database", "missing").with_hint(format!(
-                    "could not ask node {name} whether it preloads syncular: {answer}"
-                )),
-            );
-        }
-        if !preloads_syncular(&answer) {
-            missing.push(name);
-        }
-    }
     if missing.is_empty() {
         return Ok(());
     }
@@ -179,6 +160,110 @@ fn preloaded_on_every_node(client: &SpiClient<'_>) -> Result<()> {
             "syncular is not in shared_preload_libraries on {}: {}",
             missing.join(", "),
             crate::citus::PRELOAD_FIX
+        )),
+    )
+}
+
+/// The nodes (`host:port`, in Citus's order) where `sql`, run on every node
+/// (`run_command_on_all_nodes`), answers what `wrong` says is wrong; a node that cannot be asked
+/// is refused at once, named with Citus's answer (`what`: what it was asked).
+fn nodes_where(
+    client: &SpiClient<'_>,
+    sql: &str,
+    what: &str,
+    wrong: impl Fn(&str) -> bool,
+) -> Result<Vec<String>> {
+    let nodes = db::read(
+        client,
+        "SELECT n.nodename || ':' || n.nodeport, r.success, r.result
+           FROM pg_catalog.run_command_on_all_nodes($1) r
+           JOIN pg_catalog.pg_dist_node n ON n.nodeid = r.nodeid
+          ORDER BY n.nodeid",
+        &[DatumWithOid::from(sql)],
+    )?;
+    let mut found = Vec::new();
+    for node in nodes {
+        crate::interrupts::check();
+        let name = node.get::<String>(1)?.unwrap_or_default();
+        let answer = node.get::<String>(3)?.unwrap_or_default();
+        if !node.get::<bool>(2)?.unwrap_or(false) {
+            return Err(Error::invalid_argument("database", "missing")
+                .with_hint(format!("could not ask node {name} {what}: {answer}")));
+        }
+        if wrong(&answer) {
+            found.push(name);
+        }
+    }
+    Ok(found)
+}
+
+/// The `search_path` the extension owner's sessions in this database start with on every node.
+const OWNER_PATH: &str = "pg_catalog, pg_temp";
+
+/// Citus runs the extension's statements on the other nodes over connections it opens as the
+/// extension owner, which start with the owner's settings there, and its deparsed SQL names
+/// built-in functions unqualified (`unnest`, `jsonb_agg`, `lock_shard_resources`,
+/// `read_intermediate_result`). The default `search_path`, `"$user", public`, put a schema any
+/// role with `CREATE` on the database can make under the owner's name (`CREATE SCHEMA
+/// postgres`) ahead of `pg_catalog`, and a database's own default (`ALTER DATABASE … SET`, its
+/// owner's) likewise: the migrator's functions ran as the superuser on a worker (red team 47,
+/// F1). The owner's own setting in this database outranks both: set here (`ALTER ROLE … SET`
+/// on every node) and checked on every node — refused, naming the nodes, where it
+/// is not there (docs/SECURITY.md rule 20).
+fn pin_owner_search_path(client: &SpiClient<'_>) -> Result<()> {
+    let names = db::read(
+        client,
+        "SELECT pg_catalog.pg_get_userbyid(e.extowner)::pg_catalog.text,
+                pg_catalog.current_database()::pg_catalog.text
+           FROM pg_catalog.pg_extension e WHERE e.extname = 'syncular'",
+        &[],
+    )?
+    .first();
+    let owner = names.get::<String>(1)?.unwrap_or_default();
+    let database = names.get::<String>(2)?.unwrap_or_default();
+    let pin = format!(
+        "ALTER ROLE {} IN DATABASE {} SET search_path = {OWNER_PATH}",
+        quote_identifier(&owner),
+        quote_identifier(&database)
+    );
+    // On each node by itself, committed there at once (Citus propagates `ALTER ROLE … SET` only
+    // for a role it counts as distributed): a setting that only hardens, kept even if this
+    // call fails later.
+    nodes_where(
+        client,
+        &format!("SET citus.enable_ddl_propagation TO off; {pin}"),
+        "to pin the extension owner's search_path",
+        |_| false,
+    )?;
+    // By the owner's name: the extension may not be committed yet where this call created it.
+    let unpinned = nodes_where(
+        client,
+        &format!(
+            "SELECT COALESCE((SELECT pg_catalog.array_to_string(s.setconfig, ';')
+                                FROM pg_catalog.pg_db_role_setting s
+                               WHERE s.setrole = (SELECT r.oid FROM pg_catalog.pg_roles r
+                                                   WHERE r.rolname = {})
+                                 AND s.setdatabase = (SELECT d.oid FROM pg_catalog.pg_database d
+                                                       WHERE d.datname = pg_catalog.current_database())),
+                             '')",
+            quote_literal(&owner)
+        ),
+        "for the extension owner's search_path",
+        |answer| {
+            !answer
+                .split(';')
+                .any(|setting| setting == format!("search_path={OWNER_PATH}"))
+        },
+    )?;
+    if unpinned.is_empty() {
+        return Ok(());
+    }
+    Err(
+        Error::invalid_argument("database", "missing").with_hint(format!(
+            "the extension owner's search_path in this database is not pinned on {}: run {pin} \
+             there (Citus's statements run there as the owner, and name built-in functions \
+             unqualified), docs/SCALING.md",
+            unpinned.join(", ")
         )),
     )
 }

@@ -299,7 +299,13 @@ impl Drop for HostCode {
 /// guard's internals, which only check or refuse, and the row codec, which only reads.
 pub fn run_in_host_code<T>(body: impl FnOnce() -> Result<T>) -> T {
     let call = crate::alloc::Call::begin();
-    let outcome = catch_unwind(AssertUnwindSafe(body));
+    // On Citus, before anything of the call: no statement of it, the owner's above all, may go
+    // over a connection carrying settings the caller had Citus replay (docs/SECURITY.md rule 20;
+    // red team 47, F2: a definer function's first statement did).
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        crate::citus::propagated::refuse()?;
+        body()
+    }));
     let failed = call.end();
     type Raised = (c_int, String, Option<String>, Option<String>, Origin);
     let ours = |state: &str| crate::port::make_sqlstate(state);

@@ -12,8 +12,10 @@
 //! worker. The pinned `search_path` of the extension's functions is a function setting, which
 //! Citus does not send. So a transaction in which such a command was made — before a call, or by
 //! host code during one — has the call refused, `SY004` reason `citus_propagated_settings`,
-//! before any statement of the owner's runs ([`refuse`], checked by `access::switched` on entry
-//! and after every scope): the library's utility hook sees each such command as it is made
+//! before any statement of the owner's runs ([`refuse`], checked by `error::run` before every
+//! call's body — a definer function's first statement included, red team 47, F2 — and by
+//! `access::switched` on entry to and exit from every scope, after host code): the library's
+//! utility hook sees each such command as it is made
 //! ([`observe`]), whatever `citus.propagate_set_commands` is set back to afterwards (Citus keeps
 //! replaying what it recorded). The one command of the extension's own, the barrier's
 //! `lock_timeout` ([`super::send_lock_timeout`]), is made as [`ours`].

@@ -2332,6 +2332,105 @@ fn settings_citus_replays_never_reach_the_extension_owners_statements() {
     // is not on the owner's path).
     let seq = attempt(&mut m, "SELECT 1", "k4").unwrap();
     assert_eq!(seq, 1);
+    // Red team 47, F2: a definer function's first statement, and a call after an earlier call of
+    // the same transaction (its lookups kept), ran on the owner's connections with the setting.
+    m.batch_execute("SET citus.propagate_set_commands = 'local'")
+        .unwrap();
+    for before in ["", "SELECT syncular.max_commit_seq($1);"] {
+        let mut tx = m.transaction().unwrap();
+        if !before.is_empty() {
+            tx.query_one("SELECT syncular.max_commit_seq($1)", &[&p])
+                .unwrap();
+        }
+        tx.batch_execute("SET LOCAL search_path = mig_app, pg_catalog")
+            .unwrap();
+        let after = tx.query_one("SELECT syncular.max_commit_seq($1)", &[&p]);
+        let err = sql_error(&after.unwrap_err());
+        assert_eq!(
+            (err.state.as_str(), err.detail.as_ref()),
+            (
+                "SY004",
+                Some(&json!({"reason": "citus_propagated_settings"}))
+            ),
+            "{before}: {err:?}"
+        );
+    }
+    m.batch_execute("RESET citus.propagate_set_commands")
+        .unwrap();
+}
+
+/// The extension owner's search path is pinned on every node (red team 47, F1; docs/SECURITY.md
+/// rule 20): Citus runs the extension's statements on the other nodes as the owner, whose
+/// default `"$user", public` put a schema named after the owner — which the migrator may create
+/// — ahead of `pg_catalog`, and Citus names built-in functions unqualified (`unnest` ran as the
+/// superuser). `distribute()` sets the owner's `search_path` in the database, which outranks
+/// the database's own default, and checks every node; the migrator's `unnest` in a schema named
+/// after the owner is then never called.
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn the_extension_owners_search_path_is_pinned_on_every_node() {
+    let mut c = coordinator();
+    tasks(&mut c);
+    let owner: String = one(
+        &mut c,
+        "SELECT pg_get_userbyid(extowner)::text FROM pg_extension WHERE extname = 'syncular'",
+        &[],
+    );
+    let database: String = one(&mut c, "SELECT current_database()::text", &[]);
+    exec(
+        &mut c,
+        &format!(
+            "DO $$ BEGIN
+               IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'citus_mig') THEN
+                 CREATE ROLE citus_mig LOGIN;
+               END IF;
+             END $$;
+             GRANT syncular_admin TO citus_mig;
+             GRANT CREATE ON DATABASE {database} TO citus_mig;"
+        ),
+    );
+    let mut m = Client::connect(&format!("{} user=citus_mig", node_params(0)), NoTls).unwrap();
+    exec(
+        &mut m,
+        &format!(
+            "CREATE SCHEMA IF NOT EXISTS {owner};
+             CREATE OR REPLACE FUNCTION {owner}.unnest(text[]) RETURNS SETOF text
+             LANGUAGE plpgsql AS $$
+             BEGIN
+               RAISE EXCEPTION 'trojan ran as %, superuser %', current_user,
+                 current_setting('is_superuser');
+             END $$;"
+        ),
+    );
+    // A call whose statements go from the coordinator to the partition's worker as the owner.
+    let p = format!("pinned-{}", std::process::id());
+    let mut tx = m.transaction().unwrap();
+    let doc = json!({"clientId": "c", "clientCommitId": "k1", "actorId": "a", "createdAtMs": 1,
+                     "writerVersion": 1,
+                     "changes": [{"table": "tasks", "rowId": "r", "op": "upsert", "rowVersion": 1,
+                                  "scopes": {"p": "1"}, "payload": "AQ=="}]})
+    .to_string();
+    let seq: i64 = tx
+        .query_one(
+            "SELECT syncular.append_commit($1, $2::text::jsonb)",
+            &[&p, &doc],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(seq, 1);
+    tx.query_one(
+        "SELECT syncular.set_blob_refs($1, 'tasks', 'r', ARRAY['b1', 'b2'])",
+        &[&p],
+    )
+    .map(drop)
+    .unwrap_or_else(|e| panic!("{:?}", sql_error(&e)));
+    tx.commit().unwrap();
+    exec(&mut m, &format!("DROP SCHEMA {owner} CASCADE"));
+    for i in 0..3 {
+        let mut node = Client::connect(&node_params(i), NoTls).unwrap();
+        let path: String = one(&mut node, "SHOW search_path", &[]);
+        assert_eq!(path, "pg_catalog, pg_temp", "node {i}");
+    }
 }
 
 /// A shard transfer that does not block writes is refused for the partitions' group (red team
