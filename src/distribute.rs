@@ -86,6 +86,11 @@ LANGUAGE c AS 'MODULE_PATHNAME', 'distribute_wrapper';
 "#
 )]
 fn distribute() -> JsonB {
+    // The call that pins the owner's settings does not require them first.
+    crate::citus::owner_connections::pinning(distribute_call)
+}
+
+fn distribute_call() -> JsonB {
     error::run(|| {
         if !crate::citus::installed() {
             return Err(Error::invalid_argument("database", "missing").with_hint(
@@ -98,7 +103,7 @@ fn distribute() -> JsonB {
             coordinator_in_metadata(client)?;
             preloaded_on_every_node(client)?;
             let done = access::as_extension_owner(|| {
-                pin_owner_search_path(client)?;
+                pin_owner_settings(client)?;
                 db::with_settings(
                     &[
                         // Citus refuses DDL after a parallel operation in one transaction.
@@ -197,20 +202,14 @@ fn nodes_where(
     Ok(found)
 }
 
-/// The `search_path` the extension owner's sessions in this database start with on every node.
-const OWNER_PATH: &str = "pg_catalog, pg_temp";
-
-/// Citus runs the extension's statements on the other nodes over connections it opens as the
-/// extension owner, which start with the owner's settings there, and its deparsed SQL names
-/// built-in functions unqualified (`unnest`, `jsonb_agg`, `lock_shard_resources`,
-/// `read_intermediate_result`). The default `search_path`, `"$user", public`, put a schema any
-/// role with `CREATE` on the database can make under the owner's name (`CREATE SCHEMA
-/// postgres`) ahead of `pg_catalog`, and a database's own default (`ALTER DATABASE … SET`, its
-/// owner's) likewise: the migrator's functions ran as the superuser on a worker (red team 47,
-/// F1). The owner's own setting in this database outranks both: set here (`ALTER ROLE … SET`
-/// on every node) and checked on every node — refused, naming the nodes, where it
-/// is not there (docs/SECURITY.md rule 20).
-fn pin_owner_search_path(client: &SpiClient<'_>) -> Result<()> {
+/// Pins the extension owner's settings in this database on every node
+/// ([`crate::citus::owner_connections::PINNED`]: Citus runs the extension's statements there as
+/// the owner, naming built-in functions unqualified and quoting values by this node's rules —
+/// red teams 47 and 48, docs/SECURITY.md rule 20), each node by itself (Citus propagates `ALTER
+/// ROLE … SET` only for a role it counts as distributed) and committed there at once — a setting
+/// that only hardens, kept even if this call fails later —, then checks every node, naming the
+/// ones without them, and that the database belongs to the extension owner or a superuser.
+fn pin_owner_settings(client: &SpiClient<'_>) -> Result<()> {
     let names = db::read(
         client,
         "SELECT pg_catalog.pg_get_userbyid(e.extowner)::pg_catalog.text,
@@ -221,18 +220,23 @@ fn pin_owner_search_path(client: &SpiClient<'_>) -> Result<()> {
     .first();
     let owner = names.get::<String>(1)?.unwrap_or_default();
     let database = names.get::<String>(2)?.unwrap_or_default();
-    let pin = format!(
-        "ALTER ROLE {} IN DATABASE {} SET search_path = {OWNER_PATH}",
-        quote_identifier(&owner),
-        quote_identifier(&database)
-    );
-    // On each node by itself, committed there at once (Citus propagates `ALTER ROLE … SET` only
-    // for a role it counts as distributed): a setting that only hardens, kept even if this
-    // call fails later.
+    let pins: Vec<String> = crate::citus::owner_connections::PINNED
+        .iter()
+        .map(|(name, value)| {
+            format!(
+                "ALTER ROLE {} IN DATABASE {} SET {name} = {value}",
+                quote_identifier(&owner),
+                quote_identifier(&database)
+            )
+        })
+        .collect();
     nodes_where(
         client,
-        &format!("SET citus.enable_ddl_propagation TO off; {pin}"),
-        "to pin the extension owner's search_path",
+        &format!(
+            "SET citus.enable_ddl_propagation TO off; {}",
+            pins.join("; ")
+        ),
+        "to pin the extension owner's settings",
         |_| false,
     )?;
     // By the owner's name: the extension may not be committed yet where this call created it.
@@ -248,24 +252,26 @@ fn pin_owner_search_path(client: &SpiClient<'_>) -> Result<()> {
                              '')",
             quote_literal(&owner)
         ),
-        "for the extension owner's search_path",
+        "for the extension owner's settings",
         |answer| {
-            !answer
-                .split(';')
-                .any(|setting| setting == format!("search_path={OWNER_PATH}"))
+            crate::citus::owner_connections::PINNED.iter().any(|(name, value)| {
+                !answer
+                    .split(';')
+                    .any(|setting| setting == format!("{name}={value}"))
+            })
         },
     )?;
-    if unpinned.is_empty() {
-        return Ok(());
+    if !unpinned.is_empty() {
+        return Err(
+            Error::invalid_argument("database", "missing").with_hint(format!(
+                "the extension owner's settings in this database are not pinned on {}: run {} \
+                 there (Citus's statements run there as the owner), docs/SCALING.md",
+                unpinned.join(", "),
+                pins.join("; ")
+            )),
+        );
     }
-    Err(
-        Error::invalid_argument("database", "missing").with_hint(format!(
-            "the extension owner's search_path in this database is not pinned on {}: run {pin} \
-             there (Citus's statements run there as the owner, and name built-in functions \
-             unqualified), docs/SCALING.md",
-            unpinned.join(", ")
-        )),
-    )
+    crate::citus::owner_connections::verify(false)
 }
 
 /// Whether a `shared_preload_libraries` value names the library (`syncular`,

@@ -304,6 +304,7 @@ pub fn run_in_host_code<T>(body: impl FnOnce() -> Result<T>) -> T {
     // red team 47, F2: a definer function's first statement did).
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         crate::citus::propagated::refuse()?;
+        crate::citus::owner_connections::check()?;
         body()
     }));
     let failed = call.end();

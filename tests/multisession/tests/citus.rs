@@ -1438,6 +1438,12 @@ fn pusher(
                 }
                 Err(e) => refused.push(format!("{:?}", sql_error(&e))),
             }
+            // Refused without end is a failure, not a wait (a move refuses a few).
+            assert!(
+                refused.len() < 500 + 10 * acked.len(),
+                "pushes refused without end: {:?}",
+                refused.last()
+            );
         }
         (acked, refused)
     })
@@ -2473,4 +2479,58 @@ fn a_shard_transfer_that_does_not_block_writes_is_refused_for_the_partitions_gro
         );
         assert_eq!(shard_port(&mut c, &p), from, "nothing moved");
     }
+}
+
+/// The database belongs to the extension owner or a superuser, and the owner's pinned settings
+/// are there, or every call is refused (red team 48; docs/SECURITY.md rule 20). A migrator that
+/// owned the database set `standard_conforming_strings = off` as its default on every node — the
+/// owner's connections there start with it — and a caller's `\'` then ended a value Citus quoted
+/// by the coordinator's rules, the rest running as the superuser; and a pin a superuser had
+/// reset (Citus spreads that from any node) left every call unguarded. Now such a database is
+/// refused (`SY000`, `database`, `privilege`) until its owner is the extension owner again, and
+/// a missing pin until `distribute()` puts it back.
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn a_database_the_migrator_owns_or_without_the_owners_pins_refuses_every_call() {
+    let name = format!("owned_{}", std::process::id());
+    let mut c = database_of_its_own(&name);
+    exec(
+        &mut c,
+        "DO $$ BEGIN
+           IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'citus_mig') THEN
+             CREATE ROLE citus_mig LOGIN;
+           END IF;
+         END $$;
+         GRANT syncular_admin TO citus_mig;",
+    );
+    let call = |c: &mut Client| {
+        c.query_one("SELECT syncular.max_commit_seq('p')", &[])
+            .map(|r| r.get::<_, i64>(0))
+    };
+    let refused = |c: &mut Client, why: &str| {
+        let err = sql_error(&call(c).unwrap_err());
+        assert_eq!(
+            (err.state.as_str(), err.detail.as_ref()),
+            (
+                "SY000",
+                Some(&json!({"argument": "database", "reason": "privilege"}))
+            ),
+            "{why}: {err:?}"
+        );
+        err
+    };
+    assert_eq!(call(&mut c).unwrap(), 0);
+    exec(&mut c, &format!("ALTER DATABASE {name} OWNER TO citus_mig"));
+    let err = refused(&mut c, "a database the migrator owns");
+    assert!(err.hint.unwrap_or_default().contains("OWNER TO"));
+    exec(&mut c, &format!("ALTER DATABASE {name} OWNER TO postgres"));
+    assert_eq!(call(&mut c).unwrap(), 0);
+    exec(
+        &mut c,
+        &format!("ALTER ROLE postgres IN DATABASE {name} RESET search_path"),
+    );
+    let err = refused(&mut c, "the owner's search_path reset");
+    assert!(err.hint.unwrap_or_default().contains("distribute()"));
+    let _: serde_json::Value = one(&mut c, "SELECT syncular.distribute()", &[]);
+    assert_eq!(call(&mut c).unwrap(), 0);
 }
