@@ -42,8 +42,9 @@ pub fn pinning<R>(body: impl FnOnce() -> R) -> R {
     result.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
-/// Where Citus distributes the extension's tables: the database belongs to the extension owner
-/// or a superuser, and the owner's settings in it hold [`PINNED`] on this node.
+/// Where Citus distributes the extension's tables (before `distribute()`, the owner's statements
+/// stay on this node): the database belongs to the extension owner or a superuser, and the
+/// owner's settings in it hold [`PINNED`] on this node.
 pub fn check() -> Result<()> {
     let now = crate::port::local_transaction_id_if_any();
     if PINNING.get() || CHECKED_IN.get() == Some(now) || !super::installed() {
@@ -55,8 +56,9 @@ pub fn check() -> Result<()> {
 }
 
 /// [`check`]'s test itself, whenever asked: `distribute()` asks for the database's owner only
-/// (`pins` false), having checked every node's pins itself (its statement's snapshot here
-/// predates the pins it just committed on each node).
+/// (`pins` false), whether or not its snapshot shows the tables it is distributing, having
+/// checked every node's pins itself (its statement's snapshot here predates the pins it just
+/// committed on each node).
 pub fn verify(pins: bool) -> Result<()> {
     let pinned_settings = PINNED
         .iter()
@@ -67,22 +69,29 @@ pub fn verify(pins: bool) -> Result<()> {
     // id, and `migrate_schema` must be the first write of its transaction); the constants are
     // this module's own.
     let sql = format!(
-        "SELECT r.rolsuper OR d.datdba = e.extowner,
-                NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition p
-                             WHERE p.logicalrelid = 'syncular.sync_partitions'::pg_catalog.regclass)
-                OR COALESCE((SELECT s.setconfig @> ARRAY[{pinned_settings}]::pg_catalog.text[]
-                               FROM pg_catalog.pg_db_role_setting s
-                              WHERE s.setrole = e.extowner AND s.setdatabase = d.oid), false)
-           FROM pg_catalog.pg_extension e, pg_catalog.pg_database d
-           JOIN pg_catalog.pg_roles r ON r.oid = d.datdba
-          WHERE e.extname = 'syncular' AND d.datname = pg_catalog.current_database()"
+        "SELECT t.distributed, t.owned, t.pinned
+           FROM (SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition p
+                                 WHERE p.logicalrelid =
+                                       'syncular.sync_partitions'::pg_catalog.regclass) AS distributed,
+                        r.rolsuper OR d.datdba = e.extowner AS owned,
+                        COALESCE((SELECT s.setconfig @> ARRAY[{pinned_settings}]::pg_catalog.text[]
+                                    FROM pg_catalog.pg_db_role_setting s
+                                   WHERE s.setrole = e.extowner AND s.setdatabase = d.oid),
+                                 false) AS pinned
+                   FROM pg_catalog.pg_extension e, pg_catalog.pg_database d
+                   JOIN pg_catalog.pg_roles r ON r.oid = d.datdba
+                  WHERE e.extname = 'syncular'
+                    AND d.datname = pg_catalog.current_database()) t"
     );
-    let (owned, pinned) = Spi::connect(|client| {
+    let (distributed, owned, pinned) = Spi::connect(|client| {
         client
             .select(&sql, Some(1), &[])?
             .first()
-            .get_two::<bool, bool>()
+            .get_three::<bool, bool, bool>()
     })?;
+    if pins && distributed != Some(true) {
+        return Ok(());
+    }
     if owned == Some(false) {
         return Err(Error::invalid_argument("database", "privilege").with_hint(
             "on Citus the database must belong to the extension owner or a superuser: its \
