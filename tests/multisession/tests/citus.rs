@@ -1380,6 +1380,23 @@ fn shard_port(c: &mut Client, partition: &str) -> i32 {
     ports[0]
 }
 
+/// The port of the worker holding `partition`'s shards, another worker's, and the shard of
+/// `table` (a distributed table's name) that holds the partition.
+fn shard_and_nodes(c: &mut Client, table: &str, partition: &str) -> (i32, i32, i64) {
+    let from = shard_port(c, partition);
+    let to: i32 = one(
+        c,
+        "SELECT nodeport FROM pg_dist_node WHERE shouldhaveshards AND nodeport <> $1 LIMIT 1",
+        &[&from],
+    );
+    let shard: i64 = one(
+        c,
+        "SELECT get_shard_id_for_distribution_column($1::text::regclass, $2::text)",
+        &[&table, &partition],
+    );
+    (from, to, shard)
+}
+
 /// Moves `shard`'s colocated group from the worker on port `from` to the one on `to`, blocking
 /// writes while it copies.
 fn move_shard(c: &mut Client, shard: i64, from: i32, to: i32) {
@@ -1825,17 +1842,7 @@ fn a_moved_shards_old_copy_is_never_read() {
     let p = format!("orphan-{}", std::process::id());
     let fenced: i64 = one(&mut c, "SELECT syncular.raise_writer_fence($1, 5)", &[&p]);
     assert_eq!(fenced, 5);
-    let from = shard_port(&mut c, &p);
-    let to: i32 = one(
-        &mut c,
-        "SELECT nodeport FROM pg_dist_node WHERE shouldhaveshards AND nodeport <> $1 LIMIT 1",
-        &[&from],
-    );
-    let shard: i64 = one(
-        &mut c,
-        "SELECT get_shard_id_for_distribution_column('syncular.sync_writer_fence', $1::text)",
-        &[&p],
-    );
+    let (from, to, shard) = shard_and_nodes(&mut c, "syncular.sync_writer_fence", &p);
     exec(
         &mut c,
         "ALTER SYSTEM SET citus.defer_shard_delete_interval = -1",
@@ -2256,6 +2263,30 @@ fn a_migration_racing_pushes_on_every_node_lets_no_old_writer_past_it() {
     );
 }
 
+/// The migrator `citus_mig` (`syncular_admin`, once), and a connection to the coordinator as it.
+fn migrator(c: &mut Client) -> Client {
+    exec(
+        c,
+        "DO $$ BEGIN
+           IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'citus_mig') THEN
+             CREATE ROLE citus_mig LOGIN;
+           END IF;
+         END $$;
+         GRANT syncular_admin TO citus_mig;",
+    );
+    let params = node_params(0);
+    let db: String = one(c, "SELECT current_database()::text", &[]);
+    let params = params
+        .split_whitespace()
+        .map(|kv| match kv.strip_prefix("dbname=") {
+            Some(_) => format!("dbname={db}"),
+            None => kv.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    Client::connect(&format!("{params} user=citus_mig"), NoTls).unwrap()
+}
+
 /// Settings Citus replays never reach the extension owner's statements (red team 46, F1;
 /// docs/SECURITY.md rule 20). With `citus.propagate_set_commands = local`, which any role may
 /// set, Citus replays a transaction's `SET LOCAL`s on every connection of it — the ones it opens
@@ -2270,17 +2301,11 @@ fn a_migration_racing_pushes_on_every_node_lets_no_old_writer_past_it() {
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
 fn settings_citus_replays_never_reach_the_extension_owners_statements() {
     let mut c = coordinator();
+    let mut m = migrator(&mut c);
     exec(
         &mut c,
-        "DO $$ BEGIN
-           IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'citus_mig') THEN
-             CREATE ROLE citus_mig LOGIN;
-           END IF;
-         END $$;
-         GRANT syncular_admin TO citus_mig;
-         CREATE SCHEMA IF NOT EXISTS mig_app AUTHORIZATION citus_mig;",
+        "CREATE SCHEMA IF NOT EXISTS mig_app AUTHORIZATION citus_mig",
     );
-    let mut m = Client::connect(&format!("{} user=citus_mig", node_params(0)), NoTls).unwrap();
     exec(
         &mut m,
         "CREATE OR REPLACE FUNCTION mig_app.read_intermediate_result(
@@ -2382,20 +2407,12 @@ fn the_extension_owners_search_path_is_pinned_on_every_node() {
         "SELECT pg_get_userbyid(extowner)::text FROM pg_extension WHERE extname = 'syncular'",
         &[],
     );
+    let mut m = migrator(&mut c);
     let database: String = one(&mut c, "SELECT current_database()::text", &[]);
     exec(
         &mut c,
-        &format!(
-            "DO $$ BEGIN
-               IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'citus_mig') THEN
-                 CREATE ROLE citus_mig LOGIN;
-               END IF;
-             END $$;
-             GRANT syncular_admin TO citus_mig;
-             GRANT CREATE ON DATABASE {database} TO citus_mig;"
-        ),
+        &format!("GRANT CREATE ON DATABASE {database} TO citus_mig"),
     );
-    let mut m = Client::connect(&format!("{} user=citus_mig", node_params(0)), NoTls).unwrap();
     exec(
         &mut m,
         &format!(
@@ -2452,17 +2469,7 @@ fn a_shard_transfer_that_does_not_block_writes_is_refused_for_the_partitions_gro
     let mut c = coordinator();
     tasks(&mut c);
     let p = format!("transfer-{}", std::process::id());
-    let from = shard_port(&mut c, &p);
-    let to: i32 = one(
-        &mut c,
-        "SELECT nodeport FROM pg_dist_node WHERE shouldhaveshards AND nodeport <> $1 LIMIT 1",
-        &[&from],
-    );
-    let shard: i64 = one(
-        &mut c,
-        "SELECT get_shard_id_for_distribution_column('public.tasks', $1::text)",
-        &[&p],
-    );
+    let (from, to, shard) = shard_and_nodes(&mut c, "public.tasks", &p);
     for mode in ["", ", shard_transfer_mode => 'auto'"] {
         let moved = c.query_one(
             &format!(
@@ -2494,15 +2501,7 @@ fn a_shard_transfer_that_does_not_block_writes_is_refused_for_the_partitions_gro
 fn a_database_the_migrator_owns_or_without_the_owners_pins_refuses_every_call() {
     let name = format!("owned_{}", std::process::id());
     let mut c = database_of_its_own(&name);
-    exec(
-        &mut c,
-        "DO $$ BEGIN
-           IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'citus_mig') THEN
-             CREATE ROLE citus_mig LOGIN;
-           END IF;
-         END $$;
-         GRANT syncular_admin TO citus_mig;",
-    );
+    migrator(&mut c);
     let call = |c: &mut Client| {
         c.query_one("SELECT syncular.max_commit_seq('p')", &[])
             .map(|r| r.get::<_, i64>(0))
