@@ -98,7 +98,6 @@ static ALLOCATOR: alloc::SoftFail = alloc::SoftFail;
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     no_backtraces();
-    report_aborting_panics();
     alloc::init();
     citus::init();
     notify::init();
@@ -115,22 +114,6 @@ pub extern "C-unwind" fn _PG_init() {
 /// `RUST_LIB_BACKTRACE` first and keeps the answer for the process (docs/SECURITY.md rule 6).
 /// The environment is the process's: another Rust extension loaded in the same backend loses
 /// its backtraces in errors too.
-/// A panic while another unwinds (a destructor that calls into PostgreSQL, which raises) cannot
-/// unwind: Rust aborts the backend, and PostgreSQL restarts every session. pgrx's panic hook
-/// keeps a panic's message for the ERROR it becomes, so such an abort left only "thread caused
-/// non-unwinding panic. aborting." in the server's log (once, PostgreSQL 18, session 25's CI:
-/// docs/RELIABILITY.md). The hook installed here writes that panic's message and place to the
-/// server's log first, and otherwise leaves pgrx's hook as it was.
-fn report_aborting_panics() {
-    let pgrx_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        if std::thread::panicking() {
-            eprintln!("syncular: a panic while unwinding, the backend aborts: {info}");
-        }
-        pgrx_hook(info)
-    }));
-}
-
 fn no_backtraces() {
     if std::env::var_os("RUST_LIB_BACKTRACE").as_deref() != Some(std::ffi::OsStr::new("0")) {
         // A backend (and the postmaster loading preloaded libraries) runs one thread here, so
