@@ -305,8 +305,16 @@ const SHARD_SQL: &str = "SELECT s.shard, pg_catalog.lock_shard_metadata(5, ARRAY
       WHERE s.shard IS NOT NULL";
 
 /// [`placed_shard`]'s second statement: the shard's relation here (a catalog lookup, in the
-/// catalog's own snapshot).
-const SHARD_RELATION_SQL: &str = "SELECT pg_catalog.to_regclass(pg_catalog.shard_name($1::pg_catalog.oid::pg_catalog.regclass, $2))::pg_catalog.oid";
+/// catalog's own snapshot: `to_regclass`, as Citus hides its shards from queries of `pg_class`),
+/// in the table's own schema. `shard_name` leaves the name of a shard of a table in `public`
+/// unqualified, which the pinned `search_path` does not resolve (a host's app table there was
+/// never found), so its last part is qualified with the table's schema.
+const SHARD_RELATION_SQL: &str = "SELECT pg_catalog.to_regclass(pg_catalog.quote_ident(n.nspname) || '.'
+                                    || pg_catalog.quote_ident(p[pg_catalog.array_upper(p, 1)]))::pg_catalog.oid
+       FROM pg_catalog.pg_class t
+       JOIN pg_catalog.pg_namespace n ON n.oid = t.relnamespace,
+            pg_catalog.parse_ident(pg_catalog.shard_name($1::pg_catalog.oid::pg_catalog.regclass, $2)) p
+      WHERE t.oid = $1";
 
 /// Whether an active placement of `shard` is in this node's group (`pg_dist_placement`,
 /// `pg_dist_local_group`), read below SQL in a snapshot taken now — whatever the transaction's
