@@ -23,6 +23,9 @@ case "${1:?available|fresh|stop}" in
       node="$dir/node$i"
       "$here/cluster.sh" fresh "$node" "$((port + i))"
       psql_on "$((port + i))" postgres "ALTER SYSTEM SET shared_preload_libraries = citus, syncular"
+      # Every database with Citus keeps a maintenance worker on every node, and the rebalancer's
+      # moves run in background workers too: room for the suite's databases of their own.
+      psql_on "$((port + i))" postgres "ALTER SYSTEM SET max_worker_processes = 32"
       "$here/cluster.sh" stop "$node"
       "$here/cluster.sh" start "$node" "$((port + i))"
       psql_on "$((port + i))" postgres "CREATE DATABASE $db"

@@ -49,9 +49,10 @@ const REFERENCE: [&str; 7] = [
 /// where every write of the call is local — the serving role's push included, which Citus
 /// refuses through the coordinator — and the call one round trip instead of one per statement:
 /// the one-call push and pull, the append and the fence, and the reaction queue of a partition
-/// (its rows are in the partition's shard of `sync_reactions`). Not the checkpoint functions:
+/// (its rows are in the partition's shard of `sync_reactions`), and a migration's digest of a
+/// shard ([`FORCED`]). Not the checkpoint functions:
 /// the checkpoints are a reference table, whose every write goes to every node (docs/SCALING.md).
-const DELEGATED: [&str; 15] = [
+const DELEGATED: [&str; 16] = [
     "push_commit",
     "pull",
     "append_commit",
@@ -67,7 +68,13 @@ const DELEGATED: [&str; 15] = [
     "get_reaction",
     "list_reactions",
     "prune_reactions",
+    "_payload_digest",
 ];
+
+/// Of [`DELEGATED`], the ones called inside a transaction of the extension's own and delegated
+/// there too (Citus's `force_delegation`): a migration's digest of each shard of a distributed
+/// app table, on the shard's node (src/schema/digest.rs).
+const FORCED: [&str; 1] = ["_payload_digest"];
 
 /// `syncular.distribute()`: the extension's tables distributed by `partition` (colocated) or
 /// made reference tables, its one-call functions delegated by their partition, in one
@@ -353,14 +360,17 @@ fn distribute_ours(client: &SpiClient<'_>) -> Result<Done> {
         let delegated = db::first::<i64>(db::write(
             client,
             "SELECT pg_catalog.count(pg_catalog.create_distributed_function(p.oid::pg_catalog.regprocedure,
-                      '$1', colocate_with => 'syncular.sync_partitions'))
+                      '$1', colocate_with => 'syncular.sync_partitions', force_delegation => $2))
                FROM pg_catalog.pg_proc p
               WHERE p.pronamespace = 'syncular'::pg_catalog.regnamespace AND p.proname = $1
                 AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_object o
                                  WHERE o.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
                                    AND o.objid = p.oid
                                    AND o.distribution_argument_index IS NOT NULL)",
-            &[DatumWithOid::from(function)],
+            &[
+                DatumWithOid::from(function),
+                DatumWithOid::from(FORCED.contains(&function)),
+            ],
         )?)?;
         if delegated.unwrap_or(0) > 0 {
             done.2.push(function);

@@ -11,6 +11,7 @@
 //! rewritten: a log payload decodes with the layouts of its commit's `writer_version`
 //! (`decode_row(…, schema_version => v)`, the layout history in `sync_schema_layouts`).
 
+use super::digest::{self, Digest};
 use crate::codec::{row, CodecError, Column, ColumnType, Layout, Value as Cell};
 use crate::db;
 use crate::error::{Error, Result};
@@ -19,8 +20,6 @@ use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
 use pgrx::spi::SpiClient;
 use serde_json::{json, Map, Value};
-use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
 
 /// Whether this install has the layout history (`sync_schema_layouts`, 0.2.0): a 0.1.0 install
 /// running this library before `ALTER EXTENSION syncular UPDATE` has not, and keeps 0.1.0's
@@ -227,7 +226,7 @@ pub fn rewrite(
 ) -> Result<Map<String, Value>> {
     let mut counts = Map::new();
     let mut rewritten = Vec::new();
-    let keys = (RandomState::new(), RandomState::new());
+    let keys = digest::fresh_keys()?;
     let mut opened = Vec::new();
     for g in grown {
         crate::interrupts::check();
@@ -235,7 +234,7 @@ pub fn rewrite(
             continue;
         };
         if relation.distributed() {
-            return Err(relation.not_below_sql());
+            digest::require_checkable(client, &relation, caller)?;
         }
         opened.push((g, relation));
     }
@@ -278,6 +277,15 @@ pub fn rewrite(
         let Some(relation) = tables::open_for_migration(client, table)? else {
             continue;
         };
+        // On Citus each shard is digested on its own node (src/schema/digest.rs); equal digests
+        // mean the rows written, each of which decodes with the new layout.
+        if relation.distributed() {
+            let stored = digest::of_shards(client, &relation, caller, &keys)?;
+            if stored != written {
+                return Err(rewritten_rows_changed(table, &written, &stored));
+            }
+            continue;
+        }
         let mut stored = Digest::new(&keys);
         relation.scan_payloads(client, &mut |partition, row_id, payload| {
             stored.add(partition, row_id, payload);
@@ -297,50 +305,22 @@ pub fn rewrite(
         // bitmap grew a byte (red team 6, R6-3). The stored rows must be exactly the rows
         // written: the same keys with the same bytes.
         if stored != written {
-            return Err(Error::TriggeredChange(format!(
-                "syncular: migrate_schema re-encoded {} stored rows of table {table}, but the \
-                 table now holds {} rows that are not exactly those: host code of the migration \
-                 (a trigger, or a function of the relation's statistics or constraints) wrote, \
-                 inserted or deleted rows of it after they were re-encoded",
-                written.rows, stored.rows
-            )));
+            return Err(rewritten_rows_changed(table, &written, &stored));
         }
     }
     Ok(counts)
 }
 
-/// An order-independent digest of a set of stored rows: the wrapping sum of a keyed 128-bit
-/// hash of each `(partition, row_id, payload)`, and their count. The rows a migration wrote and
-/// the rows the table holds afterwards compare in memory that does not grow with the table; the
-/// keys are random per migration, so no host can craft rows whose hashes cancel out.
-struct Digest {
-    keys: (RandomState, RandomState),
-    sum: u128,
-    rows: u64,
-}
-
-impl Digest {
-    fn new(keys: &(RandomState, RandomState)) -> Digest {
-        Digest {
-            keys: keys.clone(),
-            sum: 0,
-            rows: 0,
-        }
-    }
-
-    fn add(&mut self, partition: &str, row_id: &str, payload: &[u8]) {
-        let row = (partition, row_id, payload);
-        let high = self.keys.0.hash_one(row) as u128;
-        let low = self.keys.1.hash_one(row) as u128;
-        self.sum = self.sum.wrapping_add(high << 64 | low);
-        self.rows += 1;
-    }
-}
-
-impl PartialEq for Digest {
-    fn eq(&self, other: &Digest) -> bool {
-        self.sum == other.sum && self.rows == other.rows
-    }
+/// The refusal of a migration whose re-encoded rows are not what the table holds afterwards.
+fn rewritten_rows_changed(table: &str, written: &Digest, stored: &Digest) -> Error {
+    Error::TriggeredChange(format!(
+        "syncular: migrate_schema re-encoded {} stored rows of table {table}, but the table now \
+         holds {} rows that are not exactly those: host code of the migration (a trigger, or a \
+         function of the relation's statistics or constraints) wrote, inserted or deleted rows \
+         of it after they were re-encoded",
+        written.rows(),
+        stored.rows()
+    ))
 }
 
 #[cfg(test)]

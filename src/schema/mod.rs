@@ -8,6 +8,7 @@
 //! recorded in the marker of its writer.
 
 pub mod barrier;
+pub mod digest;
 pub mod encode_row;
 pub mod evolution;
 pub mod executor_snapshots;

@@ -114,7 +114,7 @@ fn schema_marker_stamp<'a>(
 }
 
 /// A random number from PostgreSQL's strong random source.
-fn drawn() -> error::Result<i64> {
+pub fn drawn() -> error::Result<i64> {
     let mut drawn = [0u8; 8];
     // SAFETY: fills exactly the 8 bytes of the buffer; returns false when no source works.
     if !unsafe { pg_sys::pg_strong_random(drawn.as_mut_ptr().cast(), drawn.len()) } {

@@ -76,6 +76,11 @@ impl AppRelation {
         &self.qualified
     }
 
+    /// The logical name the relation is registered under.
+    pub fn tbl(&self) -> &str {
+        &self.tbl
+    }
+
     /// The role a statement over the relation runs as for `caller`: the less privileged of the
     /// two (docs/SECURITY.md rule 1). The relation's owner when the caller holds the owner's
     /// privileges anyway (a superuser's maintenance call, the migrator itself): host code then

@@ -79,6 +79,42 @@ impl AppRelation {
         Ok(())
     }
 
+    /// Hands every stored row of the relation's Citus shard that holds `partition` to `each`, read
+    /// below SQL on this node, as [`AppRelation::scan_payloads`] reads a table on one node: the
+    /// rows of every partition that shard holds, so the shards of a colocation group, each read
+    /// on its own node, are the whole table (src/schema/digest.rs). The shard is found as every
+    /// read below SQL on Citus finds it (`citus::local_shard`: its metadata locked, its
+    /// placement active here); refused (`SY004`, `citus_local_execution`) where it is not on
+    /// this node, and for a relation Citus does not distribute or a partitioned one.
+    pub fn scan_local_shard(
+        &self,
+        partition: &str,
+        each: &mut EachPayload<'_>,
+    ) -> error::Result<()> {
+        let shard = if self.distributed() && !self.partitioned {
+            crate::citus::local_shard(self.oid, Some(partition))?
+        } else {
+            None
+        };
+        let Some(shard) = shard else {
+            return Err(Error::Sync {
+                code: crate::error::Code::InvalidTransactionState,
+                detail: Some(serde_json::json!({"reason": "citus_local_execution"})),
+                hint: Some(format!(
+                    "no shard of the relation registered as {} holding partition {partition} is                      on this node (or the relation is not a table Citus hash-distributes):                      migrate_schema delegates this digest to the shard's node on Citus                      (docs/SCALING.md)",
+                    self.tbl
+                )),
+            });
+        };
+        scan_leaf(shard, each)?;
+        Ok(())
+    }
+
+    /// Whether the relation is partitioned (its leaf partitions hold its rows).
+    pub fn partitioned(&self) -> bool {
+        self.partitioned
+    }
+
     /// Whether Citus distributes the relation: its rows are in shards, and the relation under its
     /// name is an empty shell that no read below SQL may take for the table.
     pub fn distributed(&self) -> bool {
@@ -86,14 +122,12 @@ impl AppRelation {
         unsafe { crate::citus::manages(self.oid) }
     }
 
-    /// The refusal of what must read a distributed relation's stored rows below SQL: a
-    /// migration's re-encoding and its last pass (src/schema/evolution.rs).
-    pub fn not_below_sql(&self) -> Error {
+    /// The refusal of a read of a distributed relation's stored rows below SQL on this node: its
+    /// rows are in shards, read on their own nodes instead ([`AppRelation::scan_local_shard`]).
+    fn not_below_sql(&self) -> Error {
         super::unknown_table(&self.tbl).with_hint(format!(
             "the relation registered as {} is distributed by Citus: its stored rows are in \
-             shards on other nodes, which a migration cannot read below SQL to check them — \
-             re-encoding the rows of a distributed app table (a layout that grew) is not \
-             supported yet (docs/SCALING.md)",
+             shards, which are read on their own nodes (docs/SCALING.md)",
             self.tbl
         ))
     }

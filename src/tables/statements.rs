@@ -20,7 +20,7 @@ use crate::db;
 use crate::error;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
-use pgrx::spi::{quote_identifier, SpiClient};
+use pgrx::spi::{quote_identifier, quote_literal, SpiClient};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 
@@ -476,6 +476,44 @@ impl AppRelation {
         })
     }
 
+    /// One shard's digest of a distributed relation's stored rows (src/schema/digest.rs): the
+    /// call of `syncular._payload_digest` for a `partition` that shard holds, which Citus
+    /// delegates to the shard's node — as the migration's rewrite ran (the same role, so over
+    /// the connection that wrote the shard's rows: Citus refuses another user on placements the
+    /// transaction modified), with the partition as a literal (`force_delegation` requires a
+    /// constant) and in the `FROM` form (Citus does not delegate a bare call made inside a
+    /// function). Where Citus does not delegate it, the call runs here and is refused (inside
+    /// this sandbox, as host code: `error::run`), never answered from a shell.
+    pub fn digest_shard(
+        &self,
+        caller: pg_sys::Oid,
+        partition: &str,
+        keys: &[i64; 4],
+    ) -> error::Result<String> {
+        let sql = format!(
+            "SELECT d FROM syncular._payload_digest({}, $1, $2::pg_catalog.int8[]) d",
+            quote_literal(partition)
+        );
+        let digest = db::with_spi(|c| {
+            self.run_rewrite(caller, || {
+                db::first::<String>(db::write_dynamic(
+                    c,
+                    &sql,
+                    &[
+                        DatumWithOid::from(self.tbl.as_str()),
+                        DatumWithOid::from(keys.to_vec()),
+                    ],
+                )?)
+            })
+        })?;
+        digest.ok_or_else(|| {
+            error::Error::Internal(format!(
+                "syncular: no payload digest came back for a shard of table {}",
+                self.tbl
+            ))
+        })
+    }
+
     /// Whether the relation holds a row, by one statement: for a table Citus distributes, whose
     /// rows no scan below SQL reaches ([`AppRelation::has_rows`]). As the less privileged of
     /// `caller` and the owner, `row_security` off (a policy hiding rows fails the statement
@@ -622,13 +660,21 @@ impl AppRelation {
         chunk: &[RowKey],
         each: &mut dyn FnMut(String, String, Vec<u8>) -> error::Result<()>,
     ) -> error::Result<()> {
+        // Row locks on one node; Citus refuses them in a query over many shards, and needs
+        // none: the migration holds every node's `ACCESS EXCLUSIVE` lock on the table
+        // ([`lock_all_for_rewrite`]; Citus runs the `LOCK TABLE` on every node).
         let read = format!(
             "SELECT a.\"_sync_partition\", a.\"_sync_row_id\", a.\"_sync_payload\"
                FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.text[]),
                                pg_catalog.unnest($2::pg_catalog.text[])) AS k(p, id)
                JOIN {} a ON a.\"_sync_partition\" = k.p AND a.\"_sync_row_id\" = k.id
-                FOR UPDATE OF a",
-            self.rows
+                {}",
+            self.rows,
+            if self.distributed() {
+                ""
+            } else {
+                "FOR UPDATE OF a"
+            }
         );
         let partitions: Vec<&str> = chunk.iter().map(|k| k.partition.as_str()).collect();
         let ids: Vec<&str> = chunk.iter().map(|k| k.row_id.as_str()).collect();

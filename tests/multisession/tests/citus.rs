@@ -39,7 +39,7 @@ fn coordinator() -> Client {
                 AND o.distribution_argument_index IS NOT NULL",
             &[],
         );
-        assert_eq!(delegated, 15, "{first}");
+        assert_eq!(delegated, 16, "{first}");
         // Again: nothing left to do.
         let again: serde_json::Value = one(&mut c, "SELECT syncular.distribute()", &[]);
         assert_eq!(
@@ -1002,9 +1002,9 @@ fn distribute_without_the_coordinator_in_citus_metadata_says_what_to_run() {
 
 /// Checks of a table's stored rows never read the empty shell Citus leaves under its name: a
 /// distributed relation holding rows (in its shards) is refused as a new registration, as on one
-/// node — read below SQL it looked empty and was registered — and a migration that would
-/// re-encode the rows of a distributed table is refused with a HINT instead of checking a shell
-/// (docs/SCALING.md).
+/// node — read below SQL it looked empty and was registered (docs/SCALING.md). A migration's
+/// re-encoding reads each shard on its node:
+/// `a_migration_re_encodes_a_distributed_tables_rows_and_checks_every_shard_on_its_node`.
 #[test]
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
 fn a_distributed_tables_rows_are_never_taken_for_an_empty_shell() {
@@ -1039,14 +1039,169 @@ fn a_distributed_tables_rows_are_never_taken_for_an_empty_shell() {
         matches!(out["outcome"].as_str(), Some("applied" | "cached")),
         "{out}"
     );
+}
+
+/// `tasks`' layouts at schema version 2: a nullable column appended, so every stored row of
+/// `tasks` is re-encoded.
+const TASKS_GROWN: &str = "{\"tasks\":[{\"name\":\"id\",\"type\":\"string\",\"nullable\":false},{\"name\":\"project_id\",\"type\":\"string\",\"nullable\":false},{\"name\":\"note\",\"type\":\"string\",\"nullable\":true}]}";
+
+/// A migration re-encodes a distributed app table's stored rows (a layout that grew; issue 30,
+/// item 3) through Citus, and checks them where they are: every shard digested below SQL on its
+/// own node, by a call Citus delegates inside the migration's transaction (src/schema/digest.rs;
+/// docs/SCALING.md "Migrations on Citus"). Rows in partitions on both workers, one partition
+/// with more rows than a rewrite chunk. A host trigger that writes an old payload back into a
+/// row of the first chunk while the second is rewritten — past the per-chunk check — fails the
+/// migration (`27000`), nothing kept; without it the migration re-encodes every row, and every
+/// stored row decodes at the new version with the appended column NULL — migrated by a role that
+/// is not the table's owner, as whom the rewrite and the digests run. Before, such a migration
+/// was refused (`SY041`): the shell under the table's name, read below SQL, looked empty.
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn a_migration_re_encodes_a_distributed_tables_rows_and_checks_every_shard_on_its_node() {
+    let name = format!("reencode_{}", std::process::id());
+    let mut c = database_of_its_own(&name);
+    let push = |c: &mut Client, partition: &str, row: &str| {
+        let key = format!("k-{row}");
+        let out: serde_json::Value = one(c, PUSH, &[&partition, &key.as_str(), &row]);
+        assert_eq!(out["outcome"], "applied", "{out}");
+    };
+    for i in 0..501 {
+        push(&mut c, "big", &format!("x{i:03}"));
+    }
+    for i in 0..16 {
+        for r in 0..3 {
+            push(&mut c, &format!("p{i}"), &format!("r{r}"));
+        }
+    }
+    let nodes: i64 = one(
+        &mut c,
+        "SELECT count(DISTINCT nodeport) FROM pg_dist_shard_placement
+          WHERE shardid IN (SELECT get_shard_id_for_distribution_column('public.tasks', _sync_partition)
+                              FROM public.tasks)",
+        &[],
+    );
+    assert_eq!(nodes, 2, "the rows are on both workers");
+    let migrate = |c: &mut Client| -> Result<serde_json::Value, postgres::Error> {
+        let mut tx = c.transaction()?;
+        tx.query_one(
+            "SELECT syncular.migrate_schema(2, $1::text::jsonb)",
+            &[&TASKS_GROWN],
+        )?;
+        let previous: serde_json::Value = tx
+            .query_one("SELECT syncular.previous_schema()", &[])?
+            .get(0);
+        tx.commit()?;
+        Ok(previous)
+    };
+    for statement in [
+        "CREATE FUNCTION public.write_back() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NEW._sync_row_id = 'x500' AND pg_trigger_depth() = 1 THEN
+             EXECUTE format('UPDATE %I.%I SET _sync_payload = $1
+                              WHERE _sync_partition = $2 AND _sync_row_id = ''x000''',
+                            TG_TABLE_SCHEMA, TG_TABLE_NAME)
+               USING OLD._sync_payload, NEW._sync_partition;
+           END IF;
+           RETURN NULL;
+         END $$",
+        "SET citus.enable_unsafe_triggers = on",
+        "CREATE TRIGGER write_back AFTER UPDATE ON public.tasks
+           FOR EACH ROW EXECUTE FUNCTION public.write_back()",
+        "RESET citus.enable_unsafe_triggers",
+    ] {
+        exec(&mut c, statement);
+    }
+    let err = sql_error(&migrate(&mut c).unwrap_err());
+    assert_eq!(err.state, "27000", "{err:?}");
+    assert!(
+        err.message.contains(
+            "re-encoded 549 stored rows of table tasks, but the table now holds 549 rows that \
+             are not exactly those"
+        ),
+        "{err:?}"
+    );
+    let version: i64 = one(
+        &mut c,
+        "SELECT (syncular.schema_state()->>'schemaVersion')::bigint",
+        &[],
+    );
+    assert_eq!(version, 1, "nothing of the refused migration kept");
+    for statement in [
+        "SET citus.enable_unsafe_triggers = on",
+        "DROP TRIGGER write_back ON public.tasks",
+        "RESET citus.enable_unsafe_triggers",
+    ] {
+        exec(&mut c, statement);
+    }
+
+    // As a migrator that is not the table's owner: the rewrite, and so each shard's digest,
+    // runs as that role (the less privileged of it and the owner), which reads the whole table.
+    let mut m = migrator(&mut c);
+    exec(&mut c, "GRANT SELECT, UPDATE ON public.tasks TO citus_mig");
+    let previous = migrate(&mut m).unwrap();
+    assert_eq!(previous["rewritten"]["tasks"], 549, "{previous}");
+    let payloads: Vec<Vec<u8>> = c
+        .query("SELECT _sync_payload FROM public.tasks", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(payloads.len(), 549);
+    for payload in payloads {
+        let row: serde_json::Value = one(
+            &mut c,
+            "SELECT syncular.decode_row('tasks', $1)",
+            &[&payload],
+        );
+        assert_eq!(row["note"], serde_json::Value::Null, "{row}");
+        assert_eq!(row["project_id"], "p1", "{row}");
+    }
+    drop_database_of_its_own(&name);
+}
+
+/// A distributed app table the migration cannot check shard by shard — not colocated with the
+/// partitions' group — is refused (`SY041`, the HINT saying how to colocate it) before anything
+/// is rewritten.
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn a_migration_refuses_a_distributed_table_it_cannot_check_shard_by_shard() {
+    let name = format!("uncolocated_{}", std::process::id());
+    let mut c = database_of_its_own(&name);
+    exec(
+        &mut c,
+        "CREATE TABLE public.memos (
+           _sync_partition text COLLATE \"C\" NOT NULL, _sync_row_id text NOT NULL,
+           _sync_server_version bigint NOT NULL, _sync_scopes jsonb NOT NULL,
+           _sync_payload bytea NOT NULL, _sync_column_versions bytea,
+           PRIMARY KEY (_sync_partition, _sync_row_id));
+         SELECT create_distributed_table('public.memos', '_sync_partition', colocate_with => 'none');
+         SELECT syncular.register_table('memos', 'public.memos');",
+    );
+    let memos = "\"memos\":[{\"name\":\"id\",\"type\":\"string\",\"nullable\":false}]";
+    let layouts = format!("{},{memos}}}", &TASKS_LAYOUTS[..TASKS_LAYOUTS.len() - 1]);
+    let mut tx = c.transaction().unwrap();
+    tx.query_one(
+        "SELECT syncular.migrate_schema(2, $1::text::jsonb)",
+        &[&layouts],
+    )
+    .unwrap();
+    tx.commit().unwrap();
+    exec(
+        &mut c,
+        "INSERT INTO public.memos VALUES ('acme', 'm1', 1, '{}',
+           syncular.encode_row('memos', '{\"id\":\"m1\"}', false, 2), NULL)",
+    );
+    let grown = layouts.replacen(
+        memos,
+        "\"memos\":[{\"name\":\"id\",\"type\":\"string\",\"nullable\":false},
+                   {\"name\":\"n\",\"type\":\"integer\",\"nullable\":true}]",
+        1,
+    );
     let mut tx = c.transaction().unwrap();
     let err = sql_error(
         &tx.query_one(
-            "SELECT syncular.migrate_schema(2, '{\"tasks\":[
-               {\"name\":\"id\",\"type\":\"string\",\"nullable\":false},
-               {\"name\":\"project_id\",\"type\":\"string\",\"nullable\":false},
-               {\"name\":\"note\",\"type\":\"string\",\"nullable\":true}]}')",
-            &[],
+            "SELECT syncular.migrate_schema(3, $1::text::jsonb)",
+            &[&grown],
         )
         .unwrap_err(),
     );
@@ -1055,9 +1210,81 @@ fn a_distributed_tables_rows_are_never_taken_for_an_empty_shell() {
     assert!(
         err.hint
             .unwrap_or_default()
-            .contains("distributed by Citus"),
-        "the HINT says why"
+            .contains("update_distributed_table_colocation"),
+        "the HINT says how to colocate it"
     );
+    drop_database_of_its_own(&name);
+}
+
+/// Adoption of a 0.24 database (`adopt_legacy_tables`, issue 30 item 3) on Citus, both ways an
+/// operator takes: into an install already distributed (the copy goes through Citus into the
+/// shards and reference tables), and into one distributed afterwards (`distribute()` moves the
+/// adopted rows into the shards). Either way every node answers as one node does — the adopted
+/// log's head, its fence, its stored push result, the marker — delegated and through the
+/// coordinator, and the next push continues the adopted log.
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn a_0_24_database_adopted_before_or_after_distributing_answers_on_every_node() {
+    for distributed_first in [true, false] {
+        let name = format!("adopt_{distributed_first}_{}", std::process::id());
+        let mut c = citus_database(&name);
+        if distributed_first {
+            exec(&mut c, "SELECT syncular.distribute()");
+        }
+        legacy_database(&mut c);
+        let mut tx = c.transaction().unwrap();
+        let counts: serde_json::Value = tx
+            .query_one("SELECT syncular.adopt_legacy_tables('legacy')", &[])
+            .unwrap()
+            .get(0);
+        tx.commit().unwrap();
+        assert_eq!(
+            (&counts["sync_commits"], &counts["sync_push_results"]),
+            (&json!(3), &json!(1)),
+            "{counts}"
+        );
+        if !distributed_first {
+            exec(&mut c, "SELECT syncular.distribute()");
+        }
+        let in_shards: i64 = one(
+            &mut c,
+            "SELECT count(*) FROM pg_dist_partition
+              WHERE logicalrelid = 'syncular.sync_commits'::regclass",
+            &[],
+        );
+        assert_eq!(in_shards, 1);
+        for node in 0..3 {
+            let mut n = Client::connect(&node_params_in(node, &name), NoTls).unwrap();
+            let row = n
+                .query_one(
+                    "SELECT syncular.max_commit_seq('part-1'),
+                            syncular.writer_fence_allows('part-1', 0),
+                            syncular.get_push_result('part-1', 'c1', 'k3')->>'commitSeq',
+                            syncular.schema_state()->>'schemaVersion'",
+                    &[],
+                )
+                .unwrap();
+            assert_eq!(
+                (
+                    row.get::<_, i64>(0),
+                    row.get::<_, bool>(1),
+                    row.get::<_, Option<String>>(2),
+                    row.get::<_, Option<String>>(3)
+                ),
+                (3, false, Some("3".to_string()), Some("1".to_string())),
+                "node {node}, distributed first: {distributed_first}"
+            );
+        }
+        let next: i64 = one(
+            &mut c,
+            "SELECT syncular.append_commit('part-1', jsonb_build_object(
+               'clientId', 'c2', 'clientCommitId', 'k4', 'actorId', 'a1',
+               'createdAtMs', 1750000000001, 'writerVersion', 1, 'changes', '[]'::jsonb))",
+            &[],
+        );
+        assert_eq!(next, 4, "distributed first: {distributed_first}");
+        drop_database_of_its_own(&name);
+    }
 }
 
 /// The marker is a reference table: a write through the coordinator writes its placement on every
@@ -1920,6 +2147,15 @@ fn node_params_in(i: i32, db: &str) -> String {
 /// that migrates: the schema version is the whole database's, and every other test pushes at 1.
 /// The connection to its coordinator.
 fn database_of_its_own(name: &str) -> Client {
+    let mut c = citus_database(name);
+    exec(&mut c, "SELECT syncular.distribute()");
+    tasks(&mut c);
+    c
+}
+
+/// A database of its own on every node of the cluster, with Citus, the workers added and the
+/// extension created — not yet distributed. The connection to its coordinator.
+fn citus_database(name: &str) -> Client {
     for i in 0..3 {
         let mut node = Client::connect(&node_params_in(i, "postgres"), NoTls).unwrap();
         exec(
@@ -1944,15 +2180,26 @@ fn database_of_its_own(name: &str) -> Client {
             "SELECT citus_set_coordinator_host('127.0.0.1', {});
              SELECT citus_add_node('127.0.0.1', {});
              SELECT citus_add_node('127.0.0.1', {});
-             CREATE EXTENSION syncular;
-             SELECT syncular.distribute();",
+             CREATE EXTENSION syncular;",
             port(0),
             port(1),
             port(2)
         ),
     );
-    tasks(&mut c);
     c
+}
+
+/// Drops a database of [`database_of_its_own`] on every node: each database with Citus keeps a
+/// maintenance worker on every node, and a cluster out of background workers cannot run the
+/// rebalancer's moves (`the_rebalancer_under_pushes_…` then waits for them until cancelled).
+fn drop_database_of_its_own(name: &str) {
+    for i in 0..3 {
+        let mut node = Client::connect(&node_params_in(i, "postgres"), NoTls).unwrap();
+        exec(
+            &mut node,
+            &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        );
+    }
 }
 
 /// `tasks`' layouts, the same at every schema version (a migration that re-encodes nothing).
@@ -2160,6 +2407,7 @@ fn the_schema_barrier_waits_for_a_push_on_any_node_and_holds_off_old_writers_aft
         ("none".to_string(), "5s".to_string())
     );
     tx.commit().unwrap();
+    drop_database_of_its_own(&name);
 }
 
 /// A migration racing pushes on every node (issue 30, item 4): three connections — to the
@@ -2261,6 +2509,7 @@ fn a_migration_racing_pushes_on_every_node_lets_no_old_writer_past_it() {
         "a migration racing pushes: {} commits acknowledged",
         acked.len()
     );
+    drop_database_of_its_own(&name);
 }
 
 /// The migrator `citus_mig` (`syncular_admin`, once), and a connection to the coordinator as it.
@@ -2532,4 +2781,5 @@ fn a_database_the_migrator_owns_or_without_the_owners_pins_refuses_every_call() 
     assert!(err.hint.unwrap_or_default().contains("distribute()"));
     let _: serde_json::Value = one(&mut c, "SELECT syncular.distribute()", &[]);
     assert_eq!(call(&mut c).unwrap(), 0);
+    drop_database_of_its_own(&name);
 }

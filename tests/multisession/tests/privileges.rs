@@ -10,6 +10,7 @@ use syncular_multisession::*;
 /// (docs/SECURITY.md).
 const INVOKER: &[&str] = &[
     "_fence_guard_busy",
+    "_payload_digest",
     "_fence_guard_hold",
     "_grant_api_roles",
     "_native_fence_triggers",
@@ -60,6 +61,49 @@ fn every_function_pins_search_path_is_commented_and_not_public() {
             "{name}: SECURITY DEFINER = {definer}"
         );
     }
+}
+
+/// `_payload_digest`, a migration's check of a Citus shard (src/schema/digest.rs), answers only
+/// a role that reads the whole table, and never on one node, where no shard is: a member of
+/// `syncular_admin` without `SELECT` on the table is `not_readable`; with it, `SY004`
+/// `citus_local_execution`; malformed keys, `shape` — nothing of the table's rows is read.
+#[test]
+fn the_shard_digest_answers_only_a_whole_table_reader_and_never_on_one_node() {
+    let db = TestDb::new("privdigest");
+    let mut c = db.connect();
+    let role = format!("{}_mig", db.name);
+    exec(
+        &mut c,
+        &format!("CREATE ROLE {role}; GRANT syncular_admin TO {role}; SET ROLE {role}"),
+    );
+    let digest = "SELECT syncular._payload_digest('part-1', 'tasks', $1::int8[])";
+    expect_error(
+        c.query_one(digest, &[&vec![1i64, 2, 3, 4]]),
+        "SY000",
+        "sync.storage.invalid_argument",
+        Some(json!({"argument": "tbl", "reason": "not_readable"})),
+    );
+    exec(&mut c, "RESET ROLE");
+    exec(
+        &mut c,
+        &format!("GRANT SELECT ON public.tasks TO {role}; SET ROLE {role}"),
+    );
+    expect_error(
+        c.query_one(digest, &[&vec![1i64, 2, 3, 4]]),
+        "SY004",
+        "sync.storage.invalid_transaction_state",
+        Some(json!({"reason": "citus_local_execution"})),
+    );
+    for keys in [vec![1i64, 2, 3], vec![1, 2, 3, 4, 5]] {
+        expect_error(
+            c.query_one(digest, &[&keys]),
+            "SY000",
+            "sync.storage.invalid_argument",
+            Some(json!({"argument": "keys", "reason": "shape"})),
+        );
+    }
+    exec(&mut c, "RESET ROLE");
+    exec(&mut c, &format!("DROP OWNED BY {role}; DROP ROLE {role}"));
 }
 
 #[test]
