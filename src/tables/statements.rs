@@ -457,6 +457,22 @@ impl AppRelation {
         caller: pg_sys::Oid,
         body: impl FnOnce() -> error::Result<R>,
     ) -> error::Result<R> {
+        // On Citus, one connection per node for the whole rewrite, whatever the session set:
+        // each shard's digest is delegated over the connection that wrote its rows and must find
+        // no other session of the transaction holding what it opens — with
+        // `citus.force_max_query_parallelization` on, Citus spread a chunk's statements over
+        // several connections per node and cancelled the migration as a distributed deadlock
+        // (red team 49's note; docs/SCALING.md "Migrations on Citus").
+        let citus: &[(&std::ffi::CStr, &std::ffi::CStr)] = &[
+            (c"citus.multi_shard_modify_mode", c"sequential"),
+            (c"citus.force_max_query_parallelization", c"off"),
+            (c"citus.max_adaptive_executor_pool_size", c"1"),
+        ];
+        let settings = if crate::citus::installed() {
+            citus
+        } else {
+            &[]
+        };
         self.run_as(caller, || {
             // SAFETY: inside the sandbox's GUC nest level, discarded when it ends (as
             // `db::generic` sets plan_cache_mode); a valid setting name and value.
@@ -472,7 +488,7 @@ impl AppRelation {
                     false,
                 );
             }
-            body()
+            db::with_settings(settings, body)
         })
     }
 

@@ -1053,7 +1053,8 @@ const TASKS_GROWN: &str = "{\"tasks\":[{\"name\":\"id\",\"type\":\"string\",\"nu
 /// row of the first chunk while the second is rewritten — past the per-chunk check — fails the
 /// migration (`27000`), nothing kept; without it the migration re-encodes every row, and every
 /// stored row decodes at the new version with the appended column NULL — migrated by a role that
-/// is not the table's owner, as whom the rewrite and the digests run. Before, such a migration
+/// is not the table's owner, as whom the rewrite and the digests run, with
+/// `citus.force_max_query_parallelization` on. Before, such a migration
 /// was refused (`SY041`): the shell under the table's name, read below SQL, looked empty.
 #[test]
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
@@ -1138,6 +1139,10 @@ fn a_migration_re_encodes_a_distributed_tables_rows_and_checks_every_shard_on_it
     // runs as that role (the less privileged of it and the owner), which reads the whole table.
     let mut m = migrator(&mut c);
     exec(&mut c, "GRANT SELECT, UPDATE ON public.tasks TO citus_mig");
+    // A setting any role may make, which spread a chunk's statements over several connections
+    // per node: the migration was cancelled as a distributed deadlock before the rewrite pinned
+    // one connection per node.
+    exec(&mut m, "SET citus.force_max_query_parallelization = on");
     let previous = migrate(&mut m).unwrap();
     assert_eq!(previous["rewritten"]["tasks"], 549, "{previous}");
     let payloads: Vec<Vec<u8>> = c
