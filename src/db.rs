@@ -166,11 +166,13 @@ pub fn write<'conn>(
 /// this session's `lock_timeout` is sent first ([`crate::citus::send_lock_timeout`]).
 pub fn lock_barrier(client: &SpiClient<'_>) -> Result<()> {
     crate::citus::send_lock_timeout()?;
-    write(
-        client,
-        "LOCK TABLE syncular.sync_partitions IN EXCLUSIVE MODE",
-        &[],
-    )?;
+    crate::citus::propagating_locks(|| {
+        write(
+            client,
+            "LOCK TABLE syncular.sync_partitions IN EXCLUSIVE MODE",
+            &[],
+        )
+    })?;
     Ok(())
 }
 

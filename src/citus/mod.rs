@@ -268,6 +268,26 @@ fn local_execution_claimed() -> bool {
     }
 }
 
+/// Runs `body` — a `LOCK TABLE` of the extension's, which Citus runs on every node — with the
+/// two settings without which Citus takes the lock on this node only
+/// (`AcquireDistributedLockOnRelations` returns early when `citus.enable_ddl_propagation` or
+/// `citus.enable_metadata_sync` is off). Any role may turn either off for itself (`SET`,
+/// `ALTER ROLE … SET`): the schema barrier and a migration's lock on the tables it re-encodes
+/// then held on no worker, and a push at the old version applied under the migration (red team
+/// 49, F2). Set in a nest level of their own, undone after `body`; nothing to do without Citus.
+pub fn propagating_locks<R>(body: impl FnOnce() -> Result<R>) -> Result<R> {
+    if !installed() {
+        return body();
+    }
+    crate::db::with_settings(
+        &[
+            (c"citus.enable_ddl_propagation", c"on"),
+            (c"citus.enable_metadata_sync", c"on"),
+        ],
+        body,
+    )
+}
+
 /// Makes Citus send this session's `lock_timeout` along with the transaction's next statements
 /// to every node they reach. Citus runs a `LOCK TABLE` of a distributed table — the schema
 /// barrier's ([`crate::db::lock_barrier`]) — on every node over its connections, and the wait

@@ -355,11 +355,13 @@ fn migrate(client: &SpiClient<'_>, a: &SchemaArgs, caller: pg_sys::Oid) -> Resul
     // (both 0.2.0) and keeps 0.1.0's contract.
     let updated = evolution::installed();
     if updated {
-        db::write(
-            client,
-            "LOCK TABLE syncular.sync_push_schemas IN SHARE MODE",
-            &[],
-        )?;
+        crate::citus::propagating_locks(|| {
+            db::write(
+                client,
+                "LOCK TABLE syncular.sync_push_schemas IN SHARE MODE",
+                &[],
+            )
+        })?;
     }
     // Re-validate under the lock, with a snapshot taken after it was granted.
     let state = gate::read_state(client, None, a.version, true)?;

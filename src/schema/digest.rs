@@ -297,6 +297,7 @@ fn _payload_digest(
                 )),
                 );
             }
+            relation.fire_deferred_triggers(role)?;
             let mut digest = Digest::new(&keys);
             relation.scan_local_shard(partition, &mut |p, id, payload| {
                 digest.add(p, id, payload);

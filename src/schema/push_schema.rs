@@ -658,11 +658,13 @@ fn set_push_schema(schema_version: Option<i64>, tables: Option<JsonArg>) -> i32 
             // SHARE until it commits), so the marker read next is the migration's (red team 6,
             // R6-1); and for another set_push_schema (the mode conflicts with itself), so the
             // stored columns compared next are the ones kept (red team 9, R9-5).
-            db::write(
-                client,
-                "LOCK TABLE syncular.sync_push_schemas IN SHARE ROW EXCLUSIVE MODE",
-                &[],
-            )?;
+            crate::citus::propagating_locks(|| {
+                db::write(
+                    client,
+                    "LOCK TABLE syncular.sync_push_schemas IN SHARE ROW EXCLUSIVE MODE",
+                    &[],
+                )
+            })?;
             for (tbl, schema) in &schemas {
                 crate::interrupts::check();
                 check_relation(client, tbl, schema)?;

@@ -492,6 +492,20 @@ impl AppRelation {
         })
     }
 
+    /// Fires now the deferred trigger events this session queued — on a Citus worker, those of a
+    /// migration's rewrite, which ran in an ordinary session there, not in this sandbox, so
+    /// PostgreSQL queued them where on one node it refuses them — with `SET CONSTRAINTS ALL
+    /// IMMEDIATE` in the sandbox, as `caller`: what they write is then written before the shard
+    /// is digested, not at commit after it (red team 49, F1: a deferred constraint trigger wrote
+    /// the old payloads back at `PREPARE`, after every digest had matched).
+    pub fn fire_deferred_triggers(&self, caller: pg_sys::Oid) -> error::Result<()> {
+        db::with_spi(|c| {
+            self.run_as(caller, || {
+                db::write_dynamic(c, "SET CONSTRAINTS ALL IMMEDIATE", &[]).map(drop)
+            })
+        })
+    }
+
     /// One shard's digest of a distributed relation's stored rows (src/schema/digest.rs): the
     /// call of `syncular._payload_digest` for a `partition` that shard holds, which Citus
     /// delegates to the shard's node — as the migration's rewrite ran (the same role, so over
@@ -589,7 +603,11 @@ impl AppRelation {
 
     fn lock(&self, caller: pg_sys::Oid, mode: &'static str) -> error::Result<()> {
         let sql = format!("LOCK TABLE {} IN {mode} MODE", self.rows);
-        db::with_spi(|c| self.run_rewrite(caller, || db::write_dynamic(c, &sql, &[]).map(drop)))
+        db::with_spi(|c| {
+            self.run_rewrite(caller, || {
+                crate::citus::propagating_locks(|| db::write_dynamic(c, &sql, &[]).map(drop))
+            })
+        })
     }
 
     /// Walks every stored row of the relation page by page in key order (each page and chunk in

@@ -1051,7 +1051,8 @@ const TASKS_GROWN: &str = "{\"tasks\":[{\"name\":\"id\",\"type\":\"string\",\"nu
 /// docs/SCALING.md "Migrations on Citus"). Rows in partitions on both workers, one partition
 /// with more rows than a rewrite chunk. A host trigger that writes an old payload back into a
 /// row of the first chunk while the second is rewritten — past the per-chunk check — fails the
-/// migration (`27000`), nothing kept; without it the migration re-encodes every row, and every
+/// migration (`27000`), nothing kept, and so does a deferred constraint trigger writing the old
+/// payloads back (fired before the digests); without them the migration re-encodes every row, and every
 /// stored row decodes at the new version with the appended column NULL — migrated by a role that
 /// is not the table's owner, as whom the rewrite and the digests run, with
 /// `citus.force_max_query_parallelization` on. Before, such a migration
@@ -1127,9 +1128,40 @@ fn a_migration_re_encodes_a_distributed_tables_rows_and_checks_every_shard_on_it
         &[],
     );
     assert_eq!(version, 1, "nothing of the refused migration kept");
+    // A deferred constraint trigger writes each row's old payload back: on the workers the
+    // rewrite's statements run in an ordinary session, so its events wait for the commit —
+    // after the digests — unless fired before them (red team 49, F1: the migration committed
+    // with every row at the old layout).
     for statement in [
         "SET citus.enable_unsafe_triggers = on",
         "DROP TRIGGER write_back ON public.tasks",
+        "CREATE FUNCTION public.write_back_later() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF pg_trigger_depth() = 1 THEN
+             EXECUTE format('UPDATE %I.%I SET _sync_payload = $1
+                              WHERE _sync_partition = $2 AND _sync_row_id = $3',
+                            TG_TABLE_SCHEMA, TG_TABLE_NAME)
+               USING OLD._sync_payload, OLD._sync_partition, OLD._sync_row_id;
+           END IF;
+           RETURN NULL;
+         END $$",
+        "CREATE CONSTRAINT TRIGGER write_back_later AFTER UPDATE ON public.tasks
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.write_back_later()",
+        "RESET citus.enable_unsafe_triggers",
+    ] {
+        exec(&mut c, statement);
+    }
+    let err = sql_error(&migrate(&mut c).unwrap_err());
+    assert_eq!(err.state, "27000", "{err:?}");
+    let version: i64 = one(
+        &mut c,
+        "SELECT (syncular.schema_state()->>'schemaVersion')::bigint",
+        &[],
+    );
+    assert_eq!(version, 1, "nothing of the refused migration kept");
+    for statement in [
+        "SET citus.enable_unsafe_triggers = on",
+        "DROP TRIGGER write_back_later ON public.tasks",
         "RESET citus.enable_unsafe_triggers",
     ] {
         exec(&mut c, statement);
@@ -2209,6 +2241,52 @@ fn drop_database_of_its_own(name: &str) {
 
 /// `tasks`' layouts, the same at every schema version (a migration that re-encodes nothing).
 const TASKS_LAYOUTS: &str = "{\"tasks\":[{\"name\":\"id\",\"type\":\"string\",\"nullable\":false},{\"name\":\"project_id\",\"type\":\"string\",\"nullable\":false}]}";
+
+/// The schema barrier holds on every node whatever Citus settings the migrator's session made
+/// (red team 49, F2): Citus takes a `LOCK TABLE` of a distributed table on the other nodes only
+/// while `citus.enable_ddl_propagation` and `citus.enable_metadata_sync` are on, and any role may
+/// turn either off for itself. With either off in the migrating session, a push at the old
+/// version through the partition's worker, started while the migration holds the barrier, waits
+/// for it and is refused after it (`SY002`) — it applied at once, under the migration, before
+/// the extension set both for its own locks (`citus::propagating_locks`).
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn the_barrier_holds_on_every_node_whatever_citus_settings_the_migrator_made() {
+    let name = format!("barrier_settings_{}", std::process::id());
+    let mut c = database_of_its_own(&name);
+    let p = "settings-p";
+    let holder = shard_port(&mut c, p);
+    let worker = (1..3)
+        .find(|&i| node_params(i).contains(&format!("port={holder}")))
+        .expect("the partition's worker");
+    let mut migrating = Client::connect(&node_params_in(0, &name), NoTls).unwrap();
+    for (version, setting) in [
+        (2, "citus.enable_ddl_propagation"),
+        (3, "citus.enable_metadata_sync"),
+    ] {
+        push_schema_of_tasks(&mut c, version - 1);
+        exec(&mut migrating, &format!("SET {setting} = off"));
+        let mut tx = migrating.transaction().unwrap();
+        tx.query_one(
+            "SELECT syncular.migrate_schema($1, $2::text::jsonb)",
+            &[&version, &TASKS_LAYOUTS],
+        )
+        .unwrap();
+        let params = node_params_in(worker, &name);
+        let pushing: Pushing = std::thread::spawn(move || {
+            let mut w = Client::connect(&params, NoTls).unwrap();
+            push_at(&mut w, version - 1, p, &format!("k{version}"), "r1")
+        });
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        tx.commit().unwrap();
+        let pushed = pushing.join().unwrap();
+        let err = sql_error(&pushed.expect_err("the push at the old version applied"));
+        assert_eq!(err.state, "SY002", "{setting} off: {err:?}");
+        exec(&mut migrating, &format!("RESET {setting}"));
+    }
+    drop(migrating);
+    drop_database_of_its_own(&name);
+}
 
 /// `migrate_schema(version)` with [`TASKS_LAYOUTS`] in a transaction block of its own, after
 /// `settings` (statements run first in the block).
