@@ -5,6 +5,7 @@
 //! must let Citus plan them (no forced generic plans, src/db.rs) — issue 30, item 1.
 
 pub mod owner_connections;
+pub mod owner_sessions;
 pub mod propagated;
 mod subquery;
 
@@ -33,6 +34,7 @@ pub fn init() {
         std::sync::atomic::Ordering::Relaxed,
     );
     subquery::install();
+    owner_sessions::install();
     // SAFETY: called once per backend from `_PG_init`; the callback only clears a cell.
     unsafe {
         pg_sys::CacheRegisterSyscacheCallback(

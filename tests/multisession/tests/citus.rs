@@ -2788,6 +2788,83 @@ fn the_extension_owners_search_path_is_pinned_on_every_node() {
     }
 }
 
+/// The owner's pins are verified on every node the owner's statements reach, not only on the
+/// node that runs the call (red team 49, F4; docs/SECURITY.md rule 20): a superuser reset the
+/// owner's settings on one worker alone (DDL propagation off), the coordinator's check passed,
+/// and the session Citus opened there as the owner started with the default `"$user", public` —
+/// a migrator's `unnest` in a schema named after the owner ran as the superuser. That session
+/// now refuses the owner's statements (`SY000`, `database`, `privilege`) before planning any,
+/// and `distribute()` puts the pins back.
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn a_worker_without_the_owners_pins_refuses_the_owners_statements_there() {
+    let name = format!("pins_{}", std::process::id());
+    let mut c = database_of_its_own(&name);
+    let owner: String = one(
+        &mut c,
+        "SELECT pg_get_userbyid(extowner)::text FROM pg_extension WHERE extname = 'syncular'",
+        &[],
+    );
+    let mut m = migrator(&mut c);
+    // The migrator's schema named after the owner (made for it: Citus's propagation of a schema
+    // a role makes in a database new to it alters the role, which a migrator may not).
+    exec(
+        &mut c,
+        &format!("CREATE SCHEMA {owner} AUTHORIZATION citus_mig"),
+    );
+    exec(
+        &mut m,
+        &format!(
+            "CREATE FUNCTION {owner}.unnest(text[]) RETURNS SETOF text LANGUAGE plpgsql AS $$
+             BEGIN
+               RAISE EXCEPTION 'trojan ran as %, superuser %', current_user,
+                 current_setting('is_superuser');
+             END $$;"
+        ),
+    );
+    let p = "pins-p";
+    let holder = shard_port(&mut c, p);
+    let worker = (1..3)
+        .find(|&i| node_params(i).contains(&format!("port={holder}")))
+        .expect("the partition's worker");
+    let mut w = Client::connect(&node_params_in(worker, &name), NoTls).unwrap();
+    for statement in [
+        "SET citus.enable_ddl_propagation = off".to_string(),
+        format!("ALTER ROLE {owner} IN DATABASE {name} RESET ALL"),
+    ] {
+        exec(&mut w, &statement);
+    }
+    // A call whose statements go from the coordinator to the partition's worker as the owner,
+    // in a session of the migrator's opened after the reset.
+    let call = |m: &mut Client| -> Result<(), postgres::Error> {
+        let mut tx = m.transaction()?;
+        tx.query_one(
+            "SELECT syncular.set_blob_refs($1, 'tasks', 'r', ARRAY['b1', 'b2'])",
+            &[&p],
+        )?;
+        tx.commit()
+    };
+    let err = sql_error(&call(&mut m).unwrap_err());
+    assert_eq!(
+        (err.state.as_str(), err.detail.clone()),
+        (
+            "SY000",
+            Some(json!({"argument": "database", "reason": "privilege"}))
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.hint.unwrap_or_default().contains("not pinned here"),
+        "the HINT says what is wrong and what to run"
+    );
+    // Back once the operator put the pins back, in a session opened after that.
+    exec(&mut c, "SELECT syncular.distribute()");
+    drop(m);
+    let mut m = migrator(&mut c);
+    call(&mut m).unwrap_or_else(|e| panic!("{:?}", sql_error(&e)));
+    drop_database_of_its_own(&name);
+}
+
 /// A shard transfer that does not block writes is refused for the partitions' group (red team
 /// 46, F2; docs/SCALING.md "Rebalancing"). Citus 13.2's logical-replication transfer — its
 /// default, `auto` — lost the app rows of acknowledged pushes while moving a group whose tables

@@ -1,0 +1,200 @@
+//! The extension owner's sessions Citus opens on this node run only where the owner's pins are
+//! in place here (red team 49, F4; docs/SECURITY.md rule 20).
+//!
+//! [`super::owner_connections::check`] verifies the pins and the database's owner on the node
+//! that runs a call. The owner's statements Citus sends to the other nodes run in sessions those
+//! nodes started with their own copy of the settings: a superuser who reset the owner's settings
+//! on one worker alone (with DDL propagation off) left its `search_path` to a schema named after
+//! the owner there, and a function a migrator put in it ran as the superuser — the coordinator's
+//! check had passed. So a session Citus opened on this node (not a client's), running as the
+//! extension owner in a database whose sync tables Citus distributes, verifies the pins here,
+//! once per transaction, before anything of its first statement is planned: from the planner
+//! hook, before the planners installed before it, so no function of the statement — not even
+//! one the planner would fold — runs first. Read below SQL (`pg_db_role_setting`), so the check
+//! plans nothing itself.
+
+use crate::catalog::{equality_key, live_attribute};
+use pgrx::pg_sys;
+use pgrx::FromDatum;
+use std::cell::Cell;
+
+thread_local! {
+    /// The local transaction in which this session passed (or needed no check).
+    static CHECKED_IN: Cell<Option<pg_sys::LocalTransactionId>> = const { Cell::new(None) };
+}
+
+/// The `planner_hook` installed before ours.
+static mut PREVIOUS: pg_sys::planner_hook_type = None;
+
+/// Installs the hook (from `_PG_init`, once per process that loads the library).
+pub fn install() {
+    // SAFETY: `_PG_init` runs once per process, single-threaded, before any planning; the hook
+    // installed before ours is kept and called by ours.
+    unsafe {
+        PREVIOUS = pg_sys::planner_hook;
+        pg_sys::planner_hook = Some(plan);
+    }
+}
+
+/// The hook (`optimizer/planner.h`, the same on PostgreSQL 15 and 18): the check, then the
+/// planner before ours or PostgreSQL's own.
+unsafe extern "C-unwind" fn plan(
+    parse: *mut pg_sys::Query,
+    query_string: *const std::ffi::c_char,
+    cursor_options: std::ffi::c_int,
+    bound: pg_sys::ParamListInfo,
+) -> *mut pg_sys::PlannedStmt {
+    // SAFETY: PostgreSQL's arguments, passed on unchanged; the check reads catalogs only.
+    unsafe {
+        check_guarded();
+        match PREVIOUS {
+            Some(previous) => previous(parse, query_string, cursor_options, bound),
+            None => pg_sys::standard_planner(parse, query_string, cursor_options, bound),
+        }
+    }
+}
+
+/// [`check`] behind pgrx's guard: its refusal, or an ERROR of a catalog read, is raised from here.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn check_guarded() {
+    check();
+}
+
+/// Refuses (`SY000`, `database`, `privilege`) a session Citus opened on this node for its own
+/// statements (not a client's, not `run_command_on_*`'s), running as the extension owner, on a
+/// node where the owner's pins are missing. The pins as stored, not the session's own settings:
+/// Citus keeps the connections it opened before `distribute()` set them — `CREATE EXTENSION`'s
+/// — for the rest of the client's session. Not the database's owner, which the call's node
+/// checks (`owner_connections`): its repair, `ALTER DATABASE … OWNER TO`, reaches the other
+/// nodes through these very sessions. Once per local transaction;
+/// nothing for another role, or in a database where Citus does not distribute the sync tables.
+fn check() {
+    let now = crate::port::local_transaction_id_if_any();
+    if CHECKED_IN.get() == Some(now) || !super::installed() {
+        return;
+    }
+    // Marked first: the reads below plan nothing, and a refusal ends the transaction anyway.
+    CHECKED_IN.set(Some(now));
+    // SAFETY: catalog reads in the planning transaction; the Citus function is looked up by its
+    // exported name and has this signature in Citus 13 (`bool IsExternalClientBackend(void)`).
+    let refused = unsafe {
+        let citus = |name: &std::ffi::CStr| {
+            pg_sys::load_external_function(
+                c"$libdir/citus".as_ptr(),
+                name.as_ptr(),
+                false,
+                std::ptr::null_mut(),
+            )
+        };
+        let (external, run_command) = (
+            citus(c"IsExternalClientBackend"),
+            citus(c"IsCitusRunCommandBackend"),
+        );
+        if external.is_null() || run_command.is_null() {
+            return;
+        }
+        let external: unsafe extern "C-unwind" fn() -> bool = std::mem::transmute(external);
+        let run_command: unsafe extern "C-unwind" fn() -> bool = std::mem::transmute(run_command);
+        // A client's session, or one of `run_command_on_*` (an operator's own commands, by which
+        // `distribute()` puts the pins back): not Citus's deparsed statements.
+        if pg_sys::ffi::pg_guard_ffi_boundary(|| external() || run_command()) {
+            return;
+        }
+        let Some(owner) = crate::catalog::extension_owner(c"syncular") else {
+            return;
+        };
+        if pg_sys::GetUserId() != owner {
+            return;
+        }
+        let namespace = pg_sys::get_namespace_oid(c"syncular".as_ptr(), true);
+        let partitions = pg_sys::get_relname_relid(c"sync_partitions".as_ptr(), namespace);
+        if partitions == pg_sys::InvalidOid || !super::manages(partitions) {
+            return;
+        }
+        !pinned_here(owner)
+    };
+    if refused {
+        crate::error::raise(
+            "SY000",
+            "sync.storage.invalid_argument".into(),
+            Some(r#"{"argument":"database","reason":"privilege"}"#.into()),
+            Some(
+                "a session Citus opened on this node as the extension owner finds the owner's \
+                 settings in this database not pinned here (search_path, \
+                 standard_conforming_strings): run SELECT syncular.distribute() on the \
+                 coordinator again, docs/SECURITY.md rule 20"
+                    .into(),
+            ),
+        );
+    }
+}
+
+/// Whether `owner`'s settings in this database (`pg_db_role_setting`) hold every pin of
+/// [`super::owner_connections::PINNED`], read below SQL under the catalog snapshot.
+///
+/// # Safety
+/// Inside a transaction.
+unsafe fn pinned_here(owner: pg_sys::Oid) -> bool {
+    let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+    // SAFETY: the catalog table is found by name in pg_catalog, opened, scanned with two keys on
+    // columns found by name and type in its own descriptor, and closed here; the array is copied
+    // out before the scan ends.
+    unsafe {
+        let catalog = pg_sys::get_relname_relid(
+            c"pg_db_role_setting".as_ptr(),
+            pg_sys::Oid::from(pg_sys::PG_CATALOG_NAMESPACE),
+        );
+        if catalog == pg_sys::InvalidOid {
+            return false;
+        }
+        let table = pg_sys::table_open(catalog, lock);
+        let descriptor = (*table).rd_att;
+        let oid = |t| t == pg_sys::OIDOID;
+        let columns = (
+            live_attribute(descriptor, c"setdatabase", oid),
+            live_attribute(descriptor, c"setrole", oid),
+            live_attribute(descriptor, c"setconfig", |t| t == pg_sys::TEXTARRAYOID),
+        );
+        let (Some(database), Some(role), Some(config)) = columns else {
+            pg_sys::table_close(table, lock);
+            return false;
+        };
+        let mut keys = [
+            equality_key(
+                database,
+                (pg_sys::F_OIDEQ, pg_sys::InvalidOid),
+                pg_sys::Datum::from(pg_sys::MyDatabaseId),
+            ),
+            equality_key(
+                role,
+                (pg_sys::F_OIDEQ, pg_sys::InvalidOid),
+                pg_sys::Datum::from(owner),
+            ),
+        ];
+        let scan = pg_sys::systable_beginscan(
+            table,
+            pg_sys::InvalidOid,
+            false,
+            std::ptr::null_mut(),
+            keys.len() as std::ffi::c_int,
+            keys.as_mut_ptr(),
+        );
+        let tuple = pg_sys::systable_getnext(scan);
+        let settings: Vec<String> = if tuple.is_null() {
+            Vec::new()
+        } else {
+            let mut null = false;
+            let datum = pg_sys::heap_getattr(tuple, config.into(), descriptor, &mut null);
+            Vec::<Option<String>>::from_datum(datum, null)
+                .unwrap_or_default()
+                .into_iter()
+                .flatten()
+                .collect()
+        };
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(table, lock);
+        super::owner_connections::PINNED
+            .iter()
+            .all(|(name, value)| settings.iter().any(|s| *s == format!("{name}={value}")))
+    }
+}
