@@ -250,8 +250,9 @@ fn partition_per_shard(client: &SpiClient<'_>) -> Result<Vec<String>> {
 
 /// `syncular._payload_digest(partition, tbl, keys)`: the digest of every stored row of the shard
 /// of registered table `tbl` that holds `partition`, on this node, read below SQL
-/// ([`AppRelation::scan_local_shard`]) — a migration's check on Citus (module comment), which
-/// delegates it to the shard's node. `syncular_admin`; as the calling role (`SECURITY
+/// ([`AppRelation::scan_shard`]) after the deferred trigger events the session queued have
+/// fired ([`AppRelation::fire_deferred_triggers`]) — a migration's check on Citus (module
+/// comment), which delegates it to the shard's node. `syncular_admin`; as the calling role (`SECURITY
 /// INVOKER`: the migration runs it as the rewrite's role), who must be able to read the whole
 /// table ([`AppRelation::readable_by`]: `SELECT` and no row-level security filtering it), so a
 /// digest under keys of the caller's choosing tells nothing a query of the caller's could not.
@@ -297,9 +298,10 @@ fn _payload_digest(
                 )),
                 );
             }
+            let shard = relation.local_shard_of(partition)?;
             relation.fire_deferred_triggers(role)?;
             let mut digest = Digest::new(&keys);
-            relation.scan_local_shard(partition, &mut |p, id, payload| {
+            relation.scan_shard(shard, &mut |p, id, payload| {
                 digest.add(p, id, payload);
                 Ok(true)
             })?;

@@ -79,33 +79,34 @@ impl AppRelation {
         Ok(())
     }
 
-    /// Hands every stored row of the relation's Citus shard that holds `partition` to `each`, read
-    /// below SQL on this node, as [`AppRelation::scan_payloads`] reads a table on one node: the
-    /// rows of every partition that shard holds, so the shards of a colocation group, each read
-    /// on its own node, are the whole table (src/schema/digest.rs). The shard is found as every
-    /// read below SQL on Citus finds it (`citus::local_shard`: its metadata locked, its
-    /// placement active here); refused (`SY004`, `citus_local_execution`) where it is not on
-    /// this node, and for a relation Citus does not distribute or a partitioned one.
-    pub fn scan_local_shard(
-        &self,
-        partition: &str,
-        each: &mut EachPayload<'_>,
-    ) -> error::Result<()> {
+    /// The relation's Citus shard on this node that holds `partition`: found as every read below
+    /// SQL on Citus finds it (`citus::local_shard`: its metadata locked, its placement active
+    /// here); refused (`SY004`, `citus_local_execution`) where it is not on this node, and for a
+    /// relation Citus does not distribute or a partitioned one — so always on one node.
+    pub fn local_shard_of(&self, partition: &str) -> error::Result<pg_sys::Oid> {
         let shard = if self.distributed() && !self.partitioned {
             crate::citus::local_shard(self.oid, Some(partition))?
         } else {
             None
         };
-        let Some(shard) = shard else {
-            return Err(Error::Sync {
-                code: crate::error::Code::InvalidTransactionState,
-                detail: Some(serde_json::json!({"reason": "citus_local_execution"})),
-                hint: Some(format!(
-                    "no shard of the relation registered as {} holding partition {partition} is                      on this node (or the relation is not a table Citus hash-distributes):                      migrate_schema delegates this digest to the shard's node on Citus                      (docs/SCALING.md)",
-                    self.tbl
-                )),
-            });
-        };
+        shard.ok_or_else(|| Error::Sync {
+            code: crate::error::Code::InvalidTransactionState,
+            detail: Some(serde_json::json!({"reason": "citus_local_execution"})),
+            hint: Some(format!(
+                "no shard of the relation registered as {} holding partition {partition} is on \
+                 this node (or the relation is not a table Citus hash-distributes): \
+                 migrate_schema delegates this digest to the shard's node on Citus \
+                 (docs/SCALING.md)",
+                self.tbl
+            )),
+        })
+    }
+
+    /// Hands every stored row of `shard` ([`AppRelation::local_shard_of`]) to `each`, read below
+    /// SQL as [`AppRelation::scan_payloads`] reads a table on one node: the rows of every
+    /// partition that shard holds, so the shards of a colocation group, each read on its own
+    /// node, are the whole table (src/schema/digest.rs).
+    pub fn scan_shard(&self, shard: pg_sys::Oid, each: &mut EachPayload<'_>) -> error::Result<()> {
         scan_leaf(shard, each)?;
         Ok(())
     }
@@ -123,7 +124,7 @@ impl AppRelation {
     }
 
     /// The refusal of a read of a distributed relation's stored rows below SQL on this node: its
-    /// rows are in shards, read on their own nodes instead ([`AppRelation::scan_local_shard`]).
+    /// rows are in shards, read on their own nodes instead ([`AppRelation::scan_shard`]).
     fn not_below_sql(&self) -> Error {
         super::unknown_table(&self.tbl).with_hint(format!(
             "the relation registered as {} is distributed by Citus: its stored rows are in \
