@@ -66,8 +66,8 @@ unsafe extern "C-unwind" fn check_guarded() {
 /// Citus keeps the connections it opened before `distribute()` set them — `CREATE EXTENSION`'s
 /// — for the rest of the client's session. Not the database's owner, which the call's node
 /// checks (`owner_connections`): its repair, `ALTER DATABASE … OWNER TO`, reaches the other
-/// nodes through these very sessions. Once per local transaction;
-/// nothing for another role, or in a database where Citus does not distribute the sync tables.
+/// nodes through these very sessions. Once per local transaction; nothing for another role, or
+/// in a database where Citus does not distribute the sync tables.
 fn check() {
     let now = crate::port::local_transaction_id_if_any();
     if CHECKED_IN.get() == Some(now) || !super::installed() {
@@ -78,6 +78,19 @@ fn check() {
     // SAFETY: catalog reads in the planning transaction; the Citus function is looked up by its
     // exported name and has this signature in Citus 13 (`bool IsExternalClientBackend(void)`).
     let refused = unsafe {
+        // The cheap questions first, Citus's library last: only a database whose sync tables
+        // Citus distributes has it (a stand-in `pg_dist_partition` has no library behind it).
+        let Some(owner) = crate::catalog::extension_owner(c"syncular") else {
+            return;
+        };
+        if pg_sys::GetUserId() != owner {
+            return;
+        }
+        let namespace = pg_sys::get_namespace_oid(c"syncular".as_ptr(), true);
+        let partitions = pg_sys::get_relname_relid(c"sync_partitions".as_ptr(), namespace);
+        if partitions == pg_sys::InvalidOid || !super::manages(partitions) {
+            return;
+        }
         let citus = |name: &std::ffi::CStr| {
             pg_sys::load_external_function(
                 c"$libdir/citus".as_ptr(),
@@ -98,17 +111,6 @@ fn check() {
         // A client's session, or one of `run_command_on_*` (an operator's own commands, by which
         // `distribute()` puts the pins back): not Citus's deparsed statements.
         if pg_sys::ffi::pg_guard_ffi_boundary(|| external() || run_command()) {
-            return;
-        }
-        let Some(owner) = crate::catalog::extension_owner(c"syncular") else {
-            return;
-        };
-        if pg_sys::GetUserId() != owner {
-            return;
-        }
-        let namespace = pg_sys::get_namespace_oid(c"syncular".as_ptr(), true);
-        let partitions = pg_sys::get_relname_relid(c"sync_partitions".as_ptr(), namespace);
-        if partitions == pg_sys::InvalidOid || !super::manages(partitions) {
             return;
         }
         !pinned_here(owner)
