@@ -107,8 +107,9 @@ impl PartialEq for Digest {
 }
 
 /// The stored rows of a distributed app table, digested shard by shard on each shard's node
-/// (module comment): one delegated [`_payload_digest`] per shard of the partitions' colocation
-/// group, each for a partition value that shard holds, run as the migration's rewrite ran
+/// (module comment): two delegated [`_payload_digest`]s per shard of the partitions' colocation
+/// group — every shard settled, then every shard digested —, each for a partition value that
+/// shard holds, run as the migration's rewrite ran
 /// (`AppRelation::digest_shard`). The table must be hash-distributed and colocated with
 /// `sync_partitions` ([`require_checkable`]).
 pub fn of_shards(
@@ -117,10 +118,17 @@ pub fn of_shards(
     caller: pg_sys::Oid,
     keys: &Keys,
 ) -> Result<Digest> {
-    let mut stored = Digest::new(keys);
-    for partition in partition_per_shard(client)? {
+    let partitions = partition_per_shard(client)?;
+    // Every shard settled first — locked, its session's deferred triggers fired — so no host
+    // code runs once the keys are sent (`_payload_digest`).
+    for partition in &partitions {
         crate::interrupts::check();
-        stored.merge_text(&relation.digest_shard(caller, &partition, keys)?)?;
+        relation.digest_shard(caller, partition, None)?;
+    }
+    let mut stored = Digest::new(keys);
+    for partition in &partitions {
+        crate::interrupts::check();
+        stored.merge_text(&relation.digest_shard(caller, partition, Some(keys))?)?;
     }
     Ok(stored)
 }
@@ -248,14 +256,24 @@ fn partition_per_shard(client: &SpiClient<'_>) -> Result<Vec<String>> {
     })
 }
 
-/// `syncular._payload_digest(partition, tbl, keys)`: the digest of every stored row of the shard
-/// of registered table `tbl` that holds `partition`, on this node, read below SQL
-/// ([`AppRelation::scan_shard`]) after the deferred trigger events the session queued have
-/// fired ([`AppRelation::fire_deferred_triggers`]) — a migration's check on Citus (module
-/// comment), which delegates it to the shard's node. `syncular_admin`; as the calling role (`SECURITY
-/// INVOKER`: the migration runs it as the rewrite's role), who must be able to read the whole
-/// table ([`AppRelation::readable_by`]: `SELECT` and no row-level security filtering it), so a
-/// digest under keys of the caller's choosing tells nothing a query of the caller's could not.
+/// `syncular._payload_digest(partition, tbl, keys)`, in two calls per shard of a migration on
+/// Citus (module comment), delegated to the shard's node; `syncular_admin`, as the calling role
+/// (`SECURITY INVOKER`: the migration runs it as the rewrite's role), who must be able to read
+/// the whole table ([`AppRelation::readable_by`]: `SELECT` and no row-level security filtering
+/// it), so a digest under keys of the caller's choosing tells nothing a query of the caller's
+/// could not.
+/// - `keys` NULL, first, for every shard: the shard locked against every other writer
+///   (`ACCESS EXCLUSIVE`: a session writing the shard directly passes the table's lock), and the
+///   deferred trigger events this session queued fired ([`AppRelation::fire_deferred_triggers`])
+///   — host code, so before any key reaches this node: the keys are in the text of the next
+///   call, which the session's own code and its role's other sessions can read (red team 50,
+///   G1: a deferred trigger fired inside the keyed call read them and wrote rows whose hashes
+///   cancelled out). Answers the empty string.
+/// - `keys` given, then: the digest of every stored row of the shard ([`AppRelation::scan_shard`],
+///   below SQL, no host code), and the shard sealed ([`seal`]): at `PREPARE` or `COMMIT`, after
+///   any deferred trigger that host code re-armed (`SET CONSTRAINTS … DEFERRED`), it is read
+///   again under keys drawn here that never leave this backend, and must be unchanged.
+///
 /// Refused where the shard is not placed on this node (`SY004`, `citus_local_execution`) —
 /// always on one node.
 #[pg_extern(
@@ -276,13 +294,14 @@ fn _payload_digest(
     error::run(|| {
         let partition = crate::args::text_ref("partition", partition)?;
         let tbl = crate::args::text_ref("tbl", tbl)?;
-        // Exactly four halves, none NULL; the length is read before any element.
-        let keys: Keys = match keys.filter(|k| k.len() == 4) {
-            Some(k) => match (k.get(0), k.get(1), k.get(2), k.get(3)) {
-                (Some(Some(a)), Some(Some(b)), Some(Some(c)), Some(Some(d))) => [a, b, c, d],
+        // NULL, or exactly four halves, none NULL; the length is read before any element.
+        let keys: Option<Keys> = match keys {
+            None => None,
+            Some(k) if k.len() == 4 => match (k.get(0), k.get(1), k.get(2), k.get(3)) {
+                (Some(Some(a)), Some(Some(b)), Some(Some(c)), Some(Some(d))) => Some([a, b, c, d]),
                 _ => return Err(Error::invalid_argument("keys", "shape")),
             },
-            None => return Err(Error::invalid_argument("keys", "shape")),
+            Some(_) => return Err(Error::invalid_argument("keys", "shape")),
         };
         db::with_spi(|client| {
             let Some(relation) = tables::open_for_migration(client, tbl)? else {
@@ -299,15 +318,100 @@ fn _payload_digest(
                 );
             }
             let shard = relation.local_shard_of(partition)?;
-            relation.fire_deferred_triggers(role)?;
-            let mut digest = Digest::new(&keys);
+            let Some(keys) = keys else {
+                // SAFETY: a lock on the shard's OID for the rest of the transaction.
+                unsafe {
+                    pg_sys::LockRelationOid(shard, pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE);
+                }
+                relation.fire_deferred_triggers(role)?;
+                return Ok(String::new());
+            };
+            let local = fresh_keys()?;
+            let (mut digest, mut sealed) = (Digest::new(&keys), Digest::new(&local));
             relation.scan_shard(shard, &mut |p, id, payload| {
                 digest.add(p, id, payload);
+                sealed.add(p, id, payload);
                 Ok(true)
             })?;
+            seal(shard, sealed);
             Ok(digest.to_text())
         })
     })
+}
+
+thread_local! {
+    /// The shards digested in this transaction on this node, each with its digest under keys
+    /// drawn here ([`seal`]); checked again at `PREPARE` or `COMMIT`.
+    static SEALED: std::cell::RefCell<Vec<(pg_sys::Oid, Digest)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+    /// Whether [`at_transaction_end`] is registered in this backend.
+    static REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Keeps `shard`'s digest under keys only this backend knows, for [`at_transaction_end`].
+fn seal(shard: pg_sys::Oid, digest: Digest) {
+    if !REGISTERED.get() {
+        // SAFETY: a plain function living as long as the library; PostgreSQL keeps it for the
+        // backend's lifetime.
+        unsafe { pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut()) };
+        REGISTERED.set(true);
+    }
+    SEALED.with(|sealed| sealed.borrow_mut().push((shard, digest)));
+}
+
+/// At `PREPARE` or `COMMIT` (after the deferred triggers fired), every sealed shard read again
+/// below SQL under its own keys: a change since its digest — host code the migration armed to run
+/// at commit — fails the transaction (`27000`, as every interference with a re-encoding; red team
+/// 50). Nothing is kept past the transaction.
+///
+/// # Safety
+/// Called by PostgreSQL only, as the transaction callback registered by [`seal`].
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn at_transaction_end(
+    event: pg_sys::XactEvent::Type,
+    _arg: *mut std::ffi::c_void,
+) {
+    use pg_sys::XactEvent::*;
+    if matches!(event, XACT_EVENT_PRE_COMMIT | XACT_EVENT_PRE_PREPARE) {
+        let sealed = SEALED.with(|sealed| std::mem::take(&mut *sealed.borrow_mut()));
+        let mut changed = None;
+        for (shard, kept) in &sealed {
+            crate::interrupts::check();
+            let mut now = Digest::new(&kept.keys);
+            let read = tables::scan_shard_rows(*shard, &mut |p, id, payload| {
+                now.add(p, id, payload);
+                Ok(true)
+            });
+            if read.is_err() || now != *kept {
+                changed = Some((kept.rows(), now.rows()));
+                break;
+            }
+        }
+        // Nothing of ours left alive past the raise, which leaves by PostgreSQL's longjmp.
+        drop(sealed);
+        if let Some((then, now)) = changed {
+            crate::error::raise(
+                "27000",
+                format!(
+                    "syncular: a shard of a table migrate_schema re-encoded changed after its rows \
+                     were checked ({then} rows then, {now} now): host code of the migration (a \
+                     deferred trigger) wrote it at the end of the transaction"
+                ),
+                None,
+                Some(
+                    "make the relation's deferred triggers leave _sync_payload alone, or disable \
+                     them for the migration"
+                        .into(),
+                ),
+            );
+        }
+    }
+    if matches!(
+        event,
+        XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE | XACT_EVENT_PARALLEL_ABORT
+    ) {
+        SEALED.with(|sealed| sealed.borrow_mut().clear());
+    }
 }
 
 #[cfg(test)]

@@ -107,8 +107,7 @@ impl AppRelation {
     /// partition that shard holds, so the shards of a colocation group, each read on its own
     /// node, are the whole table (src/schema/digest.rs).
     pub fn scan_shard(&self, shard: pg_sys::Oid, each: &mut EachPayload<'_>) -> error::Result<()> {
-        scan_leaf(shard, each)?;
-        Ok(())
+        scan_shard_rows(shard, each)
     }
 
     /// Whether the relation is partitioned (its leaf partitions hold its rows).
@@ -147,6 +146,13 @@ impl AppRelation {
         })?;
         Ok(found)
     }
+}
+
+/// Every stored row of a shard found by [`AppRelation::local_shard_of`] earlier in the
+/// transaction, read below SQL again (a migration's check at commit, src/schema/digest.rs).
+pub fn scan_shard_rows(shard: pg_sys::Oid, each: &mut EachPayload<'_>) -> error::Result<()> {
+    scan_leaf(shard, each)?;
+    Ok(())
 }
 
 /// One leaf relation's rows, by a sequential heap scan (`systable_beginscan` without an index,

@@ -506,8 +506,9 @@ impl AppRelation {
         })
     }
 
-    /// One shard's digest of a distributed relation's stored rows (src/schema/digest.rs): the
-    /// call of `syncular._payload_digest` for a `partition` that shard holds, which Citus
+    /// One shard's digest of a distributed relation's stored rows (src/schema/digest.rs), or
+    /// without `keys` its settling: the call of `syncular._payload_digest` for a `partition`
+    /// that shard holds, which Citus
     /// delegates to the shard's node — as the migration's rewrite ran (the same role, so over
     /// the connection that wrote the shard's rows: Citus refuses another user on placements the
     /// transaction modified), with the partition as a literal (`force_delegation` requires a
@@ -518,7 +519,7 @@ impl AppRelation {
         &self,
         caller: pg_sys::Oid,
         partition: &str,
-        keys: &[i64; 4],
+        keys: Option<&[i64; 4]>,
     ) -> error::Result<String> {
         let sql = format!(
             "SELECT d FROM syncular._payload_digest({}, $1, $2::pg_catalog.int8[]) d",
@@ -531,7 +532,7 @@ impl AppRelation {
                     &sql,
                     &[
                         DatumWithOid::from(self.tbl.as_str()),
-                        DatumWithOid::from(keys.to_vec()),
+                        DatumWithOid::from(keys.map(|k| k.to_vec())),
                     ],
                 )?)
             })

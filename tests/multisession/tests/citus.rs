@@ -1167,6 +1167,62 @@ fn a_migration_re_encodes_a_distributed_tables_rows_and_checks_every_shard_on_it
         exec(&mut c, statement);
     }
 
+    // A deferred trigger that, fired while its shard is settled, defers again and queues one
+    // more event, to write a row at `PREPARE`, after the digests (red team 50's next step):
+    // PostgreSQL refuses to queue it inside the settling's restricted operation, and behind that
+    // each shard is read again at `PREPARE` under keys its node drew and never sent.
+    for statement in [
+        "SET citus.enable_unsafe_triggers = on",
+        "CREATE FUNCTION public.rearm() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF current_query() LIKE '%_payload_digest%'
+              AND coalesce(current_setting('rt.stage', true), '') = '' THEN
+             PERFORM set_config('rt.stage', 'armed', true);
+             SET CONSTRAINTS ALL DEFERRED;
+             EXECUTE format('UPDATE %I.%I SET _sync_payload = _sync_payload
+                              WHERE _sync_partition = $1 AND _sync_row_id = $2',
+                            TG_TABLE_SCHEMA, TG_TABLE_NAME)
+               USING NEW._sync_partition, NEW._sync_row_id;
+           ELSIF current_setting('rt.stage', true) = 'armed'
+                 AND current_query() NOT LIKE '%_payload_digest%' THEN
+             PERFORM set_config('rt.stage', 'done', true);
+             EXECUTE format('UPDATE %I.%I SET _sync_payload = ''\\x00''::bytea
+                              WHERE _sync_partition = $1 AND _sync_row_id = $2',
+                            TG_TABLE_SCHEMA, TG_TABLE_NAME)
+               USING NEW._sync_partition, NEW._sync_row_id;
+           END IF;
+           RETURN NULL;
+         END $$",
+        "CREATE CONSTRAINT TRIGGER rearm AFTER UPDATE ON public.tasks
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.rearm()",
+        "RESET citus.enable_unsafe_triggers",
+    ] {
+        exec(&mut c, statement);
+    }
+    let err = sql_error(&migrate(&mut c).unwrap_err());
+    let version: i64 = one(
+        &mut c,
+        "SELECT (syncular.schema_state()->>'schemaVersion')::bigint",
+        &[],
+    );
+    assert_eq!(version, 1, "nothing of the refused migration kept: {err:?}");
+    // PostgreSQL refuses the deferred event queued inside the settling's restricted operation;
+    // were it queued, the check at PREPARE would fail the commit.
+    assert!(matches!(err.state.as_str(), "42501" | "27000"), "{err:?}");
+    let garbage: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM public.tasks WHERE _sync_payload = '\\x00'::bytea",
+        &[],
+    );
+    assert_eq!(garbage, 0, "{err:?}");
+    for statement in [
+        "SET citus.enable_unsafe_triggers = on",
+        "DROP TRIGGER rearm ON public.tasks",
+        "RESET citus.enable_unsafe_triggers",
+    ] {
+        exec(&mut c, statement);
+    }
+
     // As a migrator that is not the table's owner: the rewrite, and so each shard's digest,
     // runs as that role (the less privileged of it and the owner), which reads the whole table.
     let mut m = migrator(&mut c);
