@@ -688,19 +688,9 @@ impl Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         // SAFETY: the context made in `enter`, current since; the one before is current again
-        // before it is deleted. `MemoryContextSwitchTo` is an assignment (pgrx's port of the
-        // inline function), which cannot raise.
+        // before it is deleted.
         unsafe {
             pg_sys::MemoryContextSwitchTo(self.previous);
-        }
-        // While unwinding from an ERROR, nothing that could raise again: a second panic there
-        // aborts the backend (docs/RELIABILITY.md). The context is a child of the one before,
-        // freed with it when the (sub)transaction's abort or the caller resets it.
-        if std::thread::panicking() {
-            return;
-        }
-        // SAFETY: the context made in `enter`, no longer current.
-        unsafe {
             pg_sys::MemoryContextDelete(self.context);
         }
     }
