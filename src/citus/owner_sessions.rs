@@ -37,7 +37,11 @@ pub fn install() {
 }
 
 /// The hook (`optimizer/planner.h`, the same on PostgreSQL 15 and 18): the check, then the
-/// planner before ours or PostgreSQL's own.
+/// planner before ours or PostgreSQL's own. Behind pgrx's guard: `standard_planner` through
+/// pgrx turns a planning ERROR into a Rust panic, which must become an ERROR again here, not
+/// unwind into PostgreSQL's C frames (that aborted the backend on any planning error, an
+/// out-of-memory one in the memory-limited suite first).
+#[pgrx::pg_guard]
 unsafe extern "C-unwind" fn plan(
     parse: *mut pg_sys::Query,
     query_string: *const std::ffi::c_char,

@@ -792,3 +792,25 @@ fn repairs_lower_marker_and_fence_for_the_owner_only_and_leave_an_audit_record()
         ]
     );
 }
+
+/// A planning error in a session that loaded the library is an ERROR, and the session lives
+/// on: the library's planner hook (src/citus/owner_sessions.rs) called PostgreSQL's planner
+/// through pgrx, which turns its ERROR into a Rust panic, and let the panic unwind into
+/// PostgreSQL's C frames — the first `SELECT 1/0` of such a session aborted the backend and
+/// restarted every session of the cluster (seen in the memory-limited suite, an out-of-memory
+/// ERROR while planning). The hook is behind pgrx's guard now.
+#[test]
+fn a_planning_error_is_an_error_not_an_abort() {
+    let db = TestDb::new("planerror");
+    let mut c = db.connect();
+    let _: i64 = one(&mut c, "SELECT syncular.max_commit_seq('p')", &[]);
+    for sql in [
+        "SELECT 1/0",
+        "SELECT 1/0 WHERE syncular.max_commit_seq('p') = 0",
+    ] {
+        let err = sql_error(&c.batch_execute(sql).unwrap_err());
+        assert_eq!(err.state, "22012", "{sql}: {err:?}");
+    }
+    let alive: i32 = one(&mut c, "SELECT 1", &[]);
+    assert_eq!(alive, 1);
+}
