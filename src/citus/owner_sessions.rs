@@ -36,12 +36,24 @@ pub fn install() {
     }
 }
 
-/// The hook (`optimizer/planner.h`, the same on PostgreSQL 15 and 18): the check, then the
-/// planner before ours or PostgreSQL's own. Behind pgrx's guard: `standard_planner` through
-/// pgrx turns a planning ERROR into a Rust panic, which must become an ERROR again here, not
-/// unwind into PostgreSQL's C frames (that aborted the backend on any planning error, an
-/// out-of-memory one in the memory-limited suite first).
-#[pgrx::pg_guard]
+// PostgreSQL's own planner, called as C calls it: an ERROR raised in it (or in a planner hook
+// installed before ours) jumps straight over the hook below, which holds nothing that needs
+// dropping — as src/schema/executor_snapshots.rs calls the executor. Not through pgrx's guarded
+// binding: that turns the ERROR into a Rust panic, which unwound into PostgreSQL's C frames from
+// this hook and aborted the backend on any planning error (`SELECT 1/0`; an out-of-memory one in
+// the memory-limited suite first), and raised again by pgrx an ERROR loses its SQLSTATE.
+unsafe extern "C-unwind" {
+    #[link_name = "standard_planner"]
+    fn standard_planner(
+        parse: *mut pg_sys::Query,
+        query_string: *const std::ffi::c_char,
+        cursor_options: std::ffi::c_int,
+        bound: pg_sys::ParamListInfo,
+    ) -> *mut pg_sys::PlannedStmt;
+}
+
+/// The hook (`optimizer/planner.h`, the same on PostgreSQL 15 and 18): the check (guarded on its
+/// own), then the planner before ours or PostgreSQL's own, called raw (above).
 unsafe extern "C-unwind" fn plan(
     parse: *mut pg_sys::Query,
     query_string: *const std::ffi::c_char,
@@ -53,7 +65,7 @@ unsafe extern "C-unwind" fn plan(
         check_guarded();
         match PREVIOUS {
             Some(previous) => previous(parse, query_string, cursor_options, bound),
-            None => pg_sys::standard_planner(parse, query_string, cursor_options, bound),
+            None => standard_planner(parse, query_string, cursor_options, bound),
         }
     }
 }

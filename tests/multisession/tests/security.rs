@@ -798,7 +798,8 @@ fn repairs_lower_marker_and_fence_for_the_owner_only_and_leave_an_audit_record()
 /// through pgrx, which turns its ERROR into a Rust panic, and let the panic unwind into
 /// PostgreSQL's C frames — the first `SELECT 1/0` of such a session aborted the backend and
 /// restarted every session of the cluster (seen in the memory-limited suite, an out-of-memory
-/// ERROR while planning). The hook is behind pgrx's guard now.
+/// ERROR while planning). The hook now calls the planner as C calls it, so the ERROR passes
+/// through as PostgreSQL's own.
 #[test]
 fn a_planning_error_is_an_error_not_an_abort() {
     let db = TestDb::new("planerror");
