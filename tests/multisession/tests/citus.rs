@@ -1041,6 +1041,24 @@ fn a_distributed_tables_rows_are_never_taken_for_an_empty_shell() {
     );
 }
 
+/// `statements` (trigger DDL on a distributed table) with `citus.enable_unsafe_triggers` on,
+/// which Citus requires for them.
+fn with_unsafe_triggers(c: &mut Client, statements: &[&str]) {
+    exec(c, "SET citus.enable_unsafe_triggers = on");
+    for statement in statements {
+        exec(c, statement);
+    }
+    exec(c, "RESET citus.enable_unsafe_triggers");
+}
+
+/// The index (1 or 2) of the worker that holds `partition`'s shards.
+fn worker_of(c: &mut Client, partition: &str) -> i32 {
+    let holder = shard_port(c, partition);
+    (1..3)
+        .find(|&i| node_params(i).contains(&format!("port={holder}")))
+        .expect("the partition's worker")
+}
+
 /// `tasks`' layouts at schema version 2: a nullable column appended, so every stored row of
 /// `tasks` is re-encoded.
 const TASKS_GROWN: &str = "{\"tasks\":[{\"name\":\"id\",\"type\":\"string\",\"nullable\":false},{\"name\":\"project_id\",\"type\":\"string\",\"nullable\":false},{\"name\":\"note\",\"type\":\"string\",\"nullable\":true}]}";
@@ -1132,25 +1150,24 @@ fn a_migration_re_encodes_a_distributed_tables_rows_and_checks_every_shard_on_it
     // rewrite's statements run in an ordinary session, so its events wait for the commit —
     // after the digests — unless fired before them (red team 49, F1: the migration committed
     // with every row at the old layout).
-    for statement in [
-        "SET citus.enable_unsafe_triggers = on",
-        "DROP TRIGGER write_back ON public.tasks",
-        "CREATE FUNCTION public.write_back_later() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-           IF pg_trigger_depth() = 1 THEN
-             EXECUTE format('UPDATE %I.%I SET _sync_payload = $1
-                              WHERE _sync_partition = $2 AND _sync_row_id = $3',
-                            TG_TABLE_SCHEMA, TG_TABLE_NAME)
-               USING OLD._sync_payload, OLD._sync_partition, OLD._sync_row_id;
-           END IF;
-           RETURN NULL;
-         END $$",
-        "CREATE CONSTRAINT TRIGGER write_back_later AFTER UPDATE ON public.tasks
-           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.write_back_later()",
-        "RESET citus.enable_unsafe_triggers",
-    ] {
-        exec(&mut c, statement);
-    }
+    with_unsafe_triggers(
+        &mut c,
+        &[
+            "DROP TRIGGER write_back ON public.tasks",
+            "CREATE FUNCTION public.write_back_later() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF pg_trigger_depth() = 1 THEN
+                 EXECUTE format('UPDATE %I.%I SET _sync_payload = $1
+                                  WHERE _sync_partition = $2 AND _sync_row_id = $3',
+                                TG_TABLE_SCHEMA, TG_TABLE_NAME)
+                   USING OLD._sync_payload, OLD._sync_partition, OLD._sync_row_id;
+               END IF;
+               RETURN NULL;
+             END $$",
+            "CREATE CONSTRAINT TRIGGER write_back_later AFTER UPDATE ON public.tasks
+               DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.write_back_later()",
+        ],
+    );
     let err = sql_error(&migrate(&mut c).unwrap_err());
     assert_eq!(err.state, "27000", "{err:?}");
     let version: i64 = one(
@@ -1159,46 +1176,39 @@ fn a_migration_re_encodes_a_distributed_tables_rows_and_checks_every_shard_on_it
         &[],
     );
     assert_eq!(version, 1, "nothing of the refused migration kept");
-    for statement in [
-        "SET citus.enable_unsafe_triggers = on",
-        "DROP TRIGGER write_back_later ON public.tasks",
-        "RESET citus.enable_unsafe_triggers",
-    ] {
-        exec(&mut c, statement);
-    }
+    with_unsafe_triggers(&mut c, &["DROP TRIGGER write_back_later ON public.tasks"]);
 
     // A deferred trigger that, fired while its shard is settled, defers again and queues one
     // more event, to write a row at `PREPARE`, after the digests (red team 50's next step):
     // PostgreSQL refuses to queue it inside the settling's restricted operation, and behind that
     // each shard is read again at `PREPARE` under keys its node drew and never sent.
-    for statement in [
-        "SET citus.enable_unsafe_triggers = on",
-        "CREATE FUNCTION public.rearm() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-           IF current_query() LIKE '%_payload_digest%'
-              AND coalesce(current_setting('rt.stage', true), '') = '' THEN
-             PERFORM set_config('rt.stage', 'armed', true);
-             SET CONSTRAINTS ALL DEFERRED;
-             EXECUTE format('UPDATE %I.%I SET _sync_payload = _sync_payload
-                              WHERE _sync_partition = $1 AND _sync_row_id = $2',
-                            TG_TABLE_SCHEMA, TG_TABLE_NAME)
-               USING NEW._sync_partition, NEW._sync_row_id;
-           ELSIF current_setting('rt.stage', true) = 'armed'
-                 AND current_query() NOT LIKE '%_payload_digest%' THEN
-             PERFORM set_config('rt.stage', 'done', true);
-             EXECUTE format('UPDATE %I.%I SET _sync_payload = ''\\x00''::bytea
-                              WHERE _sync_partition = $1 AND _sync_row_id = $2',
-                            TG_TABLE_SCHEMA, TG_TABLE_NAME)
-               USING NEW._sync_partition, NEW._sync_row_id;
-           END IF;
-           RETURN NULL;
-         END $$",
-        "CREATE CONSTRAINT TRIGGER rearm AFTER UPDATE ON public.tasks
-           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.rearm()",
-        "RESET citus.enable_unsafe_triggers",
-    ] {
-        exec(&mut c, statement);
-    }
+    with_unsafe_triggers(
+        &mut c,
+        &[
+            "CREATE FUNCTION public.rearm() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF current_query() LIKE '%_payload_digest%'
+                  AND coalesce(current_setting('rt.stage', true), '') = '' THEN
+                 PERFORM set_config('rt.stage', 'armed', true);
+                 SET CONSTRAINTS ALL DEFERRED;
+                 EXECUTE format('UPDATE %I.%I SET _sync_payload = _sync_payload
+                                  WHERE _sync_partition = $1 AND _sync_row_id = $2',
+                                TG_TABLE_SCHEMA, TG_TABLE_NAME)
+                   USING NEW._sync_partition, NEW._sync_row_id;
+               ELSIF current_setting('rt.stage', true) = 'armed'
+                     AND current_query() NOT LIKE '%_payload_digest%' THEN
+                 PERFORM set_config('rt.stage', 'done', true);
+                 EXECUTE format('UPDATE %I.%I SET _sync_payload = ''\\x00''::bytea
+                                  WHERE _sync_partition = $1 AND _sync_row_id = $2',
+                                TG_TABLE_SCHEMA, TG_TABLE_NAME)
+                   USING NEW._sync_partition, NEW._sync_row_id;
+               END IF;
+               RETURN NULL;
+             END $$",
+            "CREATE CONSTRAINT TRIGGER rearm AFTER UPDATE ON public.tasks
+               DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.rearm()",
+        ],
+    );
     let err = sql_error(&migrate(&mut c).unwrap_err());
     let version: i64 = one(
         &mut c,
@@ -1215,13 +1225,7 @@ fn a_migration_re_encodes_a_distributed_tables_rows_and_checks_every_shard_on_it
         &[],
     );
     assert_eq!(garbage, 0, "{err:?}");
-    for statement in [
-        "SET citus.enable_unsafe_triggers = on",
-        "DROP TRIGGER rearm ON public.tasks",
-        "RESET citus.enable_unsafe_triggers",
-    ] {
-        exec(&mut c, statement);
-    }
+    with_unsafe_triggers(&mut c, &["DROP TRIGGER rearm ON public.tasks"]);
 
     // As a migrator that is not the table's owner: the rewrite, and so each shard's digest,
     // runs as that role (the less privileged of it and the owner), which reads the whole table.
@@ -2311,10 +2315,7 @@ fn the_barrier_holds_on_every_node_whatever_citus_settings_the_migrator_made() {
     let name = format!("barrier_settings_{}", std::process::id());
     let mut c = database_of_its_own(&name);
     let p = "settings-p";
-    let holder = shard_port(&mut c, p);
-    let worker = (1..3)
-        .find(|&i| node_params(i).contains(&format!("port={holder}")))
-        .expect("the partition's worker");
+    let worker = worker_of(&mut c, p);
     let mut migrating = Client::connect(&node_params_in(0, &name), NoTls).unwrap();
     for (version, setting) in [
         (2, "citus.enable_ddl_propagation"),
@@ -2879,10 +2880,7 @@ fn a_worker_without_the_owners_pins_refuses_the_owners_statements_there() {
         ),
     );
     let p = "pins-p";
-    let holder = shard_port(&mut c, p);
-    let worker = (1..3)
-        .find(|&i| node_params(i).contains(&format!("port={holder}")))
-        .expect("the partition's worker");
+    let worker = worker_of(&mut c, p);
     let mut w = Client::connect(&node_params_in(worker, &name), NoTls).unwrap();
     for statement in [
         "SET citus.enable_ddl_propagation = off".to_string(),
