@@ -229,18 +229,10 @@ fn local_execution_claimed() -> bool {
         if enabled.is_null() || std::ffi::CStr::from_ptr(enabled) != c"on" {
             return false;
         }
-        let find = |name: &std::ffi::CStr| {
-            pg_sys::load_external_function(
-                c"$libdir/citus".as_ptr(),
-                name.as_ptr(),
-                false,
-                std::ptr::null_mut(),
-            )
-        };
         let (get, set, allowed) = (
-            find(c"GetCurrentLocalExecutionStatus"),
-            find(c"SetLocalExecutionStatus"),
-            find(c"EnsureTaskExecutionAllowed"),
+            library_function(c"GetCurrentLocalExecutionStatus"),
+            library_function(c"SetLocalExecutionStatus"),
+            library_function(c"EnsureTaskExecutionAllowed"),
         );
         if get.is_null() || set.is_null() || allowed.is_null() {
             return false;
@@ -288,6 +280,24 @@ pub fn propagating_locks<R>(body: impl FnOnce() -> Result<R>) -> Result<R> {
         ],
         body,
     )
+}
+
+/// A function Citus's library exports, looked up by name: null where this Citus lacks it (another
+/// version); the caller gives it the C signature it has in Citus 13.
+///
+/// # Safety
+/// Inside a backend of a database where Citus is installed (its library can be loaded: a
+/// missing library is an ERROR).
+unsafe fn library_function(name: &std::ffi::CStr) -> *mut std::ffi::c_void {
+    // SAFETY: the caller's guarantee; NUL-terminated names, no file handle asked for.
+    unsafe {
+        pg_sys::load_external_function(
+            c"$libdir/citus".as_ptr(),
+            name.as_ptr(),
+            false,
+            std::ptr::null_mut(),
+        )
+    }
 }
 
 /// Makes Citus send this session's `lock_timeout` along with the transaction's next statements

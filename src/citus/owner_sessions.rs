@@ -107,17 +107,9 @@ fn check() {
         if partitions == pg_sys::InvalidOid || !super::manages(partitions) {
             return;
         }
-        let citus = |name: &std::ffi::CStr| {
-            pg_sys::load_external_function(
-                c"$libdir/citus".as_ptr(),
-                name.as_ptr(),
-                false,
-                std::ptr::null_mut(),
-            )
-        };
         let (external, run_command) = (
-            citus(c"IsExternalClientBackend"),
-            citus(c"IsCitusRunCommandBackend"),
+            super::library_function(c"IsExternalClientBackend"),
+            super::library_function(c"IsCitusRunCommandBackend"),
         );
         if external.is_null() || run_command.is_null() {
             return;
