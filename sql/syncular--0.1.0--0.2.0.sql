@@ -556,14 +556,22 @@ REVOKE ALL ON FUNCTION syncular.distribute() FROM PUBLIC;
 COMMENT ON FUNCTION syncular.distribute() IS
   'Extension owner or superuser only, on a Citus coordinator: distributes the sync tables by partition (colocated), makes the global ones reference tables, delegates the one-call functions and the reaction queue by their partition; reports which registered app tables are colocated (docs/SCALING.md).';
 
--- 0.2.0: a migration's digest of a Citus shard (docs/SCALING.md, "Migrations on Citus").
-CREATE FUNCTION syncular._payload_digest(partition text, tbl text, keys bigint[]) RETURNS text
+-- 0.2.0: a migration's rewrite and check of a Citus shard, on the shard's node (docs/SCALING.md,
+-- "Migrations on Citus").
+CREATE FUNCTION syncular._payload_rewrite(partition text, tbl text, layouts jsonb) RETURNS bigint
 VOLATILE PARALLEL UNSAFE SECURITY INVOKER
 SET search_path TO pg_catalog, pg_temp
-LANGUAGE c AS 'MODULE_PATHNAME', '_payload_digest_wrapper';
-REVOKE ALL ON FUNCTION syncular._payload_digest(text, text, bigint[]) FROM PUBLIC;
-COMMENT ON FUNCTION syncular._payload_digest(text, text, bigint[]) IS
-  'Internal, on Citus: the digest of the stored rows of the shard of a registered app table that holds partition, read on this node; migrate_schema delegates it to each shard''s node to check its re-encoded rows; syncular_admin, and only for a role that reads the whole table; refused where the shard is not on this node (docs/SCALING.md).';
+LANGUAGE c AS 'MODULE_PATHNAME', '_payload_rewrite_wrapper';
+REVOKE ALL ON FUNCTION syncular._payload_rewrite(text, text, jsonb) FROM PUBLIC;
+COMMENT ON FUNCTION syncular._payload_rewrite(text, text, jsonb) IS
+  'Internal, on Citus: re-encodes the stored rows of the shard of a registered app table that holds partition, on this node, in the sandbox here, and keeps a digest of what it wrote for _payload_check; migrate_schema delegates it to each shard''s node; syncular_admin, and only for a role that reads the whole table; refused where the shard is not on this node (docs/SCALING.md).';
+CREATE FUNCTION syncular._payload_check(partition text, tbl text, settle boolean) RETURNS bigint
+VOLATILE PARALLEL UNSAFE SECURITY INVOKER
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c AS 'MODULE_PATHNAME', '_payload_check_wrapper';
+REVOKE ALL ON FUNCTION syncular._payload_check(text, text, boolean) FROM PUBLIC;
+COMMENT ON FUNCTION syncular._payload_check(text, text, boolean) IS
+  'Internal, on Citus: after a migration''s _payload_rewrite of the shard holding partition in this session, fires the session''s deferred trigger events in the sandbox (settle), or checks that the shard holds exactly the rows the rewrite wrote (27000 otherwise); syncular_admin, and only for a role that reads the whole table; refused where the shard is not on this node (docs/SCALING.md).';
 
 -- Last, as in every update script: the roles get exactly the grants of this version.
 SELECT syncular._grant_api_roles();

@@ -52,7 +52,7 @@ const REFERENCE: [&str; 7] = [
 /// (its rows are in the partition's shard of `sync_reactions`), and a migration's digest of a
 /// shard ([`FORCED`]). Not the checkpoint functions:
 /// the checkpoints are a reference table, whose every write goes to every node (docs/SCALING.md).
-const DELEGATED: [&str; 16] = [
+const DELEGATED: [&str; 17] = [
     "push_commit",
     "pull",
     "append_commit",
@@ -68,13 +68,14 @@ const DELEGATED: [&str; 16] = [
     "get_reaction",
     "list_reactions",
     "prune_reactions",
-    "_payload_digest",
+    "_payload_rewrite",
+    "_payload_check",
 ];
 
 /// Of [`DELEGATED`], the ones called inside a transaction of the extension's own and delegated
-/// there too (Citus's `force_delegation`): a migration's digest of each shard of a distributed
-/// app table, on the shard's node (src/schema/digest.rs).
-const FORCED: [&str; 1] = ["_payload_digest"];
+/// there too (Citus's `force_delegation`): a migration's rewrite and check of each shard of a
+/// distributed app table, on the shard's node (src/schema/shards.rs).
+const FORCED: [&str; 2] = ["_payload_rewrite", "_payload_check"];
 
 /// `syncular.distribute()`: the extension's tables distributed by `partition` (colocated) or
 /// made reference tables, its one-call functions delegated by their partition, in one

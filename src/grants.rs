@@ -95,9 +95,10 @@ const ADMIN: &[&str] = &[
     "scope_activity(text, text, text, integer)",
     "stats(bigint)",
     "set_push_schema(bigint, jsonb)",
-    // A migration's digest of a Citus shard, run as the migration's rewrite runs
-    // (src/schema/digest.rs): it checks its caller itself.
-    "_payload_digest(text, text, bigint[])",
+    // A migration's rewrite and check of a Citus shard, run as the migration's rewrite runs
+    // (src/schema/shards.rs): they check their caller themselves.
+    "_payload_rewrite(text, text, jsonb)",
+    "_payload_check(text, text, boolean)",
 ];
 
 /// Roles are cluster-wide: the first database that installs the extension creates them. Two

@@ -12,6 +12,7 @@
 //! (`decode_row(…, schema_version => v)`, the layout history in `sync_schema_layouts`).
 
 use super::digest::{self, Digest};
+use super::shards;
 use crate::codec::{row, CodecError, Column, ColumnType, Layout, Value as Cell};
 use crate::db;
 use crate::error::{Error, Result};
@@ -206,6 +207,90 @@ pub fn reencode(
     row::encode_full(new, &values)
 }
 
+/// What re-encodes the stored rows of one table from schema version `from` to `to`, here or on a
+/// Citus shard's node (src/schema/shards.rs, which receives it as [`Reencoding::to_json`]).
+pub struct Reencoding {
+    pub table: String,
+    pub from: i64,
+    pub to: i64,
+    old: Layout,
+    new: Layout,
+    /// The two layouts' columns as stored (what a shard's node is sent).
+    columns: (Value, Value),
+}
+
+impl Reencoding {
+    /// From the two versions' stored layouts of `table`: refused (`SY000` `layouts.<table>`
+    /// `shape`) when either is not a row-codec layout.
+    pub fn new(
+        table: &str,
+        from: i64,
+        to: i64,
+        old: &[Value],
+        new: &[Value],
+    ) -> Result<Reencoding> {
+        let unreadable = |version: i64, why: String| {
+            Error::invalid_argument(&format!("layouts.{table}"), "shape").with_hint(format!(
+                "table {table}: the layouts of schema version {version} are not row-codec layouts \
+                 ({why}), so the stored payloads of the registered table cannot be re-encoded \
+                 for schema version {to}"
+            ))
+        };
+        Ok(Reencoding {
+            table: table.to_string(),
+            from,
+            to,
+            old: codec_layout(old).map_err(|w| unreadable(from, w))?,
+            new: codec_layout(new).map_err(|w| unreadable(to, w))?,
+            columns: (Value::Array(old.to_vec()), Value::Array(new.to_vec())),
+        })
+    }
+
+    /// `{"table", "from", "to", "old", "new"}`, what [`Reencoding::from_json`] reads back.
+    pub fn to_json(&self) -> Value {
+        json!({"table": self.table, "from": self.from, "to": self.to,
+               "old": self.columns.0, "new": self.columns.1})
+    }
+
+    /// [`Reencoding::to_json`]'s form read back, for the table registered as `table`: refused
+    /// (`SY000` `layouts` `shape`) when it is not that.
+    pub fn from_json(table: &str, value: &Value) -> Result<Reencoding> {
+        let shape = || Error::invalid_argument("layouts", "shape");
+        let version = |key: &str| value.get(key).and_then(Value::as_i64).ok_or_else(shape);
+        let layout = |key: &str| value.get(key).and_then(Value::as_array).ok_or_else(shape);
+        if value.get("table").and_then(Value::as_str) != Some(table) {
+            return Err(shape());
+        }
+        Reencoding::new(
+            table,
+            version("from")?,
+            version("to")?,
+            layout("old")?,
+            layout("new")?,
+        )
+    }
+
+    /// The layout rows are re-encoded for.
+    pub fn new_layout(&self) -> &Layout {
+        &self.new
+    }
+
+    /// One stored row of `partition` re-encoded ([`reencode`]), or why it cannot be.
+    pub fn row(&self, partition: &str, row_id: &str, payload: &[u8]) -> Result<Vec<u8>> {
+        reencode(&self.old, &self.new, payload).map_err(|e| {
+            Error::Internal(format!(
+                "syncular: migrate_schema cannot re-encode stored row {}/{row_id} of \
+                 partition {partition} for schema version {}: its _sync_payload does not \
+                 decode with the layout of schema version {}: {}",
+                self.table,
+                self.to,
+                self.from,
+                e.message()
+            ))
+        })
+    }
+}
+
 /// Re-encodes the stored payloads of every **registered** table of `grown` (tables registered
 /// with `register_table`; an unregistered table's rows are the host's to rewrite), each for the
 /// migrating `caller` in the sandbox (`tables::statements`: the less privileged of it and the
@@ -216,6 +301,8 @@ pub fn reencode(
 /// table, a function planning ran — fails it (red teams 4 and 5, C2 and R5-2; docs/SECURITY.md
 /// rule 19) — an old-layout payload never decodes with a layout that appended columns (the new
 /// columns' null bits are clear, so their values would be read past the payload's end).
+/// A table Citus distributes is rewritten and checked shard by shard on each shard's node
+/// (src/schema/shards.rs), in the sandbox there.
 pub fn rewrite(
     client: &SpiClient<'_>,
     grown: &[Grown],
@@ -234,62 +321,62 @@ pub fn rewrite(
             continue;
         };
         if relation.distributed() {
-            digest::require_checkable(client, &relation, caller)?;
+            shards::require_checkable(client, &relation, caller)?;
         }
         opened.push((g, relation));
     }
     // All at once: a reader of two of them never holds one while the migration waits for it.
     tables::lock_all_for_rewrite(&opened.iter().map(|(_, r)| r).collect::<Vec<_>>(), caller)?;
+    // On Citus, one partition value per shard of the partitions' group, found once.
+    let mut per_shard: Option<Vec<String>> = None;
     for (g, relation) in &opened {
-        let unreadable = |version: i64, why: String| {
-            Error::invalid_argument(&format!("layouts.{}", g.table), "shape").with_hint(format!(
-                "table {}: the layouts of schema version {version} are not row-codec layouts \
-                 ({why}), so the stored payloads of the registered table cannot be re-encoded \
-                 for schema version {to}",
-                g.table
-            ))
-        };
-        let from = g.from;
-        let old = codec_layout(columns(stored.get(&g.table))).map_err(|w| unreadable(from, w))?;
-        let new = codec_layout(columns(layouts.get(&g.table))).map_err(|w| unreadable(to, w))?;
-        let table = g.table.as_str();
-        let mut written = Digest::new(&keys);
-        let count = relation.rewrite_payloads(caller, &mut |partition, row_id, payload| {
-            let out = reencode(&old, &new, payload).map_err(|e| {
-                Error::Internal(format!(
-                    "syncular: migrate_schema cannot re-encode stored row {table}/{row_id} of \
-                     partition {partition} for schema version {to}: its _sync_payload does not \
-                     decode with the layout of schema version {from}: {}",
-                    e.message()
-                ))
+        let reencoding = Reencoding::new(
+            &g.table,
+            g.from,
+            to,
+            columns(stored.get(&g.table)),
+            columns(layouts.get(&g.table)),
+        )?;
+        let (count, written) = if relation.distributed() {
+            if per_shard.is_none() {
+                per_shard = Some(shards::partition_per_shard(client)?);
+            }
+            let partitions = per_shard.as_deref().unwrap_or_default();
+            (
+                shards::rewrite(relation, caller, partitions, &reencoding)?,
+                None,
+            )
+        } else {
+            let mut written = Digest::new(&keys);
+            let count = relation.rewrite_payloads(caller, &mut |partition, row_id, payload| {
+                let out = reencoding.row(partition, row_id, payload)?;
+                written.add(partition, row_id, &out);
+                Ok(out)
             })?;
-            written.add(partition, row_id, &out);
-            Ok(out)
-        })?;
+            (count, Some(written))
+        };
         if count > 0 {
             counts.insert(g.table.clone(), json!(count));
         }
-        rewritten.push((g.table.as_str(), new, written));
+        rewritten.push((reencoding, written));
     }
-    for (table, new, written) in rewritten {
+    for (reencoding, written) in rewritten {
         crate::interrupts::check();
+        let (table, new) = (reencoding.table.as_str(), reencoding.new_layout());
         // Opened again: every check of a registered relation, after what host code did.
         let Some(relation) = tables::open_for_migration(client, table)? else {
             continue;
         };
-        // On Citus each shard is digested on its own node (src/schema/digest.rs); equal digests
-        // mean the rows written, each of which decodes with the new layout.
-        if relation.distributed() {
-            let stored = digest::of_shards(client, &relation, caller, &keys)?;
-            if stored != written {
-                return Err(rewritten_rows_changed(table, &written, &stored));
-            }
+        let Some(written) = written else {
+            // On Citus each shard is checked on its own node against what was written there.
+            let partitions = per_shard.as_deref().unwrap_or_default();
+            shards::check(&relation, caller, partitions)?;
             continue;
-        }
+        };
         let mut stored = Digest::new(&keys);
         relation.scan_payloads(client, &mut |partition, row_id, payload| {
             stored.add(partition, row_id, payload);
-            match row::decode_full(&new, payload) {
+            match row::decode_full(new, payload) {
                 Ok(_) => Ok(true),
                 Err(e) => Err(Error::TriggeredChange(format!(
                     "syncular: migrate_schema re-encoded the stored rows of table {table}, but \
@@ -305,21 +392,24 @@ pub fn rewrite(
         // bitmap grew a byte (red team 6, R6-3). The stored rows must be exactly the rows
         // written: the same keys with the same bytes.
         if stored != written {
-            return Err(rewritten_rows_changed(table, &written, &stored));
+            return Err(rewritten_rows_changed(
+                &format!("table {table}"),
+                written.rows(),
+                stored.rows(),
+            ));
         }
     }
     Ok(counts)
 }
 
 /// The refusal of a migration whose re-encoded rows are not what the table holds afterwards.
-fn rewritten_rows_changed(table: &str, written: &Digest, stored: &Digest) -> Error {
+/// `table` names what was re-encoded: "table t", or one shard of it (src/schema/shards.rs).
+pub(super) fn rewritten_rows_changed(table: &str, written: u64, stored: u64) -> Error {
     Error::TriggeredChange(format!(
-        "syncular: migrate_schema re-encoded {} stored rows of table {table}, but the table now \
-         holds {} rows that are not exactly those: host code of the migration (a trigger, or a \
-         function of the relation's statistics or constraints) wrote, inserted or deleted rows \
-         of it after they were re-encoded",
-        written.rows(),
-        stored.rows()
+        "syncular: migrate_schema re-encoded {written} stored rows of {table}, but it now \
+         holds {stored} rows that are not exactly those: host code of the migration \
+         (a trigger, or a function of the relation's statistics or constraints) wrote, inserted \
+         or deleted rows of it after they were re-encoded"
     ))
 }
 

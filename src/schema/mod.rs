@@ -14,4 +14,5 @@ pub mod evolution;
 pub mod executor_snapshots;
 pub mod marker;
 pub mod push_schema;
+pub mod shards;
 pub mod stamp;

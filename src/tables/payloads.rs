@@ -102,6 +102,52 @@ impl AppRelation {
         })
     }
 
+    /// The relation's shard on this node that holds `partition` ([`AppRelation::local_shard_of`]),
+    /// locked `ACCESS EXCLUSIVE` for the rest of the transaction (what the migration's `LOCK
+    /// TABLE` takes on one node: Citus takes it on every node's shell, not on the shards), as a
+    /// relation of its own: the statements of a migration's rewrite run over it on this node, in
+    /// the sandbox here (src/schema/shards.rs). The same owner as the relation, or refused (Citus
+    /// keeps them equal; a shard whose owner was changed alone would run its host code as
+    /// someone else).
+    pub fn shard_here(&self, partition: &str) -> error::Result<AppRelation> {
+        let shard = self.local_shard_of(partition)?;
+        // SAFETY: a lock on the shard's OID, found above, for the rest of the transaction.
+        unsafe {
+            pg_sys::LockRelationOid(shard, pg_sys::AccessExclusiveLock as pg_sys::LOCKMODE);
+        }
+        let unusable = |why: String| {
+            super::unknown_table(&self.tbl).with_hint(format!(
+                "the shard on this node of the relation registered as {} cannot be rewritten: \
+                 {why} (docs/SCALING.md, \"Migrations on Citus\")",
+                self.tbl
+            ))
+        };
+        let Some(found) = super::inspect(shard) else {
+            return Err(unusable("it no longer exists".into()));
+        };
+        if let Some(unfit) = found.unfit.clone() {
+            return Err(unusable(unfit));
+        }
+        if found.owner != self.owner || !found.ordinary {
+            return Err(unusable(
+                "its owner is not the relation's, or it is not an ordinary table".into(),
+            ));
+        }
+        let qualified = found.qualified();
+        Ok(AppRelation {
+            oid: shard,
+            tbl: self.tbl.clone(),
+            namespace: found.namespace,
+            owner: found.owner,
+            rows: format!("ONLY {qualified}"),
+            qualified,
+            partitioned: false,
+            row_security: found.row_security,
+            triggerless: found.triggerless,
+            reader: None,
+        })
+    }
+
     /// Hands every stored row of `shard` ([`AppRelation::local_shard_of`]) to `each`, read below
     /// SQL as [`AppRelation::scan_payloads`] reads a table on one node: the rows of every
     /// partition that shard holds, so the shards of a colocation group, each read on its own

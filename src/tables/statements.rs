@@ -506,40 +506,40 @@ impl AppRelation {
         })
     }
 
-    /// One shard's digest of a distributed relation's stored rows (src/schema/digest.rs), or
-    /// without `keys` its settling: the call of `syncular._payload_digest` for a `partition`
-    /// that shard holds, which Citus
-    /// delegates to the shard's node — as the migration's rewrite ran (the same role, so over
-    /// the connection that wrote the shard's rows: Citus refuses another user on placements the
-    /// transaction modified), with the partition as a literal (`force_delegation` requires a
-    /// constant) and in the `FROM` form (Citus does not delegate a bare call made inside a
-    /// function). Where Citus does not delegate it, the call runs here and is refused (inside
-    /// this sandbox, as host code: `error::run`), never answered from a shell.
-    pub fn digest_shard(
+    /// One call of a migration's function for one shard of a distributed relation
+    /// (src/schema/shards.rs: `syncular._payload_rewrite`, `syncular._payload_check`), for a
+    /// `partition` that shard holds, which Citus delegates to the shard's node — as the
+    /// migration's role (so over one connection per node and user for the whole migration:
+    /// Citus refuses another user on placements the transaction modified, and the node keeps
+    /// what the shard's rewrite wrote in that session), with the partition as a literal
+    /// (`force_delegation` requires a constant) and in the `FROM` form (Citus does not delegate
+    /// a bare call made inside a function). Where Citus does not delegate it, the call runs here
+    /// and is refused (inside this sandbox, as host code: `error::run`), never answered from a
+    /// shell. `function` and `arg_type` are the extension's own names, never input.
+    pub fn call_shard(
         &self,
         caller: pg_sys::Oid,
         partition: &str,
-        keys: Option<&[i64; 4]>,
-    ) -> error::Result<String> {
+        function: &'static str,
+        arg_type: &'static str,
+        arg: DatumWithOid<'_>,
+    ) -> error::Result<i64> {
         let sql = format!(
-            "SELECT d FROM syncular._payload_digest({}, $1, $2::pg_catalog.int8[]) d",
+            "SELECT n FROM syncular.{function}({}, $1, $2::pg_catalog.{arg_type}) n",
             quote_literal(partition)
         );
-        let digest = db::with_spi(|c| {
+        let answer = db::with_spi(|c| {
             self.run_rewrite(caller, || {
-                db::first::<String>(db::write_dynamic(
+                db::first::<i64>(db::write_dynamic(
                     c,
                     &sql,
-                    &[
-                        DatumWithOid::from(self.tbl.as_str()),
-                        DatumWithOid::from(keys.map(|k| k.to_vec())),
-                    ],
+                    &[DatumWithOid::from(self.tbl.as_str()), arg],
                 )?)
             })
         })?;
-        digest.ok_or_else(|| {
+        answer.ok_or_else(|| {
             error::Error::Internal(format!(
-                "syncular: no payload digest came back for a shard of table {}",
+                "syncular: {function} answered nothing for a shard of table {}",
                 self.tbl
             ))
         })

@@ -39,7 +39,7 @@ fn coordinator() -> Client {
                 AND o.distribution_argument_index IS NOT NULL",
             &[],
         );
-        assert_eq!(delegated, 16, "{first}");
+        assert_eq!(delegated, 17, "{first}");
         // Again: nothing left to do.
         let again: serde_json::Value = one(&mut c, "SELECT syncular.distribute()", &[]);
         assert_eq!(
@@ -1063,18 +1063,50 @@ fn worker_of(c: &mut Client, partition: &str) -> i32 {
 /// `tasks` is re-encoded.
 const TASKS_GROWN: &str = "{\"tasks\":[{\"name\":\"id\",\"type\":\"string\",\"nullable\":false},{\"name\":\"project_id\",\"type\":\"string\",\"nullable\":false},{\"name\":\"note\",\"type\":\"string\",\"nullable\":true}]}";
 
+/// `tasks`' rows are in shards on both workers.
+fn assert_rows_on_both_workers(c: &mut Client) {
+    let nodes: i64 = one(
+        c,
+        "SELECT count(DISTINCT nodeport) FROM pg_dist_shard_placement
+          WHERE shardid IN (SELECT get_shard_id_for_distribution_column('public.tasks', _sync_partition)
+                              FROM public.tasks)",
+        &[],
+    );
+    assert_eq!(nodes, 2, "the rows are on both workers");
+}
+
+/// `migrate_schema(version, layouts)` in a transaction of its own, committed; its
+/// `previous_schema()`.
+fn migrate_to(
+    c: &mut Client,
+    version: i64,
+    layouts: &str,
+) -> Result<serde_json::Value, postgres::Error> {
+    let mut tx = c.transaction()?;
+    tx.query_one(
+        "SELECT syncular.migrate_schema($1, $2::text::jsonb)",
+        &[&version, &layouts],
+    )?;
+    let previous: serde_json::Value = tx
+        .query_one("SELECT syncular.previous_schema()", &[])?
+        .get(0);
+    tx.commit()?;
+    Ok(previous)
+}
+
 /// A migration re-encodes a distributed app table's stored rows (a layout that grew; issue 30,
-/// item 3) through Citus, and checks them where they are: every shard digested below SQL on its
-/// own node, by a call Citus delegates inside the migration's transaction (src/schema/digest.rs;
-/// docs/SCALING.md "Migrations on Citus"). Rows in partitions on both workers, one partition
-/// with more rows than a rewrite chunk. A host trigger that writes an old payload back into a
-/// row of the first chunk while the second is rewritten — past the per-chunk check — fails the
-/// migration (`27000`), nothing kept, and so does a deferred constraint trigger writing the old
-/// payloads back (fired before the digests); without them the migration re-encodes every row, and every
-/// stored row decodes at the new version with the appended column NULL — migrated by a role that
-/// is not the table's owner, as whom the rewrite and the digests run, with
-/// `citus.force_max_query_parallelization` on. Before, such a migration
-/// was refused (`SY041`): the shell under the table's name, read below SQL, looked empty.
+/// item 3) shard by shard, each on its own node, and checks them there: every shard rewritten in
+/// the sandbox of its node and then read below SQL there, by calls Citus delegates inside the
+/// migration's transaction (src/schema/shards.rs; docs/SCALING.md "Migrations on Citus"). Rows
+/// in partitions on both workers, one partition with more rows than a rewrite chunk. A host
+/// trigger that writes an old payload back into a row of the first chunk while the second is
+/// rewritten — past the per-chunk check — fails the migration (`27000`), nothing kept; a
+/// deferred constraint trigger writing the old payloads back is refused in the sandbox as on one
+/// node (`42501`); without them the migration re-encodes every row, and every stored row decodes
+/// at the new version with the appended column NULL — migrated by a role that is not the table's
+/// owner, as whom the rewrite and the checks run, with `citus.force_max_query_parallelization`
+/// on. Before, such a migration was refused (`SY041`): the shell under the table's name, read
+/// below SQL, looked empty.
 #[test]
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
 fn a_migration_re_encodes_a_distributed_tables_rows_and_checks_every_shard_on_its_node() {
@@ -1093,26 +1125,8 @@ fn a_migration_re_encodes_a_distributed_tables_rows_and_checks_every_shard_on_it
             push(&mut c, &format!("p{i}"), &format!("r{r}"));
         }
     }
-    let nodes: i64 = one(
-        &mut c,
-        "SELECT count(DISTINCT nodeport) FROM pg_dist_shard_placement
-          WHERE shardid IN (SELECT get_shard_id_for_distribution_column('public.tasks', _sync_partition)
-                              FROM public.tasks)",
-        &[],
-    );
-    assert_eq!(nodes, 2, "the rows are on both workers");
-    let migrate = |c: &mut Client| -> Result<serde_json::Value, postgres::Error> {
-        let mut tx = c.transaction()?;
-        tx.query_one(
-            "SELECT syncular.migrate_schema(2, $1::text::jsonb)",
-            &[&TASKS_GROWN],
-        )?;
-        let previous: serde_json::Value = tx
-            .query_one("SELECT syncular.previous_schema()", &[])?
-            .get(0);
-        tx.commit()?;
-        Ok(previous)
-    };
+    assert_rows_on_both_workers(&mut c);
+    let migrate = |c: &mut Client| migrate_to(c, 2, TASKS_GROWN);
     for statement in [
         "CREATE FUNCTION public.write_back() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
@@ -1134,10 +1148,8 @@ fn a_migration_re_encodes_a_distributed_tables_rows_and_checks_every_shard_on_it
     let err = sql_error(&migrate(&mut c).unwrap_err());
     assert_eq!(err.state, "27000", "{err:?}");
     assert!(
-        err.message.contains(
-            "re-encoded 549 stored rows of table tasks, but the table now holds 549 rows that \
-             are not exactly those"
-        ),
+        err.message
+            .contains("re-encoded 501 stored rows of shard public.tasks_"),
         "{err:?}"
     );
     let version: i64 = one(
@@ -1168,8 +1180,10 @@ fn a_migration_re_encodes_a_distributed_tables_rows_and_checks_every_shard_on_it
                DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.write_back_later()",
         ],
     );
+    // Each shard is rewritten in the sandbox of its node now, where PostgreSQL refuses the
+    // deferred event as on one node (`42501`).
     let err = sql_error(&migrate(&mut c).unwrap_err());
-    assert_eq!(err.state, "27000", "{err:?}");
+    assert_eq!(err.state, "42501", "{err:?}");
     let version: i64 = one(
         &mut c,
         "SELECT (syncular.schema_state()->>'schemaVersion')::bigint",
@@ -1187,7 +1201,7 @@ fn a_migration_re_encodes_a_distributed_tables_rows_and_checks_every_shard_on_it
         &[
             "CREATE FUNCTION public.rearm() RETURNS trigger LANGUAGE plpgsql AS $$
              BEGIN
-               IF current_query() LIKE '%_payload_digest%'
+               IF current_query() LIKE '%_payload_check%'
                   AND coalesce(current_setting('rt.stage', true), '') = '' THEN
                  PERFORM set_config('rt.stage', 'armed', true);
                  SET CONSTRAINTS ALL DEFERRED;
@@ -1196,7 +1210,7 @@ fn a_migration_re_encodes_a_distributed_tables_rows_and_checks_every_shard_on_it
                                 TG_TABLE_SCHEMA, TG_TABLE_NAME)
                    USING NEW._sync_partition, NEW._sync_row_id;
                ELSIF current_setting('rt.stage', true) = 'armed'
-                     AND current_query() NOT LIKE '%_payload_digest%' THEN
+                     AND current_query() NOT LIKE '%_payload_check%' THEN
                  PERFORM set_config('rt.stage', 'done', true);
                  EXECUTE format('UPDATE %I.%I SET _sync_payload = ''\\x00''::bytea
                                   WHERE _sync_partition = $1 AND _sync_row_id = $2',
@@ -1253,6 +1267,114 @@ fn a_migration_re_encodes_a_distributed_tables_rows_and_checks_every_shard_on_it
         assert_eq!(row["note"], serde_json::Value::Null, "{row}");
         assert_eq!(row["project_id"], "p1", "{row}");
     }
+    drop_database_of_its_own(&name);
+}
+
+/// A migration's host code on the workers — the app table's triggers, firing on its shards —
+/// runs in the sandbox of the shard's node, as on one node (red team 49, F3: the rewrite went
+/// through Citus, and the triggers ran in an ordinary session on the workers, with the
+/// migrator's settings, free to `SET ROLE` among its roles or create temporary tables, and to
+/// call the API in the middle of the migration). The probe trigger below raised there; now the
+/// migration applies. A trigger calling the API is
+/// refused as on one node, and nothing of the migration is kept; a savepoint rolled back over a
+/// migration leaves nothing for the commit to trip on.
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn a_migrations_host_code_runs_in_the_sandbox_of_every_node() {
+    let name = format!("sandboxed_{}", std::process::id());
+    let mut c = database_of_its_own(&name);
+    for i in 0..12 {
+        let (partition, row) = (format!("p{i}"), format!("r{i}"));
+        let key = format!("k-{i}");
+        let out: serde_json::Value = one(&mut c, PUSH, &[&partition, &key.as_str(), &row]);
+        assert_eq!(out["outcome"], "applied", "{out}");
+    }
+    assert_rows_on_both_workers(&mut c);
+    with_unsafe_triggers(
+        &mut c,
+        &[
+            "CREATE FUNCTION public.probe() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF current_setting('search_path') <> 'pg_catalog, pg_temp' THEN
+                 RAISE EXCEPTION 'host code outside the sandbox: search_path %',
+                   current_setting('search_path');
+               END IF;
+               BEGIN
+                 PERFORM set_config('role', current_user, true);
+               EXCEPTION WHEN insufficient_privilege THEN
+                 RETURN NEW;
+               END;
+               RAISE EXCEPTION 'host code outside the sandbox: SET ROLE was allowed';
+             END $$",
+            "CREATE TRIGGER probe BEFORE UPDATE ON public.tasks
+               FOR EACH ROW EXECUTE FUNCTION public.probe()",
+        ],
+    );
+    let mut m = migrator(&mut c);
+    exec(&mut c, "GRANT SELECT, UPDATE ON public.tasks TO citus_mig");
+    exec(&mut m, "SET search_path = public, pg_catalog");
+    let migrate = migrate_to;
+    let previous = migrate(&mut m, 2, TASKS_GROWN).unwrap();
+    assert_eq!(previous["rewritten"]["tasks"], 12, "{previous}");
+
+    // The API called from the host code of the migration: refused, as on one node.
+    with_unsafe_triggers(
+        &mut c,
+        &[
+            "DROP TRIGGER probe ON public.tasks",
+            "CREATE FUNCTION public.fence_in_the_middle() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               PERFORM syncular.raise_writer_fence(NEW._sync_partition, 99);
+               RETURN NEW;
+             END $$",
+            "CREATE TRIGGER fence_in_the_middle BEFORE UPDATE ON public.tasks
+               FOR EACH ROW EXECUTE FUNCTION public.fence_in_the_middle()",
+        ],
+    );
+    let grown_again = TASKS_GROWN.replace(
+        "]}",
+        ",{\"name\":\"done\",\"type\":\"boolean\",\"nullable\":true}]}",
+    );
+    let err = sql_error(&migrate(&mut m, 3, &grown_again).unwrap_err());
+    assert_eq!(err.state, "42501", "{err:?}");
+    assert!(
+        err.message.contains("cannot be called by host code"),
+        "{err:?}"
+    );
+    let version: i64 = one(
+        &mut c,
+        "SELECT (syncular.schema_state()->>'schemaVersion')::bigint",
+        &[],
+    );
+    assert_eq!(version, 2, "nothing of the refused migration kept: {err:?}");
+    let allowed: bool = one(&mut c, "SELECT syncular.writer_fence_allows('p0', 3)", &[]);
+    assert!(allowed, "no fence was raised by host code: {err:?}");
+    with_unsafe_triggers(
+        &mut c,
+        &["DROP TRIGGER fence_in_the_middle ON public.tasks"],
+    );
+
+    // A migration undone by ROLLBACK TO SAVEPOINT: its rewrites are dropped with it on every
+    // node, so the commit of what came before is not refused as if they were changed later.
+    let mut tx = m.transaction().unwrap();
+    tx.batch_execute("SAVEPOINT before_migration").unwrap();
+    tx.query_one(
+        "SELECT syncular.migrate_schema(3, $1::text::jsonb)",
+        &[&grown_again],
+    )
+    .unwrap();
+    tx.batch_execute("ROLLBACK TO SAVEPOINT before_migration")
+        .unwrap();
+    tx.commit().unwrap();
+    let version: i64 = one(
+        &mut c,
+        "SELECT (syncular.schema_state()->>'schemaVersion')::bigint",
+        &[],
+    );
+    assert_eq!(version, 2, "the migration rolled back to its savepoint");
+    let previous = migrate(&mut m, 3, &grown_again).unwrap();
+    assert_eq!(previous["rewritten"]["tasks"], 12, "{previous}");
+    drop(m);
     drop_database_of_its_own(&name);
 }
 

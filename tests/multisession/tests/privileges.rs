@@ -10,7 +10,8 @@ use syncular_multisession::*;
 /// (docs/SECURITY.md).
 const INVOKER: &[&str] = &[
     "_fence_guard_busy",
-    "_payload_digest",
+    "_payload_check",
+    "_payload_rewrite",
     "_fence_guard_hold",
     "_grant_api_roles",
     "_native_fence_triggers",
@@ -63,12 +64,13 @@ fn every_function_pins_search_path_is_commented_and_not_public() {
     }
 }
 
-/// `_payload_digest`, a migration's check of a Citus shard (src/schema/digest.rs), answers only
-/// a role that reads the whole table, and never on one node, where no shard is: a member of
-/// `syncular_admin` without `SELECT` on the table is `not_readable`; with it, `SY004`
-/// `citus_local_execution`; malformed keys, `shape` — nothing of the table's rows is read.
+/// `_payload_rewrite` and `_payload_check`, a migration's calls on a Citus shard
+/// (src/schema/shards.rs), answer only a role that reads the whole table, and never on one node,
+/// where no shard is: a member of `syncular_admin` without `SELECT` on the table is
+/// `not_readable`; with it, `SY004` `citus_local_execution`; malformed layouts, `shape`, and a
+/// NULL `settle`, `missing` — nothing of the table's rows is read or written.
 #[test]
-fn the_shard_digest_answers_only_a_whole_table_reader_and_never_on_one_node() {
+fn the_shard_calls_answer_only_a_whole_table_reader_and_never_on_one_node() {
     let db = TestDb::new("privdigest");
     let mut c = db.connect();
     let role = format!("{}_mig", db.name);
@@ -76,32 +78,65 @@ fn the_shard_digest_answers_only_a_whole_table_reader_and_never_on_one_node() {
         &mut c,
         &format!("CREATE ROLE {role}; GRANT syncular_admin TO {role}; SET ROLE {role}"),
     );
-    let digest = "SELECT syncular._payload_digest('part-1', 'tasks', $1::int8[])";
-    expect_error(
-        c.query_one(digest, &[&vec![1i64, 2, 3, 4]]),
+    let layouts = json!({"table": "tasks", "from": 1, "to": 2,
+                         "old": [{"name": "id", "type": "string", "nullable": false}],
+                         "new": [{"name": "id", "type": "string", "nullable": false},
+                                 {"name": "n", "type": "integer", "nullable": true}]});
+    let rewrite = "SELECT syncular._payload_rewrite('part-1', 'tasks', $1::text::jsonb)";
+    let check = "SELECT syncular._payload_check('part-1', 'tasks', $1)";
+    let calls =
+        |c: &mut postgres::Client, state: &str, message: &str, detail: serde_json::Value| {
+            expect_error(
+                c.query_one(rewrite, &[&layouts.to_string()]),
+                state,
+                message,
+                Some(detail.clone()),
+            );
+            for settle in [true, false] {
+                expect_error(
+                    c.query_one(check, &[&settle]),
+                    state,
+                    message,
+                    Some(detail.clone()),
+                );
+            }
+        };
+    calls(
+        &mut c,
         "SY000",
         "sync.storage.invalid_argument",
-        Some(json!({"argument": "tbl", "reason": "not_readable"})),
+        json!({"argument": "tbl", "reason": "not_readable"}),
     );
     exec(&mut c, "RESET ROLE");
     exec(
         &mut c,
         &format!("GRANT SELECT ON public.tasks TO {role}; SET ROLE {role}"),
     );
-    expect_error(
-        c.query_one(digest, &[&vec![1i64, 2, 3, 4]]),
+    calls(
+        &mut c,
         "SY004",
         "sync.storage.invalid_transaction_state",
-        Some(json!({"reason": "citus_local_execution"})),
+        json!({"reason": "citus_local_execution"}),
     );
-    for keys in [vec![1i64, 2, 3], vec![1, 2, 3, 4, 5]] {
-        expect_error(
-            c.query_one(digest, &[&keys]),
-            "SY000",
-            "sync.storage.invalid_argument",
-            Some(json!({"argument": "keys", "reason": "shape"})),
-        );
+    let mut other_table = layouts.clone();
+    other_table["table"] = json!("notes");
+    for bad in [
+        json!({}),
+        json!([1]),
+        other_table,
+        json!({"table": "tasks", "from": 1, "to": 2,
+                "old": [{"name": "id", "type": "nope"}], "new": []}),
+    ] {
+        let err = c.query_one(rewrite, &[&bad.to_string()]).unwrap_err();
+        let err = sql_error(&err);
+        assert_eq!(err.state, "SY000", "{bad}: {err:?}");
     }
+    expect_error(
+        c.query_one(check, &[&None::<bool>]),
+        "SY000",
+        "sync.storage.invalid_argument",
+        Some(json!({"argument": "settle", "reason": "missing"})),
+    );
     exec(&mut c, "RESET ROLE");
     exec(&mut c, &format!("DROP OWNED BY {role}; DROP ROLE {role}"));
 }
