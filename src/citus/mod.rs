@@ -100,6 +100,20 @@ pub fn installed() -> bool {
     catalog() != pg_sys::InvalidOid
 }
 
+/// Whether Citus distributes the extension's tables in this database (`sync_partitions` is
+/// Citus's): where it does not, the extension's statements stay on this node.
+///
+/// # Safety
+/// Must run inside a transaction.
+pub unsafe fn sync_tables_distributed() -> bool {
+    // SAFETY: catalog-cache lookups by name, then [`manages`].
+    unsafe {
+        let namespace = pg_sys::get_namespace_oid(c"syncular".as_ptr(), true);
+        let partitions = pg_sys::get_relname_relid(c"sync_partitions".as_ptr(), namespace);
+        partitions != pg_sys::InvalidOid && manages(partitions)
+    }
+}
+
 /// Whether Citus keeps the rows of `relation` elsewhere: a table it distributes or replicates
 /// (listed in `pg_dist_partition`). A direct insert into it would go into the shell, where no
 /// query reads it, and a direct read would find nothing — the writer fence let every writer

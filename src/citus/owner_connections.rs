@@ -15,9 +15,10 @@
 //! a superuser (whoever owns it sets every session's defaults there): refused otherwise, `SY000`
 //! (`database`, `privilege`), the HINT saying what to run.
 
+use crate::catalog::{equality_key, live_attribute};
 use crate::error::{Error, Result};
 use pgrx::pg_sys;
-use pgrx::spi::Spi;
+use pgrx::FromDatum;
 use std::cell::Cell;
 
 /// What the owner's sessions in the database start with on every node, as `pg_db_role_setting`
@@ -56,43 +57,22 @@ pub fn check() -> Result<()> {
 }
 
 /// [`check`]'s test itself, whenever asked: `distribute()` asks for the database's owner only
-/// (`pins` false), whether or not its snapshot shows the tables it is distributing, having
-/// checked every node's pins itself (its statement's snapshot here predates the pins it just
-/// committed on each node).
+/// (`pins` false), whether or not the tables it is distributing are Citus's yet, having checked
+/// every node's pins itself. Read below SQL under the catalog snapshot, as Citus's sessions on
+/// the other nodes check the pins (`owner_sessions`): no statement (a call on Citus asks once
+/// per transaction), and one reading of the pins on every node.
 pub fn verify(pins: bool) -> Result<()> {
-    let pinned_settings = PINNED
-        .iter()
-        .map(|(name, value)| format!("'{name}={value}'"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    // Catalog reads only (a read-only statement: pgrx's `Spi::get_two` would take a transaction
-    // id, and `migrate_schema` must be the first write of its transaction); the constants are
-    // this module's own.
-    let sql = format!(
-        "SELECT t.distributed, t.owned, t.pinned
-           FROM (SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_partition p
-                                 WHERE p.logicalrelid =
-                                       'syncular.sync_partitions'::pg_catalog.regclass) AS distributed,
-                        r.rolsuper OR d.datdba = e.extowner AS owned,
-                        COALESCE((SELECT s.setconfig @> ARRAY[{pinned_settings}]::pg_catalog.text[]
-                                    FROM pg_catalog.pg_db_role_setting s
-                                   WHERE s.setrole = e.extowner AND s.setdatabase = d.oid),
-                                 false) AS pinned
-                   FROM pg_catalog.pg_extension e, pg_catalog.pg_database d
-                   JOIN pg_catalog.pg_roles r ON r.oid = d.datdba
-                  WHERE e.extname = 'syncular'
-                    AND d.datname = pg_catalog.current_database()) t"
-    );
-    let (distributed, owned, pinned) = Spi::connect(|client| {
-        client
-            .select(&sql, Some(1), &[])?
-            .first()
-            .get_three::<bool, bool, bool>()
-    })?;
-    if pins && distributed != Some(true) {
-        return Ok(());
-    }
-    if owned == Some(false) {
+    // SAFETY: catalog reads inside the calling transaction.
+    let (owned, pinned) = unsafe {
+        let Some(owner) = crate::catalog::extension_owner(c"syncular") else {
+            return Ok(());
+        };
+        if pins && !super::sync_tables_distributed() {
+            return Ok(());
+        }
+        (database_owned_by(owner), !pins || pinned_here(owner))
+    };
+    if !owned {
         return Err(Error::invalid_argument("database", "privilege").with_hint(
             "on Citus the database must belong to the extension owner or a superuser: its \
                  owner sets the defaults every session in it starts with, the extension owner's \
@@ -100,7 +80,7 @@ pub fn verify(pins: bool) -> Result<()> {
                  extension owner), docs/SECURITY.md rule 20",
         ));
     }
-    if pins && pinned == Some(false) {
+    if !pinned {
         return Err(Error::invalid_argument("database", "privilege").with_hint(
             "the extension owner's settings in this database are not pinned on this node \
                  (search_path, standard_conforming_strings): run SELECT syncular.distribute() \
@@ -108,4 +88,94 @@ pub fn verify(pins: bool) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// Whether this database belongs to `owner` or to a superuser (`pg_database.datdba`, from the
+/// catalog cache).
+///
+/// # Safety
+/// Inside a transaction.
+unsafe fn database_owned_by(owner: pg_sys::Oid) -> bool {
+    // SAFETY: a catalog-cache tuple of this database, released below; its fixed part read as
+    // `pg_database`'s form, whose `datdba` lies in it.
+    unsafe {
+        let cache = pg_sys::SysCacheIdentifier::DATABASEOID as std::ffi::c_int;
+        let tuple = pg_sys::SearchSysCache1(cache, pg_sys::Datum::from(pg_sys::MyDatabaseId));
+        if tuple.is_null() {
+            return false;
+        }
+        let datdba = (*(pg_sys::GETSTRUCT(tuple) as *const pg_sys::FormData_pg_database)).datdba;
+        pg_sys::ReleaseSysCache(tuple);
+        datdba == owner || pg_sys::superuser_arg(datdba)
+    }
+}
+
+/// Whether `owner`'s settings in this database (`pg_db_role_setting`) hold every pin of
+/// [`PINNED`], read below SQL under the catalog snapshot.
+///
+/// # Safety
+/// Inside a transaction.
+pub(super) unsafe fn pinned_here(owner: pg_sys::Oid) -> bool {
+    let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+    // SAFETY: the catalog table is found by name in pg_catalog, opened, scanned with two keys on
+    // columns found by name and type in its own descriptor, and closed here; the array is copied
+    // out before the scan ends.
+    unsafe {
+        let catalog = pg_sys::get_relname_relid(
+            c"pg_db_role_setting".as_ptr(),
+            pg_sys::Oid::from(pg_sys::PG_CATALOG_NAMESPACE),
+        );
+        if catalog == pg_sys::InvalidOid {
+            return false;
+        }
+        let table = pg_sys::table_open(catalog, lock);
+        let descriptor = (*table).rd_att;
+        let oid = |t| t == pg_sys::OIDOID;
+        let columns = (
+            live_attribute(descriptor, c"setdatabase", oid),
+            live_attribute(descriptor, c"setrole", oid),
+            live_attribute(descriptor, c"setconfig", |t| t == pg_sys::TEXTARRAYOID),
+        );
+        let (Some(database), Some(role), Some(config)) = columns else {
+            pg_sys::table_close(table, lock);
+            return false;
+        };
+        let mut keys = [
+            equality_key(
+                database,
+                (pg_sys::F_OIDEQ, pg_sys::InvalidOid),
+                pg_sys::Datum::from(pg_sys::MyDatabaseId),
+            ),
+            equality_key(
+                role,
+                (pg_sys::F_OIDEQ, pg_sys::InvalidOid),
+                pg_sys::Datum::from(owner),
+            ),
+        ];
+        let scan = pg_sys::systable_beginscan(
+            table,
+            pg_sys::InvalidOid,
+            false,
+            std::ptr::null_mut(),
+            keys.len() as std::ffi::c_int,
+            keys.as_mut_ptr(),
+        );
+        let tuple = pg_sys::systable_getnext(scan);
+        let settings: Vec<String> = if tuple.is_null() {
+            Vec::new()
+        } else {
+            let mut null = false;
+            let datum = pg_sys::heap_getattr(tuple, config.into(), descriptor, &mut null);
+            Vec::<Option<String>>::from_datum(datum, null)
+                .unwrap_or_default()
+                .into_iter()
+                .flatten()
+                .collect()
+        };
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(table, lock);
+        PINNED
+            .iter()
+            .all(|(name, value)| settings.iter().any(|s| *s == format!("{name}={value}")))
+    }
 }

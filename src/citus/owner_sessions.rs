@@ -13,9 +13,7 @@
 //! one the planner would fold — runs first. Read below SQL (`pg_db_role_setting`), so the check
 //! plans nothing itself.
 
-use crate::catalog::{equality_key, live_attribute};
 use pgrx::pg_sys;
-use pgrx::FromDatum;
 use std::cell::Cell;
 
 thread_local! {
@@ -102,9 +100,7 @@ fn check() {
         if pg_sys::GetUserId() != owner {
             return;
         }
-        let namespace = pg_sys::get_namespace_oid(c"syncular".as_ptr(), true);
-        let partitions = pg_sys::get_relname_relid(c"sync_partitions".as_ptr(), namespace);
-        if partitions == pg_sys::InvalidOid || !super::manages(partitions) {
+        if !super::sync_tables_distributed() {
             return;
         }
         let (external, run_command) = (
@@ -121,7 +117,7 @@ fn check() {
         if pg_sys::ffi::pg_guard_ffi_boundary(|| external() || run_command()) {
             return;
         }
-        !pinned_here(owner)
+        !super::owner_connections::pinned_here(owner)
     };
     if refused {
         crate::error::raise(
@@ -136,75 +132,5 @@ fn check() {
                     .into(),
             ),
         );
-    }
-}
-
-/// Whether `owner`'s settings in this database (`pg_db_role_setting`) hold every pin of
-/// [`super::owner_connections::PINNED`], read below SQL under the catalog snapshot.
-///
-/// # Safety
-/// Inside a transaction.
-unsafe fn pinned_here(owner: pg_sys::Oid) -> bool {
-    let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
-    // SAFETY: the catalog table is found by name in pg_catalog, opened, scanned with two keys on
-    // columns found by name and type in its own descriptor, and closed here; the array is copied
-    // out before the scan ends.
-    unsafe {
-        let catalog = pg_sys::get_relname_relid(
-            c"pg_db_role_setting".as_ptr(),
-            pg_sys::Oid::from(pg_sys::PG_CATALOG_NAMESPACE),
-        );
-        if catalog == pg_sys::InvalidOid {
-            return false;
-        }
-        let table = pg_sys::table_open(catalog, lock);
-        let descriptor = (*table).rd_att;
-        let oid = |t| t == pg_sys::OIDOID;
-        let columns = (
-            live_attribute(descriptor, c"setdatabase", oid),
-            live_attribute(descriptor, c"setrole", oid),
-            live_attribute(descriptor, c"setconfig", |t| t == pg_sys::TEXTARRAYOID),
-        );
-        let (Some(database), Some(role), Some(config)) = columns else {
-            pg_sys::table_close(table, lock);
-            return false;
-        };
-        let mut keys = [
-            equality_key(
-                database,
-                (pg_sys::F_OIDEQ, pg_sys::InvalidOid),
-                pg_sys::Datum::from(pg_sys::MyDatabaseId),
-            ),
-            equality_key(
-                role,
-                (pg_sys::F_OIDEQ, pg_sys::InvalidOid),
-                pg_sys::Datum::from(owner),
-            ),
-        ];
-        let scan = pg_sys::systable_beginscan(
-            table,
-            pg_sys::InvalidOid,
-            false,
-            std::ptr::null_mut(),
-            keys.len() as std::ffi::c_int,
-            keys.as_mut_ptr(),
-        );
-        let tuple = pg_sys::systable_getnext(scan);
-        let settings: Vec<String> = if tuple.is_null() {
-            Vec::new()
-        } else {
-            let mut null = false;
-            let datum = pg_sys::heap_getattr(tuple, config.into(), descriptor, &mut null);
-            Vec::<Option<String>>::from_datum(datum, null)
-                .unwrap_or_default()
-                .into_iter()
-                .flatten()
-                .collect()
-        };
-        pg_sys::systable_endscan(scan);
-        pg_sys::table_close(table, lock);
-        super::owner_connections::PINNED
-            .iter()
-            .all(|(name, value)| settings.iter().any(|s| *s == format!("{name}={value}")))
     }
 }
