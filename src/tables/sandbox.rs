@@ -47,3 +47,20 @@ pub(super) fn host_code<R>(role: pg_sys::Oid, body: impl FnOnce() -> Result<R>) 
         body,
     )
 }
+
+/// Runs `body` — one statement of the extension's own that calls one of its functions and names
+/// no host object (a migration's call of a Citus shard's function, `AppRelation::call_shard`) —
+/// as `role`, so that Citus opens its connections to the other nodes as that role, in a
+/// restricted security context and a GUC nest level discarded afterwards, as [`host_code`] runs
+/// host statements, but without counting as host code: where Citus runs the called function in
+/// this backend (its shard is on this node — a coordinator that holds shards), the function is
+/// a call of the API and opens host-code scopes of its own for the host statements it runs.
+#[allow(clippy::disallowed_methods)] // the host's side of the switch (clippy.toml)
+pub(super) fn own_call_as<R>(role: pg_sys::Oid, body: impl FnOnce() -> Result<R>) -> Result<R> {
+    access::switched(
+        role,
+        pg_sys::SECURITY_LOCAL_USERID_CHANGE | pg_sys::SECURITY_RESTRICTED_OPERATION,
+        true,
+        body,
+    )
+}

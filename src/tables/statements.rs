@@ -457,22 +457,6 @@ impl AppRelation {
         caller: pg_sys::Oid,
         body: impl FnOnce() -> error::Result<R>,
     ) -> error::Result<R> {
-        // On Citus, one connection per node for the whole rewrite, whatever the session set:
-        // each shard's digest is delegated over the connection that wrote its rows and must find
-        // no other session of the transaction holding what it opens — with
-        // `citus.force_max_query_parallelization` on, Citus spread a chunk's statements over
-        // several connections per node and cancelled the migration as a distributed deadlock
-        // (red team 49's note; docs/SCALING.md "Migrations on Citus").
-        let citus: &[(&std::ffi::CStr, &std::ffi::CStr)] = &[
-            (c"citus.multi_shard_modify_mode", c"sequential"),
-            (c"citus.force_max_query_parallelization", c"off"),
-            (c"citus.max_adaptive_executor_pool_size", c"1"),
-        ];
-        let settings = if crate::citus::installed() {
-            citus
-        } else {
-            &[]
-        };
         self.run_as(caller, || {
             // SAFETY: inside the sandbox's GUC nest level, discarded when it ends (as
             // `db::generic` sets plan_cache_mode); a valid setting name and value.
@@ -488,7 +472,7 @@ impl AppRelation {
                     false,
                 );
             }
-            db::with_settings(settings, body)
+            one_connection_per_node(body)
         })
     }
 
@@ -528,13 +512,18 @@ impl AppRelation {
             "SELECT n FROM syncular.{function}({}, $1, $2::pg_catalog.{arg_type}) n",
             quote_literal(partition)
         );
+        if let Some(why) = super::changed_since_open(self) {
+            return Err(super::unknown_table_changed(self, why));
+        }
         let answer = db::with_spi(|c| {
-            self.run_rewrite(caller, || {
-                db::first::<i64>(db::write_dynamic(
-                    c,
-                    &sql,
-                    &[DatumWithOid::from(self.tbl.as_str()), arg],
-                )?)
+            sandbox::own_call_as(self.acting_role(caller), || {
+                one_connection_per_node(|| {
+                    db::first::<i64>(db::write_dynamic(
+                        c,
+                        &sql,
+                        &[DatumWithOid::from(self.tbl.as_str()), arg],
+                    )?)
+                })
             })
         })?;
         answer.ok_or_else(|| {
@@ -823,6 +812,25 @@ impl AppRelation {
             Ok(())
         })?;
         Ok(rewritten)
+    }
+}
+
+/// `body` with Citus on one connection per node, whatever the session set: a migration's
+/// statements (its locks, its rewrite, its calls of each shard's functions) must meet in the
+/// backend of each node that holds what they wrote — a shard's check finds its rewrite's digest
+/// there — and with `citus.force_max_query_parallelization` on, Citus spread them over several
+/// connections per node and cancelled the migration as a distributed deadlock (red team 49's
+/// note; docs/SCALING.md "Migrations on Citus"). Without Citus, `body` as it is.
+fn one_connection_per_node<R>(body: impl FnOnce() -> error::Result<R>) -> error::Result<R> {
+    let citus: &[(&std::ffi::CStr, &std::ffi::CStr)] = &[
+        (c"citus.multi_shard_modify_mode", c"sequential"),
+        (c"citus.force_max_query_parallelization", c"off"),
+        (c"citus.max_adaptive_executor_pool_size", c"1"),
+    ];
+    if crate::citus::installed() {
+        db::with_settings(citus, body)
+    } else {
+        body()
     }
 }
 
