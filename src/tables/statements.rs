@@ -476,12 +476,12 @@ impl AppRelation {
         })
     }
 
-    /// Fires now the deferred trigger events this session queued — on a Citus worker, those of a
-    /// migration's rewrite, which ran in an ordinary session there, not in this sandbox, so
-    /// PostgreSQL queued them where on one node it refuses them — with `SET CONSTRAINTS ALL
-    /// IMMEDIATE` in the sandbox, as `caller`: what they write is then written before the shard
-    /// is digested, not at commit after it (red team 49, F1: a deferred constraint trigger wrote
-    /// the old payloads back at `PREPARE`, after every digest had matched).
+    /// Fires now the deferred trigger events this session queued, with `SET CONSTRAINTS ALL
+    /// IMMEDIATE` in the sandbox, as `caller`: on a Citus node, before a migration checks a shard
+    /// (src/schema/shards.rs), the events the host's own statements of the transaction queued
+    /// in the session Citus keeps there — what they write is then written before the check, not
+    /// at commit after it (red team 49, F1: a deferred constraint trigger wrote the old payloads
+    /// back at `PREPARE`, after every check had passed).
     pub fn fire_deferred_triggers(&self, caller: pg_sys::Oid) -> error::Result<()> {
         db::with_spi(|c| {
             self.run_as(caller, || {
@@ -497,9 +497,12 @@ impl AppRelation {
     /// Citus refuses another user on placements the transaction modified, and the node keeps
     /// what the shard's rewrite wrote in that session), with the partition as a literal
     /// (`force_delegation` requires a constant) and in the `FROM` form (Citus does not delegate
-    /// a bare call made inside a function). Where Citus does not delegate it, the call runs here
-    /// and is refused (inside this sandbox, as host code: `error::run`), never answered from a
-    /// shell. `function` and `arg_type` are the extension's own names, never input.
+    /// a bare call made inside a function). Run as the rewrite's role in a restricted context,
+    /// not as host code (`sandbox::own_call_as`): where the shard is on this node (a coordinator
+    /// that holds shards) the function runs in this backend, as a call of the API; where Citus
+    /// does not delegate it and the shard is elsewhere, it is refused here (`SY004`), never
+    /// answered from a shell. `function` and `arg_type` are the extension's own names, never
+    /// input.
     pub fn call_shard(
         &self,
         caller: pg_sys::Oid,
