@@ -49,15 +49,28 @@ pub fn rewrite(
     Ok(count)
 }
 
-/// Steps 2 and 3 of the module comment for every shard: every shard settled, then every shard
+/// Step 2 of the module comment for every shard.
+pub fn settle(relation: &AppRelation, caller: pg_sys::Oid, partitions: &[String]) -> Result<()> {
+    each_shard_checked(relation, caller, partitions, true)
+}
+
+/// Step 3 of the module comment for every shard, once every table's shards are settled: each
 /// checked on its node (`27000` where it does not hold exactly the rows its rewrite wrote).
 pub fn check(relation: &AppRelation, caller: pg_sys::Oid, partitions: &[String]) -> Result<()> {
-    for settle in [true, false] {
-        for partition in partitions {
-            crate::interrupts::check();
-            let arg = DatumWithOid::from(settle);
-            relation.call_shard(caller, partition, "_payload_check", "bool", arg)?;
-        }
+    each_shard_checked(relation, caller, partitions, false)
+}
+
+/// [`_payload_check`] for every shard, with `settle`.
+fn each_shard_checked(
+    relation: &AppRelation,
+    caller: pg_sys::Oid,
+    partitions: &[String],
+    settle: bool,
+) -> Result<()> {
+    for partition in partitions {
+        crate::interrupts::check();
+        let arg = DatumWithOid::from(settle);
+        relation.call_shard(caller, partition, "_payload_check", "bool", arg)?;
     }
     Ok(())
 }
