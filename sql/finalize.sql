@@ -201,8 +201,8 @@ COMMENT ON FUNCTION syncular.distribute() IS
   'Extension owner or superuser only, on a Citus coordinator: distributes the sync tables by partition (colocated), makes the global ones reference tables, delegates the one-call functions and the reaction queue by their partition; reports which registered app tables are colocated (docs/SCALING.md).';
 COMMENT ON FUNCTION syncular._payload_rewrite(text, text, jsonb) IS
   'Internal, on Citus: re-encodes the stored rows of the shard of a registered app table that holds partition, on this node, in the sandbox here, and keeps a digest of what it wrote for _payload_check; migrate_schema delegates it to each shard''s node; syncular_admin, and only for a role that reads the whole table; refused where the shard is not on this node (docs/SCALING.md).';
-COMMENT ON FUNCTION syncular._payload_check(text, text, boolean) IS
-  'Internal, on Citus: after a migration''s _payload_rewrite of the shard holding partition in this session, fires the session''s deferred trigger events in the sandbox (settle), or checks that the shard holds exactly the rows the rewrite wrote (27000 otherwise); syncular_admin, and only for a role that reads the whole table; refused where the shard is not on this node (docs/SCALING.md).';
+COMMENT ON FUNCTION syncular._payload_check(text, text) IS
+  'Internal, on Citus: after a migration''s _payload_rewrite of the shard holding partition in this session, checks that the shard holds exactly the rows the rewrite wrote (27000 otherwise); syncular_admin, and only for a role that reads the whole table; refused where the shard is not on this node (docs/SCALING.md).';
 
 -- Repairs (docs/SECURITY.md)
 COMMENT ON FUNCTION syncular.repair_schema_marker(bigint, bigint, text) IS

@@ -565,13 +565,13 @@ LANGUAGE c AS 'MODULE_PATHNAME', '_payload_rewrite_wrapper';
 REVOKE ALL ON FUNCTION syncular._payload_rewrite(text, text, jsonb) FROM PUBLIC;
 COMMENT ON FUNCTION syncular._payload_rewrite(text, text, jsonb) IS
   'Internal, on Citus: re-encodes the stored rows of the shard of a registered app table that holds partition, on this node, in the sandbox here, and keeps a digest of what it wrote for _payload_check; migrate_schema delegates it to each shard''s node; syncular_admin, and only for a role that reads the whole table; refused where the shard is not on this node (docs/SCALING.md).';
-CREATE FUNCTION syncular._payload_check(partition text, tbl text, settle boolean) RETURNS bigint
+CREATE FUNCTION syncular._payload_check(partition text, tbl text) RETURNS bigint
 VOLATILE PARALLEL UNSAFE SECURITY INVOKER
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c AS 'MODULE_PATHNAME', '_payload_check_wrapper';
-REVOKE ALL ON FUNCTION syncular._payload_check(text, text, boolean) FROM PUBLIC;
-COMMENT ON FUNCTION syncular._payload_check(text, text, boolean) IS
-  'Internal, on Citus: after a migration''s _payload_rewrite of the shard holding partition in this session, fires the session''s deferred trigger events in the sandbox (settle), or checks that the shard holds exactly the rows the rewrite wrote (27000 otherwise); syncular_admin, and only for a role that reads the whole table; refused where the shard is not on this node (docs/SCALING.md).';
+REVOKE ALL ON FUNCTION syncular._payload_check(text, text) FROM PUBLIC;
+COMMENT ON FUNCTION syncular._payload_check(text, text) IS
+  'Internal, on Citus: after a migration''s _payload_rewrite of the shard holding partition in this session, checks that the shard holds exactly the rows the rewrite wrote (27000 otherwise); syncular_admin, and only for a role that reads the whole table; refused where the shard is not on this node (docs/SCALING.md).';
 
 -- Last, as in every update script: the roles get exactly the grants of this version.
 SELECT syncular._grant_api_roles();

@@ -49,8 +49,8 @@ const REFERENCE: [&str; 7] = [
 /// where every write of the call is local — the serving role's push included, which Citus
 /// refuses through the coordinator — and the call one round trip instead of one per statement:
 /// the one-call push and pull, the append and the fence, and the reaction queue of a partition
-/// (its rows are in the partition's shard of `sync_reactions`), and a migration's digest of a
-/// shard ([`FORCED`]). Not the checkpoint functions:
+/// (its rows are in the partition's shard of `sync_reactions`), and a migration's rewrite and
+/// check of a shard ([`FORCED`]). Not the checkpoint functions:
 /// the checkpoints are a reference table, whose every write goes to every node (docs/SCALING.md).
 const DELEGATED: [&str; 17] = [
     "push_commit",

@@ -98,7 +98,7 @@ const ADMIN: &[&str] = &[
     // A migration's rewrite and check of a Citus shard, run as the migration's rewrite runs
     // (src/schema/shards.rs): they check their caller themselves.
     "_payload_rewrite(text, text, jsonb)",
-    "_payload_check(text, text, boolean)",
+    "_payload_check(text, text)",
 ];
 
 /// Roles are cluster-wide: the first database that installs the extension creates them. Two

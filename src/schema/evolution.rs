@@ -360,18 +360,6 @@ pub fn rewrite(
         }
         rewritten.push((reencoding, written));
     }
-    // On Citus, every shard of every distributed table settled before any is checked: no host
-    // code of the migration runs on any node once the first check has read its shard.
-    if let Some(partitions) = per_shard.as_deref() {
-        for (reencoding, written) in &rewritten {
-            crate::interrupts::check();
-            if written.is_none() {
-                if let Some(relation) = tables::open_for_migration(client, &reencoding.table)? {
-                    shards::settle(&relation, caller, partitions)?;
-                }
-            }
-        }
-    }
     for (reencoding, written) in rewritten {
         crate::interrupts::check();
         let (table, new) = (reencoding.table.as_str(), reencoding.new_layout());

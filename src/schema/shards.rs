@@ -5,20 +5,20 @@
 //! migrator's `search_path`, `SET ROLE`, temporary tables, deferred events (red team 49, F3). So
 //! each shard is rewritten on its own node, by a call Citus delegates there (with
 //! `force_delegation`, inside the migration's transaction) for a partition value that shard
-//! holds:
-//! 1. [`_payload_rewrite`], for every shard: the shard locked, its rows re-encoded by the
-//!    statements of one node (`AppRelation::rewrite_payloads`) in the sandbox of that node, and
-//!    a digest of the rows written kept in that backend under keys drawn there;
-//! 2. [`_payload_check`] with `settle`, for every shard, once every shard of every table is
-//!    rewritten: the deferred trigger events the session queued outside the sandbox (the host's
-//!    own statements of the transaction) fired in it;
-//! 3. [`_payload_check`], for every shard: the shard read below SQL (no host code) and its
-//!    digest compared with the rows written there — the check of one node, per shard — and
-//!    read again at `PREPARE` or `COMMIT` ([`at_transaction_end`]).
+//! holds, and checked there, as one node rewrites and checks a table:
+//! 1. [`_payload_rewrite`], for every shard of every table: the shard locked, its rows
+//!    re-encoded by the statements of one node (`AppRelation::rewrite_payloads`) in the sandbox
+//!    of that node, and a digest of the rows written kept in that backend under keys drawn
+//!    there;
+//! 2. [`_payload_check`], for every shard, once every shard of every table is rewritten: the
+//!    shard read below SQL (no host code) and its digest compared with the rows written there.
 //!
 //! Every call runs as the migration's rewrite role over the one connection per node Citus keeps
-//! for it (`AppRelation::call_shard`), so the three calls of a shard meet in one backend; one
-//! that finds no rewrite of its shard there refuses. The keys never leave that backend.
+//! for it (`AppRelation::call_shard`), so a shard's two calls meet in one backend; a check that
+//! finds no rewrite of its shard there refuses. The keys never leave that backend. Host code of
+//! the rewrite cannot queue a deferred trigger event in the sandbox (PostgreSQL refuses it,
+//! `42501`), so nothing of the migration runs after the checks: what the host's own statements
+//! of the transaction do afterwards is the host's, as on one node.
 
 use super::digest::{self, Digest};
 use super::evolution::{self, Reencoding};
@@ -44,33 +44,17 @@ pub fn rewrite(
     for partition in partitions {
         crate::interrupts::check();
         let arg = DatumWithOid::from(pgrx::JsonB(layouts.0.clone()));
-        count += relation.call_shard(caller, partition, "_payload_rewrite", "jsonb", arg)?;
+        count += relation.call_shard(caller, partition, "_payload_rewrite", Some(arg))?;
     }
     Ok(count)
 }
 
-/// Step 2 of the module comment for every shard.
-pub fn settle(relation: &AppRelation, caller: pg_sys::Oid, partitions: &[String]) -> Result<()> {
-    each_shard_checked(relation, caller, partitions, true)
-}
-
-/// Step 3 of the module comment for every shard, once every table's shards are settled: each
+/// Step 2 of the module comment for every shard, once every table's shards are rewritten: each
 /// checked on its node (`27000` where it does not hold exactly the rows its rewrite wrote).
 pub fn check(relation: &AppRelation, caller: pg_sys::Oid, partitions: &[String]) -> Result<()> {
-    each_shard_checked(relation, caller, partitions, false)
-}
-
-/// [`_payload_check`] for every shard, with `settle`.
-fn each_shard_checked(
-    relation: &AppRelation,
-    caller: pg_sys::Oid,
-    partitions: &[String],
-    settle: bool,
-) -> Result<()> {
     for partition in partitions {
         crate::interrupts::check();
-        let arg = DatumWithOid::from(settle);
-        relation.call_shard(caller, partition, "_payload_check", "bool", arg)?;
+        relation.call_shard(caller, partition, "_payload_check", None)?;
     }
     Ok(())
 }
@@ -96,14 +80,14 @@ pub fn require_checkable(
                       WHERE o.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
                         AND o.objid IN ('syncular._payload_rewrite(text, text, jsonb)'
                                           ::pg_catalog.regprocedure,
-                                        'syncular._payload_check(text, text, boolean)'
+                                        'syncular._payload_check(text, text)'
                                           ::pg_catalog.regprocedure)
                         AND o.force_delegation),
                     pg_catalog.has_schema_privilege($2::pg_catalog.oid, 'syncular', 'USAGE')
                     AND pg_catalog.has_function_privilege($2::pg_catalog.oid,
                           'syncular._payload_rewrite(text, text, jsonb)', 'EXECUTE')
                     AND pg_catalog.has_function_privilege($2::pg_catalog.oid,
-                          'syncular._payload_check(text, text, boolean)', 'EXECUTE')
+                          'syncular._payload_check(text, text)', 'EXECUTE')
                FROM pg_catalog.pg_dist_partition p, pg_catalog.pg_dist_partition s
               WHERE p.logicalrelid = $1::pg_catalog.oid::pg_catalog.regclass
                 AND s.logicalrelid = 'syncular.sync_partitions'::pg_catalog.regclass",
@@ -271,57 +255,54 @@ fn _payload_rewrite(partition: Option<&str>, tbl: Option<&str>, layouts: Option<
     })
 }
 
-/// `syncular._payload_check(partition, tbl, settle)`, steps 2 and 3 of the module comment,
-/// delegated as [`_payload_rewrite`] was, to the same backend:
-/// - `settle`, first, for every shard: the deferred trigger events this session queued fired now
-///   in the sandbox ([`AppRelation::fire_deferred_triggers`]; red team 49, F1), so none fires
-///   after the check; 0.
-/// - then: every stored row of the shard read below SQL ([`AppRelation::scan_shard`], no host
-///   code) and its digest, under the keys of the shard's rewrite, compared with the rows it
-///   wrote: `27000` where they differ — host code of the migration wrote, inserted or deleted
-///   rows of the shard after they were re-encoded; the rows checked.
-///
-/// Refused (`XX000`) where this backend holds no rewrite of the shard, and where the shard is not
-/// placed on this node (`SY004`, `citus_local_execution`).
+/// `syncular._payload_check(partition, tbl)`, step 2 of the module comment, delegated as
+/// [`_payload_rewrite`] was, to the same backend: every stored row of the shard read below SQL
+/// ([`AppRelation::scan_shard`], no host code) and its digest, under the keys of the shard's
+/// rewrite, compared with the rows it wrote: `27000` where they differ — host code of the
+/// migration wrote, inserted or deleted rows of the shard after they were re-encoded; the rows
+/// checked. Refused (`XX000`) where this backend holds no rewrite of the shard in this
+/// transaction, and where the shard is not placed on this node (`SY004`,
+/// `citus_local_execution`).
 #[pg_extern(
     volatile,
     parallel_unsafe,
     sql = r#"
-CREATE FUNCTION syncular._payload_check(partition text, tbl text, settle boolean) RETURNS bigint
+CREATE FUNCTION syncular._payload_check(partition text, tbl text) RETURNS bigint
 VOLATILE PARALLEL UNSAFE SECURITY INVOKER
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c AS 'MODULE_PATHNAME', '_payload_check_wrapper';
 "#
 )]
-fn _payload_check(partition: Option<&str>, tbl: Option<&str>, settle: Option<bool>) -> i64 {
-    let settle = |_: &str| args::required("settle", settle);
-    on_shard(partition, tbl, settle, |settle, role, shard| {
-        let what = format!("shard {} of table {}", shard.qualified(), shard.tbl());
-        if settle {
-            shard.fire_deferred_triggers(role)?;
-            return Ok(0);
-        }
-        let Some(keys) = latest(shard.oid, |written| *written.keys()) else {
-            return Err(Error::Internal(format!(
-                "syncular: {what} was not rewritten by this migration in this session (Citus \
+fn _payload_check(partition: Option<&str>, tbl: Option<&str>) -> i64 {
+    on_shard(
+        partition,
+        tbl,
+        |_| Ok(()),
+        |(), _, shard| {
+            let what = format!("shard {} of table {}", shard.qualified(), shard.tbl());
+            let Some(keys) = latest(shard.oid, |written| *written.keys()) else {
+                return Err(Error::Internal(format!(
+                    "syncular: {what} was not rewritten by this migration in this session (Citus \
                  sent its check over another connection than its rewrite): nothing is kept"
-            )));
-        };
-        let mut stored = Digest::new(&keys);
-        shard.scan_shard(shard.oid, &mut |p, id, payload| {
-            stored.add(p, id, payload);
-            Ok(true)
-        })?;
-        let (same, written) = latest(shard.oid, |w| (*w == stored, w.rows())).unwrap_or_default();
-        if !same {
-            return Err(evolution::rewritten_rows_changed(
-                &what,
-                written,
-                stored.rows(),
-            ));
-        }
-        Ok(stored.rows() as i64)
-    })
+                )));
+            };
+            let mut stored = Digest::new(&keys);
+            shard.scan_shard(&mut |p, id, payload| {
+                stored.add(p, id, payload);
+                Ok(true)
+            })?;
+            let (same, written) =
+                latest(shard.oid, |w| (*w == stored, w.rows())).unwrap_or_default();
+            if !same {
+                return Err(evolution::rewritten_rows_changed(
+                    &what,
+                    written,
+                    stored.rows(),
+                ));
+            }
+            Ok(stored.rows() as i64)
+        },
+    )
 }
 
 /// A shard's rewrite in this transaction on this node: the digest of the rows it wrote, under
@@ -333,14 +314,14 @@ struct Rewritten {
 }
 
 thread_local! {
-    /// The shards rewritten in this transaction on this node, oldest first; checked by
-    /// [`_payload_check`] and again at `PREPARE` or `COMMIT` ([`at_transaction_end`]).
+    /// The shards rewritten in this transaction on this node, oldest first, for
+    /// [`_payload_check`].
     static REWRITTEN: RefCell<Vec<Rewritten>> = const { RefCell::new(Vec::new()) };
     /// Whether the callbacks are registered in this backend.
     static REGISTERED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Keeps what the rewrite of `shard` wrote, for [`_payload_check`] and [`at_transaction_end`].
+/// Keeps what the rewrite of `shard` wrote, for [`_payload_check`].
 fn keep(shard: pg_sys::Oid, written: Digest) {
     if !REGISTERED.get() {
         // SAFETY: plain functions living as long as the library; PostgreSQL keeps them for the
@@ -374,10 +355,7 @@ fn latest<R>(shard: pg_sys::Oid, f: impl FnOnce(&Digest) -> R) -> Option<R> {
     })
 }
 
-/// At `PREPARE` or `COMMIT` (after the deferred triggers fired), every shard rewritten in the
-/// transaction read again below SQL under its own keys: a change since its rewrite — host code
-/// the migration armed to run at commit (red team 50, G1) — fails the transaction (`27000`, as
-/// every interference with a re-encoding). Nothing is kept past the transaction.
+/// A transaction's end: nothing is kept past it.
 ///
 /// # Safety
 /// Called by PostgreSQL only, as the transaction callback registered by [`keep`].
@@ -387,45 +365,6 @@ unsafe extern "C-unwind" fn at_transaction_end(
     _arg: *mut std::ffi::c_void,
 ) {
     use pg_sys::XactEvent::*;
-    if matches!(event, XACT_EVENT_PRE_COMMIT | XACT_EVENT_PRE_PREPARE) {
-        let kept = REWRITTEN.with(|kept| std::mem::take(&mut *kept.borrow_mut()));
-        let mut changed = None;
-        let mut seen = Vec::new();
-        for rewritten in kept.iter().rev() {
-            crate::interrupts::check();
-            if seen.contains(&rewritten.shard) {
-                continue;
-            }
-            seen.push(rewritten.shard);
-            let mut now = Digest::new(rewritten.written.keys());
-            let read = tables::scan_shard_rows(rewritten.shard, &mut |p, id, payload| {
-                now.add(p, id, payload);
-                Ok(true)
-            });
-            if read.is_err() || now != rewritten.written {
-                changed = Some((rewritten.written.rows(), now.rows()));
-                break;
-            }
-        }
-        // Nothing of ours left alive past the raise, which leaves by PostgreSQL's longjmp.
-        drop((kept, seen));
-        if let Some((then, now)) = changed {
-            crate::error::raise(
-                "27000",
-                format!(
-                    "syncular: a shard of a table migrate_schema re-encoded changed after its rows \
-                     were checked ({then} rows then, {now} now): host code of the migration (a \
-                     deferred trigger) wrote it at the end of the transaction"
-                ),
-                None,
-                Some(
-                    "make the relation's deferred triggers leave _sync_payload alone, or disable \
-                     them for the migration"
-                        .into(),
-                ),
-            );
-        }
-    }
     if matches!(
         event,
         XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE | XACT_EVENT_PARALLEL_ABORT
@@ -436,7 +375,7 @@ unsafe extern "C-unwind" fn at_transaction_end(
 
 /// A subtransaction's end: a commit hands its rewrites to the parent; an abort — `ROLLBACK TO
 /// SAVEPOINT`, which Citus sends to the node too — drops them with the rows it rolled back, so
-/// the shard is checked at commit against its rewrite before, if any.
+/// no check compares a shard with a rewrite that was undone.
 ///
 /// # Safety
 /// Called by PostgreSQL only, as the subtransaction callback registered by [`keep`].

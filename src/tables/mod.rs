@@ -42,7 +42,6 @@ pub mod row_meta;
 mod sandbox;
 pub mod statements;
 
-pub use payloads::scan_shard_rows;
 pub use statements::{lock_all_for_rewrite, StoredRow};
 
 /// A registered app table's relation, checked and locked for this transaction.

@@ -95,7 +95,7 @@ impl AppRelation {
             hint: Some(format!(
                 "no shard of the relation registered as {} holding partition {partition} is on \
                  this node (or the relation is not a table Citus hash-distributes): \
-                 migrate_schema delegates this digest to the shard's node on Citus \
+                 migrate_schema delegates its rewrite and check of a shard to the shard's node on Citus \
                  (docs/SCALING.md)",
                 self.tbl
             )),
@@ -148,12 +148,16 @@ impl AppRelation {
         })
     }
 
-    /// Hands every stored row of `shard` ([`AppRelation::local_shard_of`]) to `each`, read below
-    /// SQL as [`AppRelation::scan_payloads`] reads a table on one node: the rows of every
-    /// partition that shard holds, so the shards of a colocation group, each read on its own
-    /// node, are the whole table (src/schema/digest.rs).
-    pub fn scan_shard(&self, shard: pg_sys::Oid, each: &mut EachPayload<'_>) -> error::Result<()> {
-        scan_shard_rows(shard, each)
+    /// Hands every stored row of a shard ([`AppRelation::shard_here`]: the relation is the shard
+    /// itself) to `each`, read below SQL as [`AppRelation::scan_payloads`] reads a table on one
+    /// node: the rows of every partition that shard holds (src/schema/shards.rs). Never a Citus
+    /// shell: refused.
+    pub fn scan_shard(&self, each: &mut EachPayload<'_>) -> error::Result<()> {
+        if self.distributed() || self.partitioned {
+            return Err(self.not_below_sql());
+        }
+        scan_leaf(self.oid, each)?;
+        Ok(())
     }
 
     /// Whether the relation is partitioned (its leaf partitions hold its rows).
@@ -192,13 +196,6 @@ impl AppRelation {
         })?;
         Ok(found)
     }
-}
-
-/// Every stored row of a shard found by [`AppRelation::local_shard_of`] earlier in the
-/// transaction, read below SQL again (a migration's check at commit, src/schema/digest.rs).
-pub fn scan_shard_rows(shard: pg_sys::Oid, each: &mut EachPayload<'_>) -> error::Result<()> {
-    scan_leaf(shard, each)?;
-    Ok(())
 }
 
 /// One leaf relation's rows, by a sequential heap scan (`systable_beginscan` without an index,

@@ -476,20 +476,6 @@ impl AppRelation {
         })
     }
 
-    /// Fires now the deferred trigger events this session queued, with `SET CONSTRAINTS ALL
-    /// IMMEDIATE` in the sandbox, as `caller`: on a Citus node, before a migration checks a shard
-    /// (src/schema/shards.rs), the events the host's own statements of the transaction queued
-    /// in the session Citus keeps there — what they write is then written before the check, not
-    /// at commit after it (red team 49, F1: a deferred constraint trigger wrote the old payloads
-    /// back at `PREPARE`, after every check had passed).
-    pub fn fire_deferred_triggers(&self, caller: pg_sys::Oid) -> error::Result<()> {
-        db::with_spi(|c| {
-            self.run_as(caller, || {
-                db::write_dynamic(c, "SET CONSTRAINTS ALL IMMEDIATE", &[]).map(drop)
-            })
-        })
-    }
-
     /// One call of a migration's function for one shard of a distributed relation
     /// (src/schema/shards.rs: `syncular._payload_rewrite`, `syncular._payload_check`), for a
     /// `partition` that shard holds, which Citus delegates to the shard's node — as the
@@ -501,19 +487,23 @@ impl AppRelation {
     /// not as host code (`sandbox::own_call_as`): where the shard is on this node (a coordinator
     /// that holds shards) the function runs in this backend, as a call of the API; where Citus
     /// does not delegate it and the shard is elsewhere, it is refused here (`SY004`), never
-    /// answered from a shell. `function` and `arg_type` are the extension's own names, never
+    /// answered from a shell. `function` is the extension's own name, never
     /// input.
     pub fn call_shard(
         &self,
         caller: pg_sys::Oid,
         partition: &str,
         function: &'static str,
-        arg_type: &'static str,
-        arg: DatumWithOid<'_>,
+        layouts: Option<DatumWithOid<'_>>,
     ) -> error::Result<i64> {
         let sql = format!(
-            "SELECT n FROM syncular.{function}({}, $1, $2::pg_catalog.{arg_type}) n",
-            quote_literal(partition)
+            "SELECT n FROM syncular.{function}({}, $1{}) n",
+            quote_literal(partition),
+            if layouts.is_some() {
+                ", $2::pg_catalog.jsonb"
+            } else {
+                ""
+            }
         );
         if let Some(why) = super::changed_since_open(self) {
             return Err(super::unknown_table_changed(self, why));
@@ -521,11 +511,9 @@ impl AppRelation {
         let answer = db::with_spi(|c| {
             sandbox::own_call_as(self.acting_role(caller), || {
                 one_connection_per_node(|| {
-                    db::first::<i64>(db::write_dynamic(
-                        c,
-                        &sql,
-                        &[DatumWithOid::from(self.tbl.as_str()), arg],
-                    )?)
+                    let mut args = vec![DatumWithOid::from(self.tbl.as_str())];
+                    args.extend(layouts);
+                    db::first::<i64>(db::write_dynamic(c, &sql, &args)?)
                 })
             })
         })?;

@@ -1192,55 +1192,6 @@ fn a_migration_re_encodes_a_distributed_tables_rows_and_checks_every_shard_on_it
     assert_eq!(version, 1, "nothing of the refused migration kept");
     with_unsafe_triggers(&mut c, &["DROP TRIGGER write_back_later ON public.tasks"]);
 
-    // A deferred trigger that, fired while its shard is settled, defers again and queues one
-    // more event, to write a row at `PREPARE`, after the digests (red team 50's next step):
-    // PostgreSQL refuses to queue it inside the settling's restricted operation, and behind that
-    // each shard is read again at `PREPARE` under keys its node drew and never sent.
-    with_unsafe_triggers(
-        &mut c,
-        &[
-            "CREATE FUNCTION public.rearm() RETURNS trigger LANGUAGE plpgsql AS $$
-             BEGIN
-               IF current_query() LIKE '%_payload_check%'
-                  AND coalesce(current_setting('rt.stage', true), '') = '' THEN
-                 PERFORM set_config('rt.stage', 'armed', true);
-                 SET CONSTRAINTS ALL DEFERRED;
-                 EXECUTE format('UPDATE %I.%I SET _sync_payload = _sync_payload
-                                  WHERE _sync_partition = $1 AND _sync_row_id = $2',
-                                TG_TABLE_SCHEMA, TG_TABLE_NAME)
-                   USING NEW._sync_partition, NEW._sync_row_id;
-               ELSIF current_setting('rt.stage', true) = 'armed'
-                     AND current_query() NOT LIKE '%_payload_check%' THEN
-                 PERFORM set_config('rt.stage', 'done', true);
-                 EXECUTE format('UPDATE %I.%I SET _sync_payload = ''\\x00''::bytea
-                                  WHERE _sync_partition = $1 AND _sync_row_id = $2',
-                                TG_TABLE_SCHEMA, TG_TABLE_NAME)
-                   USING NEW._sync_partition, NEW._sync_row_id;
-               END IF;
-               RETURN NULL;
-             END $$",
-            "CREATE CONSTRAINT TRIGGER rearm AFTER UPDATE ON public.tasks
-               DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.rearm()",
-        ],
-    );
-    let err = sql_error(&migrate(&mut c).unwrap_err());
-    let version: i64 = one(
-        &mut c,
-        "SELECT (syncular.schema_state()->>'schemaVersion')::bigint",
-        &[],
-    );
-    assert_eq!(version, 1, "nothing of the refused migration kept: {err:?}");
-    // PostgreSQL refuses the deferred event queued inside the settling's restricted operation;
-    // were it queued, the check at PREPARE would fail the commit.
-    assert!(matches!(err.state.as_str(), "42501" | "27000"), "{err:?}");
-    let garbage: i64 = one(
-        &mut c,
-        "SELECT count(*) FROM public.tasks WHERE _sync_payload = '\\x00'::bytea",
-        &[],
-    );
-    assert_eq!(garbage, 0, "{err:?}");
-    with_unsafe_triggers(&mut c, &["DROP TRIGGER rearm ON public.tasks"]);
-
     // As a migrator that is not the table's owner: the rewrite, and so each shard's digest,
     // runs as that role (the less privileged of it and the owner), which reads the whole table.
     let mut m = migrator(&mut c);
@@ -1418,6 +1369,85 @@ fn a_migrations_host_code_runs_in_the_sandbox_of_every_node() {
     let previous = migrate(&mut m, 3, &grown_again).unwrap();
     assert_eq!(previous["rewritten"]["tasks"], 12, "{previous}");
     drop(m);
+    drop_database_of_its_own(&name);
+}
+
+/// What the migrating transaction does after `migrate_schema` runs as on one node (red team 51,
+/// R51-1): its deferred constraints stay deferred — the shard checks ran `SET CONSTRAINTS ALL
+/// IMMEDIATE` on the workers, and the first `UPDATE` a deferred trigger allows only at commit
+/// failed at once — and a backfill writing the re-encoded rows' payloads in the same
+/// transaction commits (the rows are re-read at commit no more: no host code of the migration
+/// can run after its checks, and what the host writes itself is the host's, as on one node).
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn the_rest_of_a_migrations_transaction_runs_as_on_one_node() {
+    let name = format!("aftermigration_{}", std::process::id());
+    let mut c = database_of_its_own(&name);
+    twelve_rows(&mut c);
+    with_unsafe_triggers(
+        &mut c,
+        &[
+            "CREATE FUNCTION public.no_tmp() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF EXISTS (SELECT 1 FROM public.tasks
+                           WHERE _sync_partition = NEW._sync_partition AND id = 'tmp') THEN
+                 RAISE EXCEPTION 'the deferred check fired while id is tmp';
+               END IF;
+               RETURN NULL;
+             END $$",
+            "CREATE CONSTRAINT TRIGGER no_tmp AFTER UPDATE OF id ON public.tasks
+               DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.no_tmp()",
+        ],
+    );
+    let mut tx = c.transaction().unwrap();
+    tx.query_one(
+        "SELECT syncular.migrate_schema(2, $1::text::jsonb)",
+        &[&TASKS_GROWN],
+    )
+    .unwrap();
+    for id in ["tmp", "r0"] {
+        tx.execute(
+            "UPDATE public.tasks SET id = $1 WHERE _sync_partition = 'p0' AND _sync_row_id = 'r0'",
+            &[&id],
+        )
+        .unwrap();
+    }
+    // Each payload encoded first: Citus sends an UPDATE calling `encode_row` to the shard.
+    for i in 0..12 {
+        let (partition, row) = (format!("p{i}"), format!("r{i}"));
+        let values = json!({"id": row, "project_id": "p1", "note": "backfilled"}).to_string();
+        let payload: Vec<u8> = tx
+            .query_one(
+                "SELECT syncular.encode_row('tasks', $1::text::jsonb, false, 2)",
+                &[&values],
+            )
+            .unwrap()
+            .get(0);
+        let backfilled = tx
+            .execute(
+                "UPDATE public.tasks SET _sync_payload = $3
+                  WHERE _sync_partition = $1 AND _sync_row_id = $2",
+                &[&partition, &row, &payload],
+            )
+            .unwrap();
+        assert_eq!(backfilled, 1);
+    }
+    tx.commit().unwrap();
+    let payloads: Vec<Vec<u8>> = c
+        .query("SELECT _sync_payload FROM public.tasks", &[])
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(payloads.len(), 12);
+    for payload in payloads {
+        let row: serde_json::Value = one(
+            &mut c,
+            "SELECT syncular.decode_row('tasks', $1)",
+            &[&payload],
+        );
+        assert_eq!(row["note"], "backfilled", "{row}");
+    }
     drop_database_of_its_own(&name);
 }
 
