@@ -92,14 +92,7 @@ fn the_shard_calls_answer_only_a_whole_table_reader_and_never_on_one_node() {
                 message,
                 Some(detail.clone()),
             );
-            for settle in [true, false] {
-                expect_error(
-                    c.query_one(check, &[&settle]),
-                    state,
-                    message,
-                    Some(detail.clone()),
-                );
-            }
+            expect_error(c.query_one(check, &[]), state, message, Some(detail));
         };
     calls(
         &mut c,
