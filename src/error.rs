@@ -210,6 +210,11 @@ impl Error {
                 "run it under READ COMMITTED (PostgreSQL's default): BEGIN ISOLATION LEVEL READ \
                  COMMITTED, or reset default_transaction_isolation"
             }
+            "holdable_cursor" => {
+                "close the session's WITH HOLD cursors first (CLOSE ALL, or before BEGIN): one \
+                 declared before the migration runs its query to the end at commit, after the \
+                 migration checked the rows it re-encoded (docs/SECURITY.md rule 19)"
+            }
             _ => return Error::new(Code::InvalidTransactionState, json!({ "reason": reason })),
         };
         Error::new(Code::InvalidTransactionState, json!({ "reason": reason })).with_hint(hint)

@@ -314,6 +314,26 @@ unsafe fn library_function(name: &std::ffi::CStr) -> *mut std::ffi::c_void {
     }
 }
 
+/// Whether this transaction has reached another node through Citus (Citus's
+/// `InCoordinatedTransaction()`: a statement it sent over a connection of the transaction, a
+/// read included). False without Citus, or where this Citus lacks the function.
+pub fn reached_other_nodes() -> bool {
+    if !installed() {
+        return false;
+    }
+    // SAFETY: Citus is installed in this database, so its library loads; the function has this
+    // signature in Citus 13 (`bool InCoordinatedTransaction(void)`, transaction_management.h)
+    // and reads a backend global; an ERROR it raised would pass through the guard.
+    unsafe {
+        let found = library_function(c"InCoordinatedTransaction");
+        if found.is_null() {
+            return false;
+        }
+        let coordinated: unsafe extern "C-unwind" fn() -> bool = std::mem::transmute(found);
+        pg_sys::ffi::pg_guard_ffi_boundary(|| coordinated())
+    }
+}
+
 /// Makes Citus send this session's `lock_timeout` along with the transaction's next statements
 /// to every node they reach. Citus runs a `LOCK TABLE` of a distributed table — the schema
 /// barrier's ([`crate::db::lock_barrier`]) — on every node over its connections, and the wait

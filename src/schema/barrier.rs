@@ -177,9 +177,37 @@ pub fn require_transaction(no_prior_writes: bool) -> Result<()> {
         if no_prior_writes && pg_sys::GetTopTransactionIdIfAny() != pg_sys::InvalidTransactionId {
             return Err(Error::invalid_transaction_state("prior_writes"));
         }
+        // On Citus a write the transaction sent to another node leaves no transaction id here,
+        // and its deferred trigger events wait in that node's session — the one a migration then
+        // rewrites and checks a shard in — to fire at `PREPARE`, after every check (red team 52,
+        // R52-1): so before any statement that reached another node.
+        if no_prior_writes && crate::citus::reached_other_nodes() {
+            return Err(Error::invalid_transaction_state("prior_writes").with_hint(
+                "on Citus call it first in its transaction, before any statement that \
+                     reached another node (BEGIN; then this call): a write sent there earlier \
+                     can run host code at commit, after the migration's checks",
+            ));
+        }
         if !crate::heap::read_committed() {
             return Err(Error::invalid_transaction_state("isolation"));
         }
+    }
+    Ok(())
+}
+
+/// A migration refuses (`SY004` `holdable_cursor`) while the session holds a `WITH HOLD` cursor:
+/// PostgreSQL runs such a cursor's query to its end at commit, after the migration checked the
+/// rows it re-encoded, and a function in it could write old payloads back (red team 52, R52-2;
+/// docs/SECURITY.md rule 19). One declared after the migration is the host's own statement, as
+/// any write after it. `pg_cursor()` lists the session's cursors; no host object in the query.
+fn refuse_holdable_cursors(client: &SpiClient<'_>) -> Result<()> {
+    let held = db::first::<bool>(db::read(
+        client,
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_cursor() c WHERE c.is_holdable)",
+        &[],
+    )?)?;
+    if held == Some(true) {
+        return Err(Error::invalid_transaction_state("holdable_cursor"));
     }
     Ok(())
 }
@@ -484,7 +512,10 @@ fn migrate_schema(
         require_transaction(true)?;
         let a = schema_args(schema_version, layouts, declared)?;
         let caller = access::current_role();
-        db::with_spi(|client| access::as_extension_owner(|| migrate(client, &a, caller)))
+        db::with_spi(|client| {
+            refuse_holdable_cursors(client)?;
+            access::as_extension_owner(|| migrate(client, &a, caller))
+        })
     })
 }
 

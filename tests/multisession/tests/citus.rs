@@ -1372,8 +1372,10 @@ fn a_migrations_host_code_runs_in_the_sandbox_of_every_node() {
     drop_database_of_its_own(&name);
 }
 
-/// What the migrating transaction does after `migrate_schema` runs as on one node (red team 51,
-/// R51-1): its deferred constraints stay deferred — the shard checks ran `SET CONSTRAINTS ALL
+/// A write sent to a worker before `migrate_schema` is refused as a write before it is on one node
+/// (red team 52, R52-1: its deferred event fired at `PREPARE`, after every check, and wrote the
+/// old payloads back). What the migrating transaction does after `migrate_schema` runs as on one
+/// node (red team 51, R51-1): its deferred constraints stay deferred — the shard checks ran `SET CONSTRAINTS ALL
 /// IMMEDIATE` on the workers, and the first `UPDATE` a deferred trigger allows only at commit
 /// failed at once — and a backfill writing the re-encoded rows' payloads in the same
 /// transaction commits (the rows are re-read at commit no more: no host code of the migration
@@ -1399,6 +1401,27 @@ fn the_rest_of_a_migrations_transaction_runs_as_on_one_node() {
                DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.no_tmp()",
         ],
     );
+    // A write before the migration, sent to a worker: no transaction id on the coordinator, and
+    // its deferred event waited in the worker's session to fire at PREPARE, after every check
+    // (red team 52, R52-1): refused as any write before a migration is on one node.
+    let mut tx = c.transaction().unwrap();
+    tx.execute(
+        "UPDATE public.tasks SET id = id WHERE _sync_partition = 'p0' AND _sync_row_id = 'r0'",
+        &[],
+    )
+    .unwrap();
+    let err = sql_error(
+        &tx.query_one(
+            "SELECT syncular.migrate_schema(2, $1::text::jsonb)",
+            &[&TASKS_GROWN],
+        )
+        .unwrap_err(),
+    );
+    assert_eq!(
+        (err.state.as_str(), err.detail),
+        ("SY004", Some(json!({"reason": "prior_writes"})))
+    );
+    tx.rollback().unwrap();
     let mut tx = c.transaction().unwrap();
     tx.query_one(
         "SELECT syncular.migrate_schema(2, $1::text::jsonb)",

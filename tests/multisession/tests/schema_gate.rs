@@ -225,6 +225,19 @@ fn sch_07_migrate_schema_must_open_its_transaction() {
         state("isolation"),
     );
     exec(&mut c, "ROLLBACK");
+    // A WITH HOLD cursor runs its query to the end at commit, after the migration's checks: a
+    // function in it wrote old payloads back (red team 52, R52-2). Refused while one is open.
+    exec(
+        &mut c,
+        "BEGIN; DECLARE held CURSOR WITH HOLD FOR SELECT g FROM generate_series(1, 3) g",
+    );
+    expect_error(
+        try_one::<i64>(&mut c, "SELECT syncular.migrate_schema(1, $1)", &[&l1()]),
+        code.0,
+        code.1,
+        state("holdable_cursor"),
+    );
+    exec(&mut c, "ROLLBACK");
     // The implicit block of a multi-statement query string counts as a transaction block.
     exec(
         &mut c,
