@@ -1293,9 +1293,8 @@ fn a_migration_rewrites_the_shards_the_coordinator_holds() {
 /// through Citus, and the triggers ran in an ordinary session on the workers, with the
 /// migrator's settings, free to `SET ROLE` among its roles or create temporary tables, and to
 /// call the API in the middle of the migration). The probe trigger below raised there; now the
-/// migration applies. A trigger calling the API is
-/// refused as on one node, and nothing of the migration is kept; a savepoint rolled back over a
-/// migration leaves nothing for the commit to trip on.
+/// migration applies. A trigger calling the API is refused as on one node, and nothing of the
+/// migration is kept; a savepoint rolled back over a migration leaves nothing behind.
 #[test]
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
 fn a_migrations_host_code_runs_in_the_sandbox_of_every_node() {
@@ -1372,14 +1371,15 @@ fn a_migrations_host_code_runs_in_the_sandbox_of_every_node() {
     drop_database_of_its_own(&name);
 }
 
-/// A write sent to a worker before `migrate_schema` is refused as a write before it is on one node
-/// (red team 52, R52-1: its deferred event fired at `PREPARE`, after every check, and wrote the
-/// old payloads back). What the migrating transaction does after `migrate_schema` runs as on one
-/// node (red team 51, R51-1): its deferred constraints stay deferred — the shard checks ran `SET CONSTRAINTS ALL
-/// IMMEDIATE` on the workers, and the first `UPDATE` a deferred trigger allows only at commit
-/// failed at once — and a backfill writing the re-encoded rows' payloads in the same
-/// transaction commits (the rows are re-read at commit no more: no host code of the migration
-/// can run after its checks, and what the host writes itself is the host's, as on one node).
+/// A write sent to a worker before `migrate_schema` is refused as a write before it is on one
+/// node (red team 52, R52-1: its deferred event fired at `PREPARE`, after every check, and wrote
+/// the old payloads back). What the migrating transaction does after `migrate_schema` runs as on
+/// one node (red team 51, R51-1): its deferred constraints stay deferred — the shard checks ran
+/// `SET CONSTRAINTS ALL IMMEDIATE` on the workers, and the first `UPDATE` a deferred trigger
+/// allows only at commit failed at once — and a backfill writing the re-encoded rows' payloads in
+/// the same transaction commits (the rows are re-read at commit no more: no host code of the
+/// migration can run after its checks, and what the host writes itself is the host's, as on one
+/// node).
 #[test]
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
 fn the_rest_of_a_migrations_transaction_runs_as_on_one_node() {
