@@ -425,8 +425,8 @@ pub unsafe fn by_primary_key<T>(
 /// through the index named `index` — which must be the table's and hold every key column —, or
 /// without one through the whole table (for small tables with no index on the columns).
 /// `false` when Citus keeps the table on another node (as [`Lookup::Elsewhere`]), and when an
-/// index is named and the table has none of that name: read through SQL then (a Citus shard's
-/// indexes carry the shard's suffix).
+/// index is named and the table has none of that name (on a Citus shard, none of that name with
+/// the shard's suffix: [`index_of`]): read through SQL then.
 ///
 /// # Safety
 /// As for [`by_primary_key`]; each value is a datum of its column's type.
@@ -860,8 +860,10 @@ impl Scan<'_> {
     }
 }
 
-/// The index named `name` in `relation`'s schema, when it is an index of `relation` holding
-/// every column of `attnums` (what `systable_beginscan` needs to map the keys onto it).
+/// The index named `name` in `relation`'s schema — or, on a Citus shard, Citus's copy of it,
+/// named `name` and the shard's suffix (`_` and its shard id, as the shard is named after its
+/// table) — when it is an index of `relation` holding every column of `attnums` (what
+/// `systable_beginscan` needs to map the keys onto it).
 ///
 /// # Safety
 /// `relation` is open; `lock` is held on it.
@@ -871,27 +873,62 @@ unsafe fn index_of(
     attnums: &[i16],
     lock: pg_sys::LOCKMODE,
 ) -> Option<pg_sys::Oid> {
-    // SAFETY: a catalog lookup by name; the index is opened and closed here, under the lock its
-    // table is held with.
+    // SAFETY: catalog lookups by name and OID; an index of `relation` is opened and closed here,
+    // under the lock its table is held with.
     unsafe {
-        let index_id = pg_sys::get_relname_relid(name.as_ptr(), (*(*relation).rd_rel).relnamespace);
-        if index_id == pg_sys::InvalidOid
-            || pg_sys::get_rel_relkind(index_id) != pg_sys::RELKIND_INDEX as std::ffi::c_char
-        {
-            return None;
+        let fits = |index_id: pg_sys::Oid| {
+            if index_id == pg_sys::InvalidOid
+                || pg_sys::get_rel_relkind(index_id) != pg_sys::RELKIND_INDEX as std::ffi::c_char
+                // Another table's (a Citus shell's, whose index has the unsuffixed name) is
+                // never opened.
+                || pg_sys::IndexGetRelation(index_id, true) != (*relation).rd_id
+            {
+                return false;
+            }
+            let index = pg_sys::index_open(index_id, lock);
+            let form = &*(*index).rd_index;
+            let columns = form
+                .indkey
+                .values
+                .as_slice(form.indkey.dim1.max(0) as usize);
+            let fits = form.indisvalid && attnums.iter().all(|a| columns.contains(a));
+            pg_sys::index_close(index, lock);
+            fits
+        };
+        let namespace = (*(*relation).rd_rel).relnamespace;
+        let named = pg_sys::get_relname_relid(name.as_ptr(), namespace);
+        if fits(named) {
+            return Some(named);
         }
-        let index = pg_sys::index_open(index_id, lock);
-        let form = &*(*index).rd_index;
-        let columns = form
-            .indkey
-            .values
-            .as_slice(form.indkey.dim1.max(0) as usize);
-        let fits = form.indrelid == (*relation).rd_id
-            && form.indisvalid
-            && attnums.iter().all(|a| columns.contains(a));
-        pg_sys::index_close(index, lock);
-        fits.then_some(index_id)
+        let suffixed = shard_suffixed(relation, name)?;
+        let named = pg_sys::get_relname_relid(suffixed.as_ptr(), namespace);
+        fits(named).then_some(named)
     }
+}
+
+/// `name` with the suffix of the Citus shard `relation` is — `_` and digits ending its name
+/// (`sync_backfill_checkpoints_102040`: the shard id Citus appends to every name of a shard's
+/// objects) — or `None` where `relation` is no such shard or the name would not fit. Only the
+/// name: [`index_of`] still requires an index of `relation` itself, on the key's columns.
+///
+/// # Safety
+/// `relation` is open.
+unsafe fn shard_suffixed(relation: pg_sys::Relation, name: &CStr) -> Option<std::ffi::CString> {
+    // SAFETY: the open relation's name, copied before use.
+    let relname = unsafe { CStr::from_ptr((*(*relation).rd_rel).relname.data.as_ptr()) };
+    let relname = relname.to_str().ok()?;
+    let (_, digits) = relname.rsplit_once('_')?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if !crate::citus::installed() {
+        return None;
+    }
+    let suffixed = format!("{}_{digits}", name.to_str().ok()?);
+    if suffixed.len() >= pg_sys::NAMEDATALEN as usize {
+        return None;
+    }
+    std::ffi::CString::new(suffixed).ok()
 }
 
 /// The snapshot a lookup below SQL reads with, registered for the length of `read`: the one the
