@@ -1010,9 +1010,17 @@ pub unsafe fn seen_by(snapshot: pg_sys::Snapshot) -> Option<Seen> {
             usize::try_from(snap.xcnt).ok()?,
             usize::try_from(snap.subxcnt).ok()?,
         );
+        // An overflowed subtransaction cache: a registered copy keeps `subxcnt` but no `subxip`
+        // array (snapmgr.c `CopySnapshot` leaves it NULL), and reading NULL as `subxcnt` ids
+        // aborted the backend ("unsafe precondition(s) violated: slice::from_raw_parts", a
+        // panic that cannot unwind: the abort seen in sessions 25 and 27, under sessions with
+        // over 64 subtransactions). No fingerprint then: the caller reads again.
         if snap.snapshot_type != pg_sys::SnapshotType::SNAPSHOT_MVCC
             || snap.takenDuringRecovery
+            || snap.suboverflowed
             || xcnt + subxcnt > SEEN_MOST
+            || (xcnt > 0 && snap.xip.is_null())
+            || (subxcnt > 0 && snap.subxip.is_null())
         {
             return None;
         }
@@ -1772,4 +1780,44 @@ unsafe fn only_trigger(triggers: &pg_sys::TriggerDesc, trigger: NativeTrigger) -
     }
     // SAFETY: inside the caller's transaction.
     unsafe { crate::catalog::is_native_function(found.tgfoid, trigger.symbol) }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::*;
+    use pgrx::prelude::*;
+
+    /// A snapshot registered beside an overflowed subtransaction cache keeps `subxcnt` but no
+    /// `subxip` (snapmgr.c `CopySnapshot`): no fingerprint, and nothing read through the NULL
+    /// array — which aborted the backend in sessions 25 and 27 (the check of
+    /// `slice::from_raw_parts` in a debug build, a panic that cannot unwind).
+    #[pg_test]
+    fn a_snapshot_without_its_subtransaction_ids_is_not_fingerprinted() {
+        let mut xip = [100u32, 101].map(pg_sys::TransactionId::from);
+        // SAFETY: an all-zero SnapshotData is a valid value of the C struct.
+        let mut s: pg_sys::SnapshotData = unsafe { std::mem::zeroed() };
+        s.snapshot_type = pg_sys::SnapshotType::SNAPSHOT_MVCC;
+        s.xmin = pg_sys::TransactionId::from(100);
+        s.xmax = pg_sys::TransactionId::from(200);
+        s.xip = xip.as_mut_ptr();
+        s.xcnt = 2;
+        s.subxcnt = 3;
+        s.subxip = std::ptr::null_mut();
+        s.suboverflowed = true;
+        // SAFETY: a snapshot whose arrays are valid for their counts, or NULL as PostgreSQL
+        // leaves them.
+        assert_eq!(unsafe { seen_by(&mut s) }, None);
+        s.suboverflowed = false;
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { seen_by(&mut s) },
+            None,
+            "a NULL array with a count"
+        );
+        s.subxcnt = 0;
+        // SAFETY: as above.
+        let seen = unsafe { seen_by(&mut s) }.expect("a fingerprint");
+        assert_eq!(seen.xip, vec![100, 101]);
+    }
 }
