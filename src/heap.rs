@@ -997,8 +997,9 @@ pub fn nothing_written_yet() -> bool {
 /// comparison would cost what the lookup they save does.
 const SEEN_MOST: usize = 64;
 
-/// What `snapshot` sees ([`Seen`]), or `None` for a snapshot that is not an MVCC one or lists
-/// more than [`SEEN_MOST`] running transactions.
+/// What `snapshot` sees ([`Seen`]), or `None` for a snapshot that is not an MVCC one, lists
+/// more than [`SEEN_MOST`] running transactions, or was taken beside an overflowed
+/// subtransaction cache (its copy keeps no subtransaction ids).
 ///
 /// # Safety
 /// `snapshot` is a valid, registered or active snapshot.
