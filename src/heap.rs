@@ -970,16 +970,16 @@ pub fn read_committed() -> bool {
 }
 
 /// Which other transactions' rows a snapshot sees: its `xmax` and the transactions it takes for
-/// running (`xip`, `subxip`, sorted). Two MVCC snapshots with the same see the same rows of every
-/// transaction but the reader's own, whatever their age: a transaction below `xmax` and not
-/// listed had ended before either was taken. Lets a re-read "with a fresh snapshot" after a lock
-/// be skipped when no other transaction ended since the first read (docs/BENCHMARKS.md, issue
-/// 28 step 9; `src/push/one_call.rs`).
+/// running (`xip`, `subxip`, sorted; never of a snapshot taken beside an overflowed
+/// subtransaction cache, whose `subxip` is not kept: [`seen_by`]). Two MVCC snapshots with the
+/// same see the same rows of every transaction but the reader's own, whatever their age: a
+/// transaction below `xmax` and not listed had ended before either was taken. Lets a re-read
+/// "with a fresh snapshot" after a lock be skipped when no other transaction ended since the
+/// first read (docs/BENCHMARKS.md, issue 28 step 9; `src/push/one_call.rs`).
 #[derive(PartialEq, Eq, Debug)]
 pub struct Seen {
     xmax: u32,
     xip: Vec<u32>,
-    suboverflowed: bool,
     subxip: Vec<u32>,
 }
 
@@ -1040,7 +1040,6 @@ pub unsafe fn seen_by(snapshot: pg_sys::Snapshot) -> Option<Seen> {
         Some(Seen {
             xmax: snap.xmax.into_inner(),
             xip: sorted(snap.xip, xcnt),
-            suboverflowed: snap.suboverflowed,
             subxip: sorted(snap.subxip, subxcnt),
         })
     }
