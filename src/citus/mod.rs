@@ -321,16 +321,26 @@ pub fn reached_other_nodes() -> bool {
     if !installed() {
         return false;
     }
-    // SAFETY: Citus is installed in this database, so its library loads; the function has this
-    // signature in Citus 13 (`bool InCoordinatedTransaction(void)`, transaction_management.h)
-    // and reads a backend global; an ERROR it raised would pass through the guard.
+    // SAFETY: Citus is installed in this database, so its library loads;
+    // `bool InCoordinatedTransaction(void)` (transaction_management.h) reads a backend global.
+    unsafe { library_flag(c"InCoordinatedTransaction") }.unwrap_or(false)
+}
+
+/// The answer of Citus's `bool name(void)` — a question about this backend's state — behind
+/// pgrx's guard (an ERROR it raised passes as PostgreSQL's own); `None` where this Citus lacks
+/// the function.
+///
+/// # Safety
+/// As [`library_function`]; `name` has that C signature in Citus 13.
+unsafe fn library_flag(name: &std::ffi::CStr) -> Option<bool> {
+    // SAFETY: the caller's guarantees; a non-null symbol has the signature the caller names.
     unsafe {
-        let found = library_function(c"InCoordinatedTransaction");
+        let found = library_function(name);
         if found.is_null() {
-            return false;
+            return None;
         }
-        let coordinated: unsafe extern "C-unwind" fn() -> bool = std::mem::transmute(found);
-        pg_sys::ffi::pg_guard_ffi_boundary(|| coordinated())
+        let flag: unsafe extern "C-unwind" fn() -> bool = std::mem::transmute(found);
+        Some(pg_sys::ffi::pg_guard_ffi_boundary(|| flag()))
     }
 }
 

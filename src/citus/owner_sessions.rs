@@ -89,8 +89,9 @@ fn check() {
     }
     // Marked first: the reads below plan nothing, and a refusal ends the transaction anyway.
     CHECKED_IN.set(Some(now));
-    // SAFETY: catalog reads in the planning transaction; the Citus function is looked up by its
-    // exported name and has this signature in Citus 13 (`bool IsExternalClientBackend(void)`).
+    // SAFETY: catalog reads in the planning transaction; the Citus functions are looked up by
+    // their exported names and have this signature in Citus 13
+    // (`bool IsExternalClientBackend(void)`, `bool IsCitusRunCommandBackend(void)`).
     let refused = unsafe {
         // The cheap questions first, Citus's library last: only a database whose sync tables
         // Citus distributes has it (a stand-in `pg_dist_partition` has no library behind it).
@@ -103,18 +104,16 @@ fn check() {
         if !super::sync_tables_distributed() {
             return;
         }
-        let (external, run_command) = (
-            super::library_function(c"IsExternalClientBackend"),
-            super::library_function(c"IsCitusRunCommandBackend"),
-        );
-        if external.is_null() || run_command.is_null() {
-            return;
-        }
-        let external: unsafe extern "C-unwind" fn() -> bool = std::mem::transmute(external);
-        let run_command: unsafe extern "C-unwind" fn() -> bool = std::mem::transmute(run_command);
         // A client's session, or one of `run_command_on_*` (an operator's own commands, by which
-        // `distribute()` puts the pins back): not Citus's deparsed statements.
-        if pg_sys::ffi::pg_guard_ffi_boundary(|| external() || run_command()) {
+        // `distribute()` puts the pins back): not Citus's deparsed statements. Where this Citus
+        // lacks either question, nothing to check.
+        let (Some(external), Some(run_command)) = (
+            super::library_flag(c"IsExternalClientBackend"),
+            super::library_flag(c"IsCitusRunCommandBackend"),
+        ) else {
+            return;
+        };
+        if external || run_command {
             return;
         }
         !super::owner_connections::pinned_here(owner)
