@@ -198,7 +198,7 @@ COMMENT ON FUNCTION syncular._fence_guard_hold(boolean) IS 'Internal, extension 
 
 -- Distribution on Citus (docs/SCALING.md)
 COMMENT ON FUNCTION syncular.distribute() IS
-  'Extension owner or superuser only, on a Citus coordinator: distributes the sync tables by partition (colocated), makes the global ones reference tables, delegates the one-call functions and the reaction queue by their partition; reports which registered app tables are colocated (docs/SCALING.md).';
+  'Extension owner or superuser only, on a Citus coordinator: distributes the sync tables by partition (colocated), makes the global ones reference tables, delegates the one-call functions, the functions of a push transaction (also inside a transaction block) and the reaction queue by their partition; reports which registered app tables are colocated (docs/SCALING.md).';
 COMMENT ON FUNCTION syncular._payload_rewrite(text, text, jsonb) IS
   'Internal, on Citus: re-encodes the stored rows of the shard of a registered app table that holds partition, on this node, in the sandbox here, and keeps a digest of what it wrote for _payload_check; migrate_schema delegates it to each shard''s node; syncular_admin, and only for a role that reads the whole table; refused where the shard is not on this node (docs/SCALING.md).';
 COMMENT ON FUNCTION syncular._payload_check(text, text) IS

@@ -554,7 +554,7 @@ SET search_path TO pg_catalog, pg_temp
 LANGUAGE c AS 'MODULE_PATHNAME', 'distribute_wrapper';
 REVOKE ALL ON FUNCTION syncular.distribute() FROM PUBLIC;
 COMMENT ON FUNCTION syncular.distribute() IS
-  'Extension owner or superuser only, on a Citus coordinator: distributes the sync tables by partition (colocated), makes the global ones reference tables, delegates the one-call functions and the reaction queue by their partition; reports which registered app tables are colocated (docs/SCALING.md).';
+  'Extension owner or superuser only, on a Citus coordinator: distributes the sync tables by partition (colocated), makes the global ones reference tables, delegates the one-call functions, the functions of a push transaction (also inside a transaction block) and the reaction queue by their partition; reports which registered app tables are colocated (docs/SCALING.md).';
 
 -- 0.2.0: a migration's rewrite and check of a Citus shard, on the shard's node (docs/SCALING.md,
 -- "Migrations on Citus").

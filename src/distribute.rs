@@ -48,15 +48,30 @@ const REFERENCE: [&str; 7] = [
 /// The entry points Citus delegates to the node of their partition (their first argument),
 /// where every write of the call is local — the serving role's push included, which Citus
 /// refuses through the coordinator — and the call one round trip instead of one per statement:
-/// the one-call push and pull, the append and the fence, and the reaction queue of a partition
-/// (its rows are in the partition's shard of `sync_reactions`), and a migration's rewrite and
-/// check of a shard ([`FORCED`]). Not the checkpoint functions:
-/// the checkpoints are a reference table, whose every write goes to every node (docs/SCALING.md).
-const DELEGATED: [&str; 17] = [
+/// the one-call push and pull, the steps of the classic push, the fence, the reaction queue of a
+/// partition (its rows are in the partition's shard of `sync_reactions`), and a migration's
+/// rewrite and check of a shard. Not the checkpoint functions: the checkpoints are a reference
+/// table, whose every write goes to every node (docs/SCALING.md).
+const DELEGATED: [&str; 32] = [
     "push_commit",
     "pull",
     "append_commit",
     "writer_fence_allows",
+    "push_begin",
+    "push_finish",
+    "get_push_result",
+    "put_push_result",
+    "lock_partition",
+    "set_row_scopes",
+    "set_rows_scopes",
+    "delete_row_meta",
+    "set_blob_refs",
+    "get_row_scopes",
+    "clear_tombstone",
+    "get_tombstone_seq",
+    "tombstone_seqs",
+    "max_commit_seq",
+    "scan_rows",
     "enqueue_reactions",
     "claim_reactions",
     "extend_reaction_lease",
@@ -72,10 +87,36 @@ const DELEGATED: [&str; 17] = [
     "_payload_check",
 ];
 
-/// Of [`DELEGATED`], the ones called inside a transaction of the extension's own and delegated
-/// there too (Citus's `force_delegation`): a migration's rewrite and check of each shard of a
-/// distributed app table, on the shard's node (src/schema/shards.rs).
-const FORCED: [&str; 2] = ["_payload_rewrite", "_payload_check"];
+/// Of [`DELEGATED`], the ones delegated inside a transaction block too (Citus's
+/// `force_delegation`): every call a host makes in a push transaction (docs/SCALING.md "The
+/// push transaction"), so the serving role's classic push runs on the partition's node over
+/// one connection as that role — Citus refuses the owner's statements from the coordinator on
+/// placements the caller modified — and a migration's rewrite and check of each shard of a
+/// distributed app table, on the shard's node (src/schema/shards.rs). Each keeps Citus's rule
+/// for such a call: its statements over distributed tables only on its own partition.
+const FORCED: [&str; 21] = [
+    "push_commit",
+    "append_commit",
+    "writer_fence_allows",
+    "push_begin",
+    "push_finish",
+    "get_push_result",
+    "put_push_result",
+    "lock_partition",
+    "set_row_scopes",
+    "set_rows_scopes",
+    "delete_row_meta",
+    "set_blob_refs",
+    "get_row_scopes",
+    "clear_tombstone",
+    "get_tombstone_seq",
+    "tombstone_seqs",
+    "max_commit_seq",
+    "scan_rows",
+    "enqueue_reactions",
+    "_payload_rewrite",
+    "_payload_check",
+];
 
 /// `syncular.distribute()`: the extension's tables distributed by `partition` (colocated) or
 /// made reference tables, its one-call functions delegated by their partition, in one
@@ -367,7 +408,8 @@ fn distribute_ours(client: &SpiClient<'_>) -> Result<Done> {
                 AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_dist_object o
                                  WHERE o.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
                                    AND o.objid = p.oid
-                                   AND o.distribution_argument_index IS NOT NULL)",
+                                   AND o.distribution_argument_index IS NOT NULL
+                                   AND coalesce(o.force_delegation, false) = $2)",
             &[
                 DatumWithOid::from(function),
                 DatumWithOid::from(FORCED.contains(&function)),

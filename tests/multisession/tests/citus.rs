@@ -32,14 +32,17 @@ fn coordinator() -> Client {
             &[],
         );
         assert_eq!(managed, 19, "{first}");
-        let delegated: i64 = one(
-            &mut c,
-            "SELECT count(*) FROM pg_dist_object o JOIN pg_proc p ON p.oid = o.objid
-              WHERE p.pronamespace = 'syncular'::regnamespace
-                AND o.distribution_argument_index IS NOT NULL",
-            &[],
-        );
-        assert_eq!(delegated, 17, "{first}");
+        let delegated: (i64, i64) = c
+            .query_one(
+                "SELECT count(*), count(*) FILTER (WHERE o.force_delegation)
+                   FROM pg_dist_object o JOIN pg_proc p ON p.oid = o.objid
+                  WHERE p.pronamespace = 'syncular'::regnamespace
+                    AND o.distribution_argument_index IS NOT NULL",
+                &[],
+            )
+            .map(|r| (r.get(0), r.get(1)))
+            .unwrap();
+        assert_eq!(delegated, (32, 21), "{first}");
         // Again: nothing left to do.
         let again: serde_json::Value = one(&mut c, "SELECT syncular.distribute()", &[]);
         assert_eq!(
@@ -56,9 +59,12 @@ fn coordinator() -> Client {
     c
 }
 
-/// `sql` with `params`, through the coordinator: in a transaction block (`coordinator`: Citus
-/// does not delegate a function called inside one) or alone (delegated to the partition's
-/// worker by `syncular.distribute()`).
+/// `sql` (a `SELECT` of one call) with `params`: alone, delegated to the partition's node by
+/// `syncular.distribute()`; or, `coordinator`, run on the coordinator, its statements sent from
+/// there to the shards — in a transaction block, and in a subquery, which Citus never delegates
+/// (`OFFSET 0` keeps the planner from pulling it up). Since the push transaction's functions
+/// are delegated inside a transaction block too (`force_delegation`), a block alone no longer
+/// keeps a call on the coordinator.
 fn call(
     c: &mut Client,
     coordinator: bool,
@@ -69,9 +75,15 @@ fn call(
         return c.query_one(sql, params);
     }
     let mut tx = c.transaction()?;
-    let row = tx.query_one(sql, params)?;
+    let row = tx.query_one(&not_delegated(sql), params)?;
     tx.commit()?;
     Ok(row)
+}
+
+/// `sql` (a `SELECT` of one call) in a form Citus does not delegate: the call runs on the node
+/// it was sent to.
+fn not_delegated(sql: &str) -> String {
+    format!("SELECT * FROM ({sql}) AS not_delegated OFFSET 0")
 }
 
 /// A commit of `rows` upserts by a writer at `writer_version`.
@@ -553,15 +565,17 @@ fn a_push_and_a_pull_through_the_coordinator_answer_as_on_one_node() {
     assert_eq!(replay["replayed"], true, "{replay}");
 }
 
-/// A push by the serving role: delegated to the partition's worker (`syncular.distribute()`
-/// delegates `push_commit`), where the extension's writes as its owner and the app rows as the
-/// caller are local, it applies. Through the coordinator (inside a transaction block, which Citus
-/// does not delegate) Citus refuses a second user on placements already modified in the
-/// transaction: refused whole, nothing of it kept (docs/SCALING.md). The serving role's pull
-/// works either way.
+/// A push by the serving role, `SELECT syncular.push_commit(…)` through the coordinator, alone
+/// or inside a transaction block: delegated to the partition's worker either way
+/// (`syncular.distribute()` delegates `push_commit` with `force_delegation`), where the
+/// extension's writes as its owner and the app rows as the caller are one local transaction, it
+/// applies. In a form Citus does not delegate (a subquery, an expression around the call) it
+/// runs on the coordinator, and Citus refuses a second user on placements already modified in
+/// the transaction: refused whole, nothing of it kept (docs/SCALING.md). The serving role's
+/// pull works either way.
 #[test]
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
-fn a_serving_roles_push_applies_delegated_and_is_refused_whole_through_the_coordinator() {
+fn a_serving_roles_push_applies_alone_or_in_a_block_and_is_refused_whole_undelegated() {
     let mut c = coordinator();
     tasks(&mut c);
     let report: serde_json::Value = one(&mut c, "SELECT syncular.distribute()", &[]);
@@ -583,14 +597,23 @@ fn a_serving_roles_push_applies_delegated_and_is_refused_whole_through_the_coord
     );
     let pulled = c.query(PULL, &[&"srv-push", &0i64]).unwrap();
     assert_eq!(pulled.len(), 1, "the document only: nothing was pushed");
-    let delegated: serde_json::Value = call(&mut c, false, PUSH, &[&"srv-push", &"k1", &"r1"])
+    let mut tx = c.transaction().unwrap();
+    let in_block: serde_json::Value = tx
+        .query_one(PUSH, &[&"srv-push", &"k1", &"r1"])
         .map_err(|e| sql_error(&e))
         .unwrap()
         .get(0);
-    assert_eq!(delegated["outcome"], "applied", "{delegated}");
-    assert_eq!(delegated["commitSeq"], 1, "the refused push left nothing");
+    tx.commit().unwrap();
+    assert_eq!(in_block["outcome"], "applied", "{in_block}");
+    assert_eq!(in_block["commitSeq"], 1, "the refused push left nothing");
+    let alone: serde_json::Value = call(&mut c, false, PUSH, &[&"srv-push", &"k2", &"r2"])
+        .map_err(|e| sql_error(&e))
+        .unwrap()
+        .get(0);
+    assert_eq!(alone["outcome"], "applied", "{alone}");
+    assert_eq!(alone["commitSeq"], 2, "{alone}");
     let pulled = c.query(PULL, &[&"srv-push", &0i64]).unwrap();
-    assert_eq!(pulled.len(), 2, "the document and the change");
+    assert_eq!(pulled.len(), 3, "the document and the two changes");
     exec(&mut c, "RESET ROLE");
 }
 
@@ -680,7 +703,7 @@ fn a_delegated_function_called_in_a_subquery_crashes_no_node() {
             "(SELECT * FROM ".repeat(70),
             ") t".repeat(70)
         );
-        for shape in [
+        let shapes = [
             "SELECT t.* FROM (SELECT * FROM syncular.get_reaction($1, 'nope')) t, (SELECT) z",
             "SELECT t.* FROM (SELECT 1 AS one) a CROSS JOIN (SELECT * FROM syncular.get_reaction($1, 'nope')) t",
             "SELECT t.* FROM (VALUES (1)) v, (SELECT * FROM syncular.get_reaction($1, 'nope')) t",
@@ -711,7 +734,8 @@ fn a_delegated_function_called_in_a_subquery_crashes_no_node() {
             // Red team 44: a documented form with a whole-row column.
             "SELECT g FROM syncular.get_reaction($1, 'nope') g",
             deep.as_str(),
-        ] {
+        ];
+        for shape in shapes {
             let answered = n.query(shape, &[p]).map_err(|e| sql_error(&e));
             if let Ok(rows) = &answered {
                 if !shape.starts_with("EXPLAIN") {
@@ -719,7 +743,28 @@ fn a_delegated_function_called_in_a_subquery_crashes_no_node() {
                 }
             }
             let alive: i32 = one(&mut n, "SELECT 1", &[]);
-            assert_eq!(alive, 1, "node {node}: the session survived {shape}: {answered:?}");
+            assert_eq!(
+                alive, 1,
+                "node {node}: the session survived {shape}: {answered:?}"
+            );
+        }
+        // The same shapes over a function Citus delegates inside a transaction block too
+        // (`force_delegation`), in a block: none crashes the node either.
+        for shape in shapes {
+            let forced = shape
+                .replace("syncular.get_reaction(", "syncular.get_push_result(")
+                .replace("'nope')", "'c', 'nope')");
+            if forced == shape {
+                continue;
+            }
+            n.batch_execute("BEGIN").unwrap();
+            let answered = n.query(forced.as_str(), &[p]).map_err(|e| sql_error(&e));
+            n.batch_execute("ROLLBACK").unwrap();
+            let alive: i32 = one(&mut n, "SELECT 1", &[]);
+            assert_eq!(
+                alive, 1,
+                "node {node}: the session survived {forced} in a block: {answered:?}"
+            );
         }
         // Red team 44, N1: a NULL partition (Citus hashed the NULL picking the node): refused
         // as on one node, literal, folded or bound.
@@ -749,10 +794,13 @@ fn a_delegated_function_called_in_a_subquery_crashes_no_node() {
             counted, direct,
             "node {node}: the pull beside a dropped item"
         );
-        // The push in a subquery: not delegated, so through this node as in a transaction block
-        // (a_serving_roles_push_applies_delegated_and_is_refused_whole_through_the_coordinator):
-        // applied or refused whole, never a crash.
+        // The push in a subquery: not delegated, so through this node statement by statement
+        // (a_serving_roles_push_applies_alone_or_in_a_block_and_is_refused_whole_undelegated):
+        // applied or refused whole, never a crash; alone or in a block.
         let _ = n.query(&push_in, &[p, &format!("k-sub-{node}"), &"r2"]);
+        n.batch_execute("BEGIN").unwrap();
+        let _ = n.query(&push_in, &[p, &format!("k-sub-block-{node}"), &"r2"]);
+        n.batch_execute("ROLLBACK").unwrap();
         let alive: i32 = one(&mut n, "SELECT 1", &[]);
         assert_eq!(alive, 1, "node {node}: the session survived its push");
         for (i, w) in witnesses.iter_mut().enumerate() {
@@ -1820,67 +1868,197 @@ fn the_reaction_queue_answers_alike_delegated_and_through_the_coordinator() {
     assert!(answers[0].1 && answers[0].2);
 }
 
-/// The classic push (`push_begin` … `put_push_result`, docs/HOST-WALKTHROUGH.md) through the
-/// coordinator: by the operator it applies as on one node (the commit read back, the result
-/// stored); by the serving role, whose app-row write follows the extension's own writes as its
-/// owner in one transaction, Citus refuses a second user on the placements the transaction
-/// modified — refused whole, nothing kept (docs/SCALING.md: such a host pushes with the one-call
-/// `push_commit`, which Citus delegates).
+/// The classic push's change of row `t1` (docs/API.md `append_commit`).
+fn classic_change(key: &str) -> serde_json::Value {
+    json!({"clientId": "c1", "clientCommitId": key, "actorId": "a", "createdAtMs": 1,
+           "writerVersion": 1,
+           "changes": [{"table": "tasks", "rowId": "t1", "op": "upsert", "rowVersion": 1,
+                        "scopes": {"project_id": "p1"}, "payload": "AQ=="}]})
+}
+
+/// The result a classic push stores when it applied as commit `seq`.
+fn classic_applied(seq: i64) -> serde_json::Value {
+    json!({"status": "applied", "commitSeq": seq,
+           "results": [{"opIndex": 0, "status": "applied"}]})
+}
+
+/// The result a classic push stores when it is rejected (a constraint violation).
+fn classic_rejected() -> serde_json::Value {
+    json!({"status": "rejected",
+           "results": [{"opIndex": 0, "status": "error", "message": "",
+                        "code": "sync.constraint_violation", "retryable": false}]})
+}
+
+/// One push transaction through the connection `c` (docs/HOST-WALKTHROUGH.md): `push_begin`,
+/// the savepoint, the tombstone and scope reads, the app-row write of `t1`, its scopes, blob
+/// refs and tombstone, then the commit, a reaction and the result — or, `reject`, the rollback
+/// to the savepoint and the rejected result. Each call of ours in the form `shape` gives it;
+/// `undelegated_after_write`: one more call, in a form Citus does not delegate, after the
+/// app-row write. Returns the stored result.
+fn classic_push(
+    c: &mut Client,
+    shape: fn(&str) -> String,
+    partition: &str,
+    key: &str,
+    reject: bool,
+    undelegated_after_write: bool,
+) -> Result<serde_json::Value, SqlError> {
+    let reactions = json!([{"idempotencyKey": "mail:t1", "type": "mail.send", "version": 1,
+                            "payload": {}, "sourceClientId": "c1", "sourceClientCommitId": key,
+                            "sourceCommitSeq": 1, "createdAtMs": 1}]);
+    let mut tx = c.transaction().map_err(|e| sql_error(&e))?;
+    let run = |tx: &mut postgres::Transaction<'_>| {
+        let ours = |tx: &mut postgres::Transaction<'_>,
+                    sql: &str,
+                    params: &[&(dyn postgres::types::ToSql + Sync)]| {
+            tx.query(&shape(sql), params)
+        };
+        let replay = ours(
+            tx,
+            "SELECT syncular.push_begin($1, 'c1', $2, 1)",
+            &[&partition, &key],
+        )?;
+        assert_eq!(replay[0].get::<_, Option<serde_json::Value>>(0), None);
+        tx.batch_execute("SAVEPOINT syncular_push_candidate")?;
+        let tombstones = ours(
+            tx,
+            "SELECT * FROM syncular.tombstone_seqs($1, 'tasks', ARRAY['t1'])",
+            &[&partition],
+        )?;
+        assert!(tombstones.is_empty());
+        let scopes = ours(
+            tx,
+            "SELECT syncular.get_row_scopes($1, 'tasks', 't1')",
+            &[&partition],
+        )?;
+        assert_eq!(scopes[0].get::<_, Option<serde_json::Value>>(0), None);
+        tx.execute(
+            "INSERT INTO public.tasks VALUES ($1, 't1', 't1', 'p1', 1,
+               '{\"project_id\":\"p1\"}', '\\x01', NULL)",
+            &[&partition],
+        )?;
+        let scopes = "SELECT syncular.set_row_scopes($1, 'tasks', 't1', '{\"project_id\":\"p1\"}')";
+        if undelegated_after_write {
+            tx.query(&not_delegated(scopes), &[&partition])?;
+        }
+        ours(tx, scopes, &[&partition])?;
+        ours(
+            tx,
+            "SELECT syncular.set_blob_refs($1, 'tasks', 't1', ARRAY['b1'])",
+            &[&partition],
+        )?;
+        ours(
+            tx,
+            "SELECT syncular.clear_tombstone($1, 'tasks', 't1')",
+            &[&partition],
+        )?;
+        let result = if reject {
+            tx.batch_execute(
+                "ROLLBACK TO SAVEPOINT syncular_push_candidate;
+                 RELEASE SAVEPOINT syncular_push_candidate",
+            )?;
+            classic_rejected()
+        } else {
+            let seq: i64 = ours(
+                tx,
+                "SELECT syncular.append_commit($1, $2)",
+                &[&partition, &classic_change(key)],
+            )?[0]
+                .get(0);
+            ours(
+                tx,
+                "SELECT syncular.enqueue_reactions($1, $2)",
+                &[&partition, &reactions],
+            )?;
+            classic_applied(seq)
+        };
+        let stored = ours(
+            tx,
+            "SELECT syncular.put_push_result($1, 'c1', $2, $3)",
+            &[&partition, &key, &result],
+        )?;
+        Ok::<serde_json::Value, postgres::Error>(stored[0].get(0))
+    };
+    let stored = run(&mut tx).map_err(|e| sql_error(&e))?;
+    tx.commit().map_err(|e| sql_error(&e))?;
+    Ok(stored)
+}
+
+/// What `partition` holds: its commits, app rows, row scopes, blob refs, reactions and push
+/// results (read as the operator).
+fn push_kept(c: &mut Client, partition: &str) -> Vec<i64> {
+    let row = c
+        .query_one(
+            "SELECT (SELECT count(*) FROM syncular.sync_commits WHERE partition = $1),
+                    (SELECT count(*) FROM public.tasks WHERE _sync_partition = $1),
+                    (SELECT count(*) FROM syncular.sync_row_scopes WHERE partition = $1),
+                    (SELECT count(*) FROM syncular.sync_blob_refs WHERE partition = $1),
+                    (SELECT count(*) FROM syncular.sync_reactions WHERE partition = $1),
+                    (SELECT count(*) FROM syncular.sync_push_results WHERE partition = $1)",
+            &[&partition],
+        )
+        .unwrap();
+    (0..6).map(|i| row.get(i)).collect()
+}
+
+/// A call of ours as written: the bare forms Citus delegates.
+fn as_written(sql: &str) -> String {
+    sql.to_string()
+}
+
+/// The classic push through the coordinator, every call of a push transaction in it
+/// (docs/HOST-WALKTHROUGH.md; docs/SCALING.md "The push transaction"). By the serving role: each call
+/// delegated inside the block (`force_delegation`) to the partition's worker, over the one
+/// connection the role's app-row write takes there — applied, and on the rejection path its
+/// result stored and every candidate write rolled back. By the operator with every call kept
+/// on the coordinator (a form Citus does not delegate; the statements go from there to the
+/// shards as the owner): applied alike. A call Citus does not delegate after the serving role's
+/// app-row write is refused by Citus (a second user on placements the transaction modified),
+/// and nothing of that push is kept. Before session 28 the serving role's classic push was
+/// refused whole at its first app-row write.
 #[test]
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
 fn the_classic_push_through_the_coordinator() {
     let mut c = coordinator();
     tasks(&mut c);
-    let change = |key: &str| {
-        json!({"clientId": "c1", "clientCommitId": key, "actorId": "a", "createdAtMs": 1,
-               "writerVersion": 1,
-               "changes": [{"table": "tasks", "rowId": "t1", "op": "upsert", "rowVersion": 1,
-                            "scopes": {"project_id": "p1"}, "payload": "AQ=="}]})
-    };
-    let applied = json!({"status": "applied", "commitSeq": 1,
-                         "results": [{"opIndex": 0, "status": "applied"}]});
-    let classic = |c: &mut Client, partition: &str, key: &str| -> Result<(), SqlError> {
-        let mut tx = c.transaction().map_err(|e| sql_error(&e))?;
-        let run = |tx: &mut postgres::Transaction<'_>| -> Result<(), postgres::Error> {
-            tx.query_one(
-                "SELECT syncular.push_begin($1, 'c1', $2, 1)",
-                &[&partition, &key],
-            )?;
-            tx.execute(
-                "INSERT INTO public.tasks VALUES ($1, 't1', 't1', 'p1', 1,
-                   '{\"project_id\":\"p1\"}', '\\x01', NULL)",
-                &[&partition],
-            )?;
-            tx.query_one(
-                "SELECT syncular.append_commit($1, $2)",
-                &[&partition, &change(key)],
-            )?;
-            tx.query_one(
-                "SELECT syncular.put_push_result($1, 'c1', $2, $3)",
-                &[&partition, &key, &applied],
-            )?;
-            Ok(())
-        };
-        run(&mut tx).map_err(|e| sql_error(&e))?;
-        tx.commit().map_err(|e| sql_error(&e))
-    };
-    classic(&mut c, "classic-op", "kc1").unwrap();
-    let stored: serde_json::Value = one(
-        &mut c,
-        "SELECT syncular.get_push_result('classic-op', 'c1', 'kc1')",
-        &[],
-    );
-    assert_eq!(stored, applied);
-    let window: i64 = one(
-        &mut c,
-        "SELECT count(*) FROM syncular.read_commit_window('classic-op', 'tasks',
-           '{\"project_id\":[\"p1\"]}', 0, 10, 100)",
-        &[],
-    );
-    assert_eq!(window, 1);
     serving_role(&mut c);
+    let pid = std::process::id();
+    for (who, shape) in [
+        ("citus_srv", as_written as fn(&str) -> String),
+        ("postgres", not_delegated as fn(&str) -> String),
+    ] {
+        exec(&mut c, &format!("SET ROLE {who}"));
+        let p = format!("classic-{who}-{pid}");
+        let stored = classic_push(&mut c, shape, &p, "k1", false, false)
+            .unwrap_or_else(|e| panic!("{who}: {e:?}"));
+        assert_eq!(stored, classic_applied(1), "{who}");
+        let read: serde_json::Value = one(
+            &mut c,
+            "SELECT syncular.get_push_result($1, 'c1', 'k1')",
+            &[&p],
+        );
+        assert_eq!(read, classic_applied(1), "{who}");
+        let window: i64 = one(
+            &mut c,
+            "SELECT count(*) FROM syncular.read_commit_window($1, 'tasks',
+               '{\"project_id\":[\"p1\"]}', 0, 10, 100)",
+            &[&p],
+        );
+        assert_eq!(window, 1, "{who}");
+        exec(&mut c, "RESET ROLE");
+        assert_eq!(push_kept(&mut c, &p), vec![1, 1, 1, 1, 1, 1], "{who}");
+        // The rejection path: the result stored, every candidate write rolled back.
+        exec(&mut c, &format!("SET ROLE {who}"));
+        let p = format!("rejected-{who}-{pid}");
+        let stored = classic_push(&mut c, shape, &p, "k1", true, false)
+            .unwrap_or_else(|e| panic!("{who}: {e:?}"));
+        assert_eq!(stored, classic_rejected(), "{who}");
+        exec(&mut c, "RESET ROLE");
+        assert_eq!(push_kept(&mut c, &p), vec![0, 0, 0, 0, 0, 1], "{who}");
+    }
     exec(&mut c, "SET ROLE citus_srv");
-    let refused = classic(&mut c, "classic-srv", "kc1").unwrap_err();
+    let p = format!("undelegated-{pid}");
+    let refused = classic_push(&mut c, as_written, &p, "k1", false, true).unwrap_err();
     exec(&mut c, "RESET ROLE");
     assert!(
         refused
@@ -1888,13 +2066,232 @@ fn the_classic_push_through_the_coordinator() {
             .contains("modified in this transaction by a different user"),
         "{refused:?}"
     );
-    let kept: i64 = one(
+    assert_eq!(
+        push_kept(&mut c, &p),
+        vec![0; 6],
+        "nothing of the refused push is kept"
+    );
+}
+
+/// The push transaction on a partition whose shards the coordinator holds (`shouldhaveshards`,
+/// a one-node Citus): Citus does not send a call to its own node, it runs it there with its
+/// rule for a delegated call (statements over distributed tables on the call's partition only)
+/// — the serving role's classic push and its one-call push in a block apply, as on a worker.
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn a_push_transaction_on_the_coordinators_own_shards() {
+    let name = format!("ownshards_{}", std::process::id());
+    let mut c = citus_database(&name);
+    exec(
         &mut c,
-        "SELECT (SELECT count(*) FROM syncular.sync_commits WHERE partition = 'classic-srv')
-              + (SELECT count(*) FROM public.tasks WHERE _sync_partition = 'classic-srv')",
+        "SELECT citus_set_node_property(nodename, nodeport, 'shouldhaveshards', true)
+           FROM pg_dist_node WHERE groupid = 0;
+         SELECT syncular.distribute();",
+    );
+    tasks(&mut c);
+    serving_role(&mut c);
+    let p = (0..1000)
+        .map(|i| format!("own-{i}"))
+        .find(|p| {
+            let here: bool = one(
+                &mut c,
+                "SELECT EXISTS (SELECT 1 FROM pg_dist_placement
+                                 WHERE groupid = 0
+                                   AND shardid = get_shard_id_for_distribution_column(
+                                                   'syncular.sync_partitions', $1::text))",
+                &[p],
+            );
+            here
+        })
+        .expect("a partition on the coordinator");
+    exec(&mut c, "SET ROLE citus_srv");
+    let stored = classic_push(&mut c, as_written, &p, "k1", false, false)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(stored, classic_applied(1));
+    let mut tx = c.transaction().unwrap();
+    let pushed: serde_json::Value = tx
+        .query_one(PUSH, &[&p, &"k2", &"r2"])
+        .map_err(|e| sql_error(&e))
+        .unwrap()
+        .get(0);
+    tx.commit().unwrap();
+    assert_eq!(
+        (&pushed["outcome"], &pushed["commitSeq"]),
+        (&json!("applied"), &json!(2)),
+        "{pushed}"
+    );
+    exec(&mut c, "RESET ROLE");
+    assert_eq!(push_kept(&mut c, &p), vec![2, 2, 2, 1, 1, 2]);
+    drop(c);
+    drop_database_of_its_own(&name);
+}
+
+/// A backfill batch (`advance_checkpoint` inside a push transaction, docs/HOST-WALKTHROUGH.md)
+/// on a partition a worker holds: it writes the checkpoints, a reference table, which a call
+/// delegated to one node cannot, so it runs on the coordinator and sends its statements as the
+/// extension owner. After the app-row write of a role other than the owner, Citus refuses that
+/// (a second user on placements the transaction modified): the batch is refused whole, nothing
+/// kept, the checkpoint where it was. As the operator (the owner) the batch applies
+/// (docs/SCALING.md "The push transaction").
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn a_backfill_batch_in_a_push_transaction_runs_as_the_owner() {
+    let name = format!("backfill_{}", std::process::id());
+    let mut c = database_of_its_own(&name);
+    exec(
+        &mut c,
+        "DO $$ BEGIN
+           IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'citus_adm') THEN
+             CREATE ROLE citus_adm LOGIN;
+           END IF;
+         END $$;
+         GRANT syncular_admin TO citus_adm;
+         GRANT SELECT, INSERT, UPDATE, DELETE ON public.tasks TO citus_adm;",
+    );
+    let p = "backfill-p";
+    worker_of(&mut c, p); // a worker holds the partition
+    exec(
+        &mut c,
+        "SELECT syncular.declare_checkpoint('backfill-p', 'bf', 1, 1)",
+    );
+    let epoch: i64 = one(
+        &mut c,
+        "SELECT (syncular.claim_checkpoint('backfill-p', 'bf', 1, 1)).owner_epoch",
         &[],
     );
-    assert_eq!(kept, 0, "nothing of the refused push is kept");
+    let batch = |c: &mut Client, row: &str| -> Result<bool, SqlError> {
+        let mut tx = c.transaction().map_err(|e| sql_error(&e))?;
+        let run = |tx: &mut postgres::Transaction<'_>| -> Result<bool, postgres::Error> {
+            tx.query_one(
+                "SELECT syncular.push_begin($1, 'c1', $2, 1,
+                          '[{\"partition\":\"backfill-p\",\"name\":\"bf\"}]')",
+                &[&p, &row],
+            )?;
+            tx.execute(
+                "INSERT INTO public.tasks VALUES ($1, $2, $2, 'p1', 1,
+                   '{\"project_id\":\"p1\"}', '\\x01', NULL)",
+                &[&p, &row],
+            )?;
+            Ok(tx
+                .query_one(
+                    "SELECT syncular.advance_checkpoint($1, 'bf', $2, 5, 1, 2)",
+                    &[&p, &epoch],
+                )?
+                .get(0))
+        };
+        let advanced = run(&mut tx).map_err(|e| sql_error(&e))?;
+        tx.commit().map_err(|e| sql_error(&e))?;
+        Ok(advanced)
+    };
+    let watermark = |c: &mut Client| -> i64 {
+        one(
+            c,
+            "SELECT watermark FROM syncular.sync_backfill_checkpoints
+              WHERE partition = 'backfill-p' AND name = 'bf'",
+            &[],
+        )
+    };
+    exec(&mut c, "SET ROLE citus_adm");
+    let refused = batch(&mut c, "r1").unwrap_err();
+    exec(&mut c, "RESET ROLE");
+    assert!(
+        refused
+            .message
+            .contains("modified in this transaction by a different user"),
+        "{refused:?}"
+    );
+    assert_eq!(push_kept(&mut c, p)[1], 0, "no app row kept");
+    assert_eq!(watermark(&mut c), 0, "the checkpoint where it was");
+    assert!(batch(&mut c, "r2").unwrap_or_else(|e| panic!("{e:?}")));
+    assert_eq!(push_kept(&mut c, p)[1], 1);
+    assert_eq!(watermark(&mut c), 5);
+    drop(c);
+    drop_database_of_its_own(&name);
+}
+
+/// Stage/finish by the serving role through the coordinator (docs/API.md `push_finish`): the
+/// staged push in a block, delegated with its savepoint to the partition's worker; the host's
+/// hooks read the candidate row through the coordinator, over the same connection; then
+/// `push_finish` applies it with its reaction — or a rollback to the savepoint and a rejected
+/// result leave nothing of the candidate rows. Before session 28 this was not possible on Citus
+/// (a transaction block by nature).
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn a_staged_push_finishes_through_the_coordinator() {
+    let mut c = coordinator();
+    tasks(&mut c);
+    serving_role(&mut c);
+    let staged = PUSH.replacen(
+        ", true)])",
+        ", true)], '[]',
+           '{\"onCommitHooks\":\"stage\",\"commitValidator\":true,\"reactionPlanner\":true}')",
+        1,
+    );
+    assert_ne!(staged, PUSH);
+    let pid = std::process::id();
+    for reject in [false, true] {
+        let p = format!("staged-{reject}-{pid}");
+        exec(&mut c, "SET ROLE citus_srv");
+        let mut tx = c.transaction().unwrap();
+        tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k1', 1)", &[&p])
+            .unwrap();
+        tx.batch_execute("SAVEPOINT syncular_push_candidate")
+            .unwrap();
+        let answer: serde_json::Value = tx
+            .query_one(&staged, &[&p, &"k1", &"r1"])
+            .map_err(|e| sql_error(&e))
+            .unwrap()
+            .get(0);
+        assert_eq!(answer["outcome"], "staged", "{answer}");
+        assert_eq!(answer["operations"][0]["rowId"], "r1", "{answer}");
+        let seen: i64 = tx
+            .query_one(
+                "SELECT count(*) FROM public.tasks WHERE _sync_partition = $1",
+                &[&p],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(seen, 1, "the hooks read the candidate row");
+        let result: serde_json::Value = if reject {
+            tx.batch_execute(
+                "ROLLBACK TO SAVEPOINT syncular_push_candidate;
+                 RELEASE SAVEPOINT syncular_push_candidate",
+            )
+            .unwrap();
+            tx.query_one(
+                "SELECT syncular.put_push_result($1, 'c1', 'k1', $2)",
+                &[&p, &classic_rejected()],
+            )
+            .map_err(|e| sql_error(&e))
+            .unwrap()
+            .get(0)
+        } else {
+            tx.query_one(
+                "SELECT syncular.push_finish($1, 'c1', 'k1', $2)",
+                &[
+                    &p,
+                    &json!([{"idempotencyKey": "mail:r1", "type": "mail.send", "version": 1,
+                             "payload": {"to": "ops"}}]),
+                ],
+            )
+            .map_err(|e| sql_error(&e))
+            .unwrap()
+            .get(0)
+        };
+        tx.commit().unwrap();
+        exec(&mut c, "RESET ROLE");
+        if reject {
+            assert_eq!(result, classic_rejected());
+            assert_eq!(push_kept(&mut c, &p), vec![0, 0, 0, 0, 0, 1]);
+        } else {
+            assert_eq!(
+                (&result["outcome"], &result["commitSeq"]),
+                (&json!("applied"), &json!(1)),
+                "{result}"
+            );
+            assert_eq!(push_kept(&mut c, &p), vec![1, 1, 1, 0, 1, 1]);
+        }
+    }
 }
 
 /// The node holding `partition`'s colocated shards (every sync table's and `tasks`').
@@ -2923,8 +3320,8 @@ fn settings_citus_replays_never_reach_the_extension_owners_statements() {
              current_setting('is_superuser');
          END $$",
     );
-    // The partition's shards on a worker; the call in a transaction block, so not delegated:
-    // its statements go there from the coordinator over the owner's connections.
+    // The partition's shards on a worker; the call in a form Citus does not delegate: its
+    // statements go there from the coordinator over the owner's connections.
     let p = format!("replayed-{}", std::process::id());
     let document = |key: &str| {
         json!({"clientId": "c", "clientCommitId": key, "actorId": "a", "createdAtMs": 1, "writerVersion": 1,
@@ -2938,7 +3335,7 @@ fn settings_citus_replays_never_reach_the_extension_owners_statements() {
         let mut tx = m.transaction().unwrap();
         tx.batch_execute(settings).unwrap();
         let out = tx.query_one(
-            "SELECT syncular.append_commit($1, $2::text::jsonb)",
+            &not_delegated("SELECT syncular.append_commit($1, $2::text::jsonb)"),
             &[&p, &document(key)],
         );
         let out = out.map(|r| r.get::<_, i64>(0));
@@ -2970,6 +3367,72 @@ fn settings_citus_replays_never_reach_the_extension_owners_statements() {
     // is not on the owner's path).
     let seq = attempt(&mut m, "SELECT 1", "k4").unwrap();
     assert_eq!(seq, 1);
+    // The bare call in a block is delegated (`force_delegation`): it runs on the worker in the
+    // migrator's own session there, the only one the setting is replayed on, under the
+    // function's pinned path; the owner has no connection in the transaction, and it applies.
+    m.batch_execute("SET citus.propagate_set_commands = 'local'")
+        .unwrap();
+    let mut tx = m.transaction().unwrap();
+    tx.batch_execute("SET LOCAL search_path = mig_app, pg_catalog")
+        .unwrap();
+    let seq: i64 = tx
+        .query_one(
+            "SELECT syncular.append_commit($1, $2::text::jsonb)",
+            &[&p, &document("k5")],
+        )
+        .unwrap_or_else(|e| panic!("{:?}", sql_error(&e)))
+        .get(0);
+    tx.commit().unwrap();
+    assert_eq!(
+        seq, 1,
+        "the first commit kept (every attempt above rolled back)"
+    );
+    // Where the migrator's session on the worker propagates too (a role may set that default for
+    // itself in the database, on every node), the hook there notes the replayed command, and the
+    // delegated call is refused on the worker, before or after an earlier delegated call.
+    let database: String = one(&mut m, "SELECT current_database()::text", &[]);
+    let on_every_node = |sql: &str| {
+        for i in 0..3 {
+            let mut node =
+                Client::connect(&format!("{} user=citus_mig", node_params(i)), NoTls).unwrap();
+            exec(
+                &mut node,
+                &format!("SET citus.enable_ddl_propagation = off; {sql}"),
+            );
+        }
+    };
+    on_every_node(&format!(
+        "ALTER ROLE citus_mig IN DATABASE {database} SET citus.propagate_set_commands = 'local'"
+    ));
+    let mut w = migrator(&mut c);
+    for before in [false, true] {
+        let mut tx = w.transaction().unwrap();
+        if before {
+            tx.query_one("SELECT syncular.max_commit_seq($1)", &[&p])
+                .unwrap();
+        }
+        tx.batch_execute("SET LOCAL search_path = mig_app, pg_catalog")
+            .unwrap();
+        let err = sql_error(
+            &tx.query_one(
+                "SELECT syncular.append_commit($1, $2::text::jsonb)",
+                &[&p, &document("k6")],
+            )
+            .unwrap_err(),
+        );
+        assert_eq!(
+            (err.state.as_str(), err.detail.as_ref()),
+            (
+                "SY004",
+                Some(&json!({"reason": "citus_propagated_settings"}))
+            ),
+            "{before}: {err:?}"
+        );
+    }
+    drop(w);
+    on_every_node(&format!(
+        "ALTER ROLE citus_mig IN DATABASE {database} RESET ALL"
+    ));
     // Red team 47, F2: a definer function's first statement, and a call after an earlier call of
     // the same transaction (its lookups kept), ran on the owner's connections with the setting.
     m.batch_execute("SET citus.propagate_set_commands = 'local'")
@@ -2977,12 +3440,12 @@ fn settings_citus_replays_never_reach_the_extension_owners_statements() {
     for before in ["", "SELECT syncular.max_commit_seq($1);"] {
         let mut tx = m.transaction().unwrap();
         if !before.is_empty() {
-            tx.query_one("SELECT syncular.max_commit_seq($1)", &[&p])
+            tx.query_one(&not_delegated("SELECT syncular.max_commit_seq($1)"), &[&p])
                 .unwrap();
         }
         tx.batch_execute("SET LOCAL search_path = mig_app, pg_catalog")
             .unwrap();
-        let after = tx.query_one("SELECT syncular.max_commit_seq($1)", &[&p]);
+        let after = tx.query_one(&not_delegated("SELECT syncular.max_commit_seq($1)"), &[&p]);
         let err = sql_error(&after.unwrap_err());
         assert_eq!(
             (err.state.as_str(), err.detail.as_ref()),
@@ -3042,14 +3505,14 @@ fn the_extension_owners_search_path_is_pinned_on_every_node() {
     .to_string();
     let seq: i64 = tx
         .query_one(
-            "SELECT syncular.append_commit($1, $2::text::jsonb)",
+            &not_delegated("SELECT syncular.append_commit($1, $2::text::jsonb)"),
             &[&p, &doc],
         )
         .unwrap()
         .get(0);
     assert_eq!(seq, 1);
     tx.query_one(
-        "SELECT syncular.set_blob_refs($1, 'tasks', 'r', ARRAY['b1', 'b2'])",
+        &not_delegated("SELECT syncular.set_blob_refs($1, 'tasks', 'r', ARRAY['b1', 'b2'])"),
         &[&p],
     )
     .map(drop)
@@ -3111,7 +3574,7 @@ fn a_worker_without_the_owners_pins_refuses_the_owners_statements_there() {
     let call = |m: &mut Client| -> Result<(), postgres::Error> {
         let mut tx = m.transaction()?;
         tx.query_one(
-            "SELECT syncular.set_blob_refs($1, 'tasks', 'r', ARRAY['b1', 'b2'])",
+            &not_delegated("SELECT syncular.set_blob_refs($1, 'tasks', 'r', ARRAY['b1', 'b2'])"),
             &[&p],
         )?;
         tx.commit()
