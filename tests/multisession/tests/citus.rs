@@ -54,6 +54,22 @@ fn coordinator() -> Client {
             (&json!([]), &json!([]), &json!([])),
             "{again}"
         );
+        // A function delegated without the flag this version gives it (an install distributed
+        // by an earlier version): delegated again with it.
+        exec(
+            &mut c,
+            "SELECT create_distributed_function('syncular.push_begin(text, text, text, bigint, jsonb)',
+                      '$1', colocate_with => 'syncular.sync_partitions', force_delegation => false)",
+        );
+        let again: serde_json::Value = one(&mut c, "SELECT syncular.distribute()", &[]);
+        assert_eq!(again["delegated"], json!(["push_begin"]), "{again}");
+        let forced: bool = one(
+            &mut c,
+            "SELECT force_delegation FROM pg_dist_object
+              WHERE objid = 'syncular.push_begin(text, text, text, bigint, jsonb)'::regprocedure",
+            &[],
+        );
+        assert!(forced);
         *done = true;
     }
     c
