@@ -47,14 +47,17 @@ const REFERENCE: [&str; 7] = [
 
 /// The entry points Citus delegates to the node of their partition (their first argument),
 /// where every write of the call is local — the serving role's push included, which Citus
-/// refuses through the coordinator — and the call one round trip instead of one per statement:
-/// the one-call push and pull, the steps of the classic push, the fence, the reaction queue of a
-/// partition (its rows are in the partition's shard of `sync_reactions`), and a migration's
-/// rewrite and check of a shard. Not the checkpoint functions: the checkpoints are a reference
-/// table, whose every write goes to every node (docs/SCALING.md).
-const DELEGATED: [&str; 32] = [
+/// refuses through the coordinator — and the call one round trip instead of one per statement.
+/// These are delegated inside a transaction block too (Citus's `force_delegation`): every call a
+/// host makes in a push transaction (docs/SCALING.md "The push transaction"), so the serving
+/// role's classic push runs on the partition's node over one connection as that role — Citus
+/// refuses the owner's statements from the coordinator on placements the caller modified — and
+/// a migration's rewrite and check of each shard of a distributed app table, on the shard's node
+/// (src/schema/shards.rs). Each keeps Citus's rule for such a call: its statements over
+/// distributed tables on its own partition only. Not the checkpoint functions: the checkpoints
+/// are a reference table, whose every write goes to every node.
+const DELEGATED_IN_BLOCKS: [&str; 21] = [
     "push_commit",
-    "pull",
     "append_commit",
     "writer_fence_allows",
     "push_begin",
@@ -73,6 +76,15 @@ const DELEGATED: [&str; 32] = [
     "max_commit_seq",
     "scan_rows",
     "enqueue_reactions",
+    "_payload_rewrite",
+    "_payload_check",
+];
+
+/// The entry points Citus delegates when they are called alone (as they are meant to be): the
+/// one-call pull and the reaction queue of a partition (its rows are in the partition's shard of
+/// `sync_reactions`; the enqueue, part of a push transaction, is in [`DELEGATED_IN_BLOCKS`]).
+const DELEGATED_ALONE: [&str; 11] = [
+    "pull",
     "claim_reactions",
     "extend_reaction_lease",
     "complete_reaction",
@@ -83,39 +95,6 @@ const DELEGATED: [&str; 32] = [
     "get_reaction",
     "list_reactions",
     "prune_reactions",
-    "_payload_rewrite",
-    "_payload_check",
-];
-
-/// Of [`DELEGATED`], the ones delegated inside a transaction block too (Citus's
-/// `force_delegation`): every call a host makes in a push transaction (docs/SCALING.md "The
-/// push transaction"), so the serving role's classic push runs on the partition's node over
-/// one connection as that role — Citus refuses the owner's statements from the coordinator on
-/// placements the caller modified — and a migration's rewrite and check of each shard of a
-/// distributed app table, on the shard's node (src/schema/shards.rs). Each keeps Citus's rule
-/// for such a call: its statements over distributed tables only on its own partition.
-const FORCED: [&str; 21] = [
-    "push_commit",
-    "append_commit",
-    "writer_fence_allows",
-    "push_begin",
-    "push_finish",
-    "get_push_result",
-    "put_push_result",
-    "lock_partition",
-    "set_row_scopes",
-    "set_rows_scopes",
-    "delete_row_meta",
-    "set_blob_refs",
-    "get_row_scopes",
-    "clear_tombstone",
-    "get_tombstone_seq",
-    "tombstone_seqs",
-    "max_commit_seq",
-    "scan_rows",
-    "enqueue_reactions",
-    "_payload_rewrite",
-    "_payload_check",
 ];
 
 /// `syncular.distribute()`: the extension's tables distributed by `partition` (colocated) or
@@ -397,7 +376,11 @@ fn distribute_ours(client: &SpiClient<'_>) -> Result<Done> {
         )?;
         done.1.push(table);
     }
-    for function in DELEGATED {
+    let functions = DELEGATED_IN_BLOCKS
+        .iter()
+        .map(|function| (function, true))
+        .chain(DELEGATED_ALONE.iter().map(|function| (function, false)));
+    for (function, in_blocks) in functions {
         crate::interrupts::check();
         let delegated = db::first::<i64>(db::write(
             client,
@@ -411,12 +394,12 @@ fn distribute_ours(client: &SpiClient<'_>) -> Result<Done> {
                                    AND o.distribution_argument_index IS NOT NULL
                                    AND coalesce(o.force_delegation, false) = $2)",
             &[
-                DatumWithOid::from(function),
-                DatumWithOid::from(FORCED.contains(&function)),
+                DatumWithOid::from(*function),
+                DatumWithOid::from(in_blocks),
             ],
         )?)?;
         if delegated.unwrap_or(0) > 0 {
-            done.2.push(function);
+            done.2.push(*function);
         }
     }
     Ok(done)

@@ -517,15 +517,25 @@ fn tasks(c: &mut Client) {
 
 /// The serving role `citus_srv`: `syncular_host`, with DML on `tasks` (once).
 fn serving_role(c: &mut Client) {
+    login_role(c, "citus_srv", "syncular_host");
     exec(
         c,
-        "DO $$ BEGIN
-           IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'citus_srv') THEN
-             CREATE ROLE citus_srv LOGIN;
-           END IF;
-         END $$;
-         GRANT syncular_host TO citus_srv;
-         GRANT SELECT, INSERT, UPDATE, DELETE ON public.tasks TO citus_srv;",
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON public.tasks TO citus_srv",
+    );
+}
+
+/// The login `role` (made once for the cluster), a member of `group`.
+fn login_role(c: &mut Client, role: &str, group: &str) {
+    exec(
+        c,
+        &format!(
+            "DO $$ BEGIN
+               IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN
+                 CREATE ROLE {role} LOGIN;
+               END IF;
+             END $$;
+             GRANT {group} TO {role};"
+        ),
     );
 }
 
@@ -1329,14 +1339,7 @@ fn twelve_rows(c: &mut Client) {
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
 fn a_migration_rewrites_the_shards_the_coordinator_holds() {
     let name = format!("coordshards_{}", std::process::id());
-    let mut c = citus_database(&name);
-    exec(
-        &mut c,
-        "SELECT citus_set_node_property(nodename, nodeport, 'shouldhaveshards', true)
-           FROM pg_dist_node WHERE groupid = 0;
-         SELECT syncular.distribute();",
-    );
-    tasks(&mut c);
+    let mut c = database_with_shards_on_the_coordinator(&name);
     twelve_rows(&mut c);
     let here: i64 = one(
         &mut c,
@@ -2097,14 +2100,7 @@ fn the_classic_push_through_the_coordinator() {
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
 fn a_push_transaction_on_the_coordinators_own_shards() {
     let name = format!("ownshards_{}", std::process::id());
-    let mut c = citus_database(&name);
-    exec(
-        &mut c,
-        "SELECT citus_set_node_property(nodename, nodeport, 'shouldhaveshards', true)
-           FROM pg_dist_node WHERE groupid = 0;
-         SELECT syncular.distribute();",
-    );
-    tasks(&mut c);
+    let mut c = database_with_shards_on_the_coordinator(&name);
     serving_role(&mut c);
     let p = (0..1000)
         .map(|i| format!("own-{i}"))
@@ -2154,15 +2150,10 @@ fn a_push_transaction_on_the_coordinators_own_shards() {
 fn a_backfill_batch_in_a_push_transaction_runs_as_the_owner() {
     let name = format!("backfill_{}", std::process::id());
     let mut c = database_of_its_own(&name);
+    login_role(&mut c, "citus_adm", "syncular_admin");
     exec(
         &mut c,
-        "DO $$ BEGIN
-           IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'citus_adm') THEN
-             CREATE ROLE citus_adm LOGIN;
-           END IF;
-         END $$;
-         GRANT syncular_admin TO citus_adm;
-         GRANT SELECT, INSERT, UPDATE, DELETE ON public.tasks TO citus_adm;",
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON public.tasks TO citus_adm",
     );
     let p = "backfill-p";
     worker_of(&mut c, p); // a worker holds the partition
@@ -2881,6 +2872,20 @@ fn database_of_its_own(name: &str) -> Client {
     c
 }
 
+/// A database of its own whose coordinator holds shards too (`shouldhaveshards`), distributed,
+/// with `tasks`.
+fn database_with_shards_on_the_coordinator(name: &str) -> Client {
+    let mut c = citus_database(name);
+    exec(
+        &mut c,
+        "SELECT citus_set_node_property(nodename, nodeport, 'shouldhaveshards', true)
+           FROM pg_dist_node WHERE groupid = 0;
+         SELECT syncular.distribute();",
+    );
+    tasks(&mut c);
+    c
+}
+
 /// A database of its own on every node of the cluster, with Citus, the workers added and the
 /// extension created — not yet distributed. The connection to its coordinator.
 fn citus_database(name: &str) -> Client {
@@ -3285,15 +3290,7 @@ fn a_migration_racing_pushes_on_every_node_lets_no_old_writer_past_it() {
 
 /// The migrator `citus_mig` (`syncular_admin`, once), and a connection to the coordinator as it.
 fn migrator(c: &mut Client) -> Client {
-    exec(
-        c,
-        "DO $$ BEGIN
-           IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'citus_mig') THEN
-             CREATE ROLE citus_mig LOGIN;
-           END IF;
-         END $$;
-         GRANT syncular_admin TO citus_mig;",
-    );
+    login_role(c, "citus_mig", "syncular_admin");
     let params = node_params(0);
     let db: String = one(c, "SELECT current_database()::text", &[]);
     let params = params
