@@ -329,27 +329,7 @@ pub fn run_in_host_code<T>(body: impl FnOnce() -> Result<T>) -> T {
     }
     let (code, message, detail, hint, origin): Raised = match outcome {
         Ok(Ok(value)) => return value,
-        Ok(Err(Error::Sync { code, detail, hint })) => (
-            ours(code.sqlstate()),
-            code.message().to_string(),
-            detail.map(|d| d.to_string()),
-            hint,
-            Origin::Ours,
-        ),
-        Ok(Err(Error::Internal(message))) => (ours("XX000"), message, None, None, Origin::Ours),
-        Ok(Err(Error::TriggeredChange(message))) => (
-            ours("27000"),
-            message,
-            None,
-            Some(
-                "disable the relation's UPDATE triggers for the migration (ALTER TABLE … DISABLE \
-                 TRIGGER, then ENABLE after it) or make them leave _sync_payload and the other \
-                 registered tables' rows alone"
-                    .into(),
-            ),
-            Origin::Ours,
-        ),
-        Ok(Err(Error::OutOfMemory(_))) => unreachable!("handled above"),
+        Ok(Err(error)) => raised(error),
         Err(payload) => match payload.downcast::<CaughtError>() {
             // A PostgreSQL error caught under SPI is raised again as itself: its SQLSTATE (the
             // catalogue's for one of ours), message, DETAIL and HINT. Not by pgrx's rethrow,
@@ -384,6 +364,49 @@ pub fn run_in_host_code<T>(body: impl FnOnce() -> Result<T>) -> T {
             Err(other) => resume_unwind(other),
         },
     };
+    raise_code(code, message, detail, hint, origin)
+}
+
+/// What an error of ours is raised as: its SQLSTATE, message, DETAIL, HINT (an out-of-memory
+/// error: `53200` with its size).
+fn raised(error: Error) -> (c_int, String, Option<String>, Option<String>, Origin) {
+    let ours = |state: &str| crate::port::make_sqlstate(state);
+    match error {
+        Error::Sync { code, detail, hint } => (
+            ours(code.sqlstate()),
+            code.message().to_string(),
+            detail.map(|d| d.to_string()),
+            hint,
+            Origin::Ours,
+        ),
+        Error::Internal(message) => (ours("XX000"), message, None, None, Origin::Ours),
+        Error::TriggeredChange(message) => (
+            ours("27000"),
+            message,
+            None,
+            Some(
+                "disable the relation's UPDATE triggers for the migration (ALTER TABLE … DISABLE \
+                 TRIGGER, then ENABLE after it) or make them leave _sync_payload and the other \
+                 registered tables' rows alone"
+                    .into(),
+            ),
+            Origin::Ours,
+        ),
+        Error::OutOfMemory(size) => (
+            ours("53200"),
+            out_of_memory_message(),
+            Some(out_of_memory_detail(size)),
+            None,
+            Origin::Ours,
+        ),
+    }
+}
+
+/// Raises `error` as [`run`] raises a call's error, from code of ours that runs outside a call
+/// of the API (the planner hook of src/citus/subquery.rs). The caller holds nothing with a
+/// destructor ([`raise`]).
+pub fn raise_error(error: Error) -> ! {
+    let (code, message, detail, hint, origin) = raised(error);
     raise_code(code, message, detail, hint, origin)
 }
 

@@ -89,6 +89,7 @@ pub fn check_nothing_staged() -> Result<()> {
 /// Before an append: nothing staged stands, and the commit must go to the partition of the
 /// push the transaction began.
 pub fn check_append(partition: &str, client_id: &str, client_commit_id: &str) -> Result<()> {
+    crate::citus::one_partition::require(partition)?;
     check_nothing_staged()?;
     let Some(begun) = begun() else {
         return Ok(());
@@ -138,6 +139,7 @@ pub fn check_result(
     client_commit_id: &str,
     applied_seq: Option<i64>,
 ) -> Result<bool> {
+    crate::citus::one_partition::require(partition)?;
     let this = key(partition, client_id, client_commit_id);
     if let Some(staged) = staged().filter(|s| s.join("\0") == this) {
         let refusal = match applied_seq {

@@ -4,6 +4,7 @@
 //! of the extension may read or write such a table below SQL (src/heap.rs), and its statements
 //! must let Citus plan them (no forced generic plans, src/db.rs) — issue 30, item 1.
 
+pub mod one_partition;
 pub mod owner_connections;
 pub mod owner_sessions;
 pub mod propagated;

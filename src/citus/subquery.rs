@@ -69,19 +69,26 @@ unsafe extern "C-unwind" fn fence_after_planning(
     }
 }
 
-/// [`fence`] behind pgrx's guard: an ERROR from a catalog lookup in it is raised from here.
+/// [`fence`] behind pgrx's guard: an ERROR from a catalog lookup in it is raised from here, and
+/// so is a call refused for its partition (`super::one_partition`), once nothing of `fence`'s is
+/// live.
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn fence_guarded(parse: *mut pg_sys::Query) {
     // SAFETY: the caller's valid query tree.
-    unsafe { fence(parse) }
+    if let Some(refused) = unsafe { fence(parse) } {
+        crate::error::raise_error(refused)
+    }
 }
 
 /// Gives `parse` a `WHERE true` where it calls one of the extension's functions where Citus
 /// could delegate it and is not one of the documented forms, on a node where Citus is installed.
+/// A call that begins, stages, appends or stores the result of a push, with a constant
+/// partition, is held to the partition its transaction block pinned first: the error refusing it
+/// is returned, to be raised by the caller.
 ///
 /// # Safety
 /// `parse` is null or a valid query tree whose planning is over.
-unsafe fn fence(parse: *mut pg_sys::Query) {
+unsafe fn fence(parse: *mut pg_sys::Query) -> Option<crate::error::Error> {
     // SAFETY: the tree's nodes are read as PostgreSQL's headers lay them out (a `FROM` item is a
     // `RangeTblRef` into the 1-based range table, a function entry holds `RangeTblFunction`s, a
     // target entry its expression); the constant is made in the planner's memory.
@@ -94,7 +101,7 @@ unsafe fn fence(parse: *mut pg_sys::Query) {
             || !(*(*parse).jointree).quals.is_null()
             || !super::installed()
         {
-            return;
+            return None;
         }
         let entries = port::list_pointers((*parse).rtable);
         let kind = |entry: *mut pg_sys::RangeTblEntry| (*entry).rtekind;
@@ -102,10 +109,10 @@ unsafe fn fence(parse: *mut pg_sys::Query) {
             [] => None,
             [item] => match from_entry(item, entries) {
                 Some(entry) => Some(entry),
-                None => return,
+                None => return None,
             },
             // More than one FROM item: Citus delegates none of those.
-            _ => return,
+            _ => return None,
         };
         // Citus delegates the call in the target list or the one in FROM (function_call_
         // delegation.c); which one it takes depends on how it reads the FROM function (a
@@ -115,9 +122,10 @@ unsafe fn fence(parse: *mut pg_sys::Query) {
         let in_from = item
             .filter(|e| kind(*e) == pg_sys::RTEKind::RTE_FUNCTION)
             .and_then(|e| our_function(e));
-        let Some(call) = in_target.or(in_from) else {
-            return;
-        };
+        let call = in_target.or(in_from)?;
+        if let Err(refused) = pin_partition(call) {
+            return Some(refused);
+        }
         let entry_of = |cell: &pg_sys::ListCell| cell.ptr_value.cast::<pg_sys::RangeTblEntry>();
         // The documented forms, nothing else: `SELECT syncular.f(…)` (an empty FROM, only its
         // results in the range table) and `SELECT <columns> FROM syncular.f(…)` (the one function
@@ -135,10 +143,59 @@ unsafe fn fence(parse: *mut pg_sys::Query) {
             _ => false,
         };
         if documented && nothing_else(parse) && !null_partition(call) {
-            return;
+            return None;
         }
         (*(*parse).jointree).quals = pg_sys::makeBoolConst(true, false);
+        None
     }
+}
+
+/// Holds a call of [`super::one_partition::PINNED_BY`] whose partition is a constant (as Citus
+/// needs it to delegate the call in a transaction block) to the partition its transaction block
+/// pinned (`super::one_partition::require`). Any other call: nothing.
+///
+/// # Safety
+/// `call` is a valid function call node whose planning is over.
+unsafe fn pin_partition(call: *mut pg_sys::FuncExpr) -> crate::error::Result<()> {
+    // SAFETY: a catalog-cache lookup by OID (NULL when absent), the first argument's node read as
+    // `null_partition` reads it, and a text constant's bytes copied out by PostgreSQL's own
+    // `text_to_cstring` (detoasting it), both results palloc'd and freed here.
+    let partition = unsafe {
+        let name = pg_sys::get_func_name((*call).funcid);
+        if name.is_null() {
+            return Ok(());
+        }
+        let pinned_by = super::one_partition::PINNED_BY
+            .iter()
+            .any(|f| std::ffi::CStr::from_ptr(name).to_bytes() == f.as_bytes());
+        pg_sys::pfree(name.cast());
+        if !pinned_by {
+            return Ok(());
+        }
+        let [first, ..] = port::list_pointers((*call).args) else {
+            return Ok(());
+        };
+        let mut node = first.ptr_value.cast::<pg_sys::Node>();
+        while !node.is_null() && (*node).type_ == pg_sys::NodeTag::T_RelabelType {
+            node = (*node.cast::<pg_sys::RelabelType>()).arg.cast();
+        }
+        if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_Const {
+            return Ok(());
+        }
+        let constant = node.cast::<pg_sys::Const>();
+        if (*constant).constisnull
+            || ![pg_sys::TEXTOID, pg_sys::VARCHAROID].contains(&(*constant).consttype)
+        {
+            return Ok(());
+        }
+        let text = pg_sys::text_to_cstring((*constant).constvalue.cast_mut_ptr());
+        let partition = std::ffi::CStr::from_ptr(text)
+            .to_string_lossy()
+            .into_owned();
+        pg_sys::pfree(text.cast());
+        partition
+    };
+    super::one_partition::require(&partition)
 }
 
 /// Whether the query has no clause beyond its range table, `FROM` and target list: no CTE,

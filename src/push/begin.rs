@@ -26,6 +26,7 @@ fn push_begin(
     error::run(|| {
         barrier::require_transaction(false)?;
         let key = PushKey::new(partition, client_id, client_commit_id)?;
+        crate::citus::one_partition::require(&key.partition)?;
         let running = args::count("running_schema_version", running_schema_version)?;
         let declared = args::declarations(declared)?;
         db::with_spi(|client| {

@@ -301,7 +301,9 @@ fn push_commit(
             return Err(Error::invalid_transaction_state("isolation"));
         }
         // A staged push stands until push_finish or a rollback: no push may run over its
-        // candidate rows (src/push_guard.rs).
+        // candidate rows (src/push_guard.rs); on Citus, the transaction block pushes to one
+        // partition (src/citus/one_partition.rs).
+        crate::citus::one_partition::require(partition)?;
         push_guard::check_nothing_staged()?;
         // A staged push leaves candidate rows for push_finish: in autocommit they would be
         // committed with no commit appended.

@@ -2301,6 +2301,87 @@ fn a_staged_push_finishes_through_the_coordinator() {
     }
 }
 
+/// On Citus a transaction block's calls that begin, stage, append or store the result of a
+/// push name one partition (red team 54, F1; docs/SCALING.md "The push transaction"): each is
+/// delegated to its partition's node and the push's own checks live in the caller's session
+/// there, so after `push_begin` of a partition on one worker an `append_commit` of a partition
+/// on the other ran where no push was known and applied (one node refuses it, `SY000`
+/// `partition`/`shape`), and so did one after a push staged on the first. Now refused, `SY004`
+/// `citus_one_partition` — delegated or run on the coordinator — and nothing of it kept; the
+/// same push in a transaction of its own applies.
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn a_push_transactions_calls_name_one_partition() {
+    let mut c = coordinator();
+    tasks(&mut c);
+    serving_role(&mut c);
+    let pid = std::process::id();
+    let first = format!("one-a-{pid}");
+    let first_port = shard_port(&mut c, &first);
+    let other = (0..100)
+        .map(|i| format!("one-b-{pid}-{i}"))
+        .find(|p| shard_port(&mut c, p) != first_port)
+        .expect("a partition on the other worker");
+    let staged = PUSH.replacen(
+        ", true)])",
+        ", true)], '[]',
+           '{\"onCommitHooks\":\"stage\",\"commitValidator\":true}')",
+        1,
+    );
+    exec(&mut c, "SET ROLE citus_srv");
+    let append = "SELECT syncular.append_commit($1, $2)";
+    let put = "SELECT syncular.put_push_result($1, 'c1', 'k9', $2)";
+    let attempts: [(&str, String, Vec<serde_json::Value>); 5] = [
+        ("push_begin", append.to_string(), vec![classic_change("o1")]),
+        (
+            "push_begin",
+            not_delegated(append),
+            vec![classic_change("o1")],
+        ),
+        ("push_begin", put.to_string(), vec![classic_applied(1)]),
+        (
+            "push_begin",
+            "SELECT syncular.push_begin($1, 'c1', $2::text, 1)".to_string(),
+            vec![json!("k2")],
+        ),
+        ("staged", append.to_string(), vec![classic_change("o1")]),
+    ];
+    for (before, second, args) in &attempts {
+        let mut tx = c.transaction().unwrap();
+        if *before == "staged" {
+            let answer: serde_json::Value = tx
+                .query_one(&staged, &[&first, &"k1", &"r1"])
+                .unwrap()
+                .get(0);
+            assert_eq!(answer["outcome"], "staged", "{answer}");
+        } else {
+            tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k1', 1)", &[&first])
+                .unwrap();
+        }
+        let refused = match args[0].as_str() {
+            Some(key) => tx.query_one(second.as_str(), &[&other, &key]),
+            None => tx.query_one(second.as_str(), &[&other, &args[0]]),
+        };
+        let err = sql_error(&refused.unwrap_err());
+        assert_eq!(
+            (err.state.as_str(), err.detail.as_ref()),
+            ("SY004", Some(&json!({"reason": "citus_one_partition"}))),
+            "{before}, then {second}: {err:?}"
+        );
+        drop(tx);
+    }
+    exec(&mut c, "RESET ROLE");
+    assert_eq!(push_kept(&mut c, &first), vec![0; 6]);
+    assert_eq!(push_kept(&mut c, &other), vec![0; 6]);
+    exec(&mut c, "SET ROLE citus_srv");
+    for p in [&first, &other] {
+        let stored = classic_push(&mut c, as_written, p, "k1", false, false)
+            .unwrap_or_else(|e| panic!("{p}: {e:?}"));
+        assert_eq!(stored, classic_applied(1), "{p}");
+    }
+    exec(&mut c, "RESET ROLE");
+}
+
 /// The node holding `partition`'s colocated shards (every sync table's and `tasks`').
 fn shard_port(c: &mut Client, partition: &str) -> i32 {
     let ports: Vec<i32> = c

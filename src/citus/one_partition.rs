@@ -1,0 +1,70 @@
+//! On Citus, the calls that begin, stage, append or store the result of a push name one
+//! partition per transaction block (red team 54, F1; docs/SCALING.md "The push transaction").
+//!
+//! The push protects itself from host bugs with state kept in the backend that runs the calls
+//! (src/push_guard.rs: the push `push_begin` began, a staged push, the commit appended). On one
+//! node that is the transaction's own backend. On Citus the push transaction's calls are
+//! delegated inside a transaction block (`force_delegation`, src/distribute.rs): each runs in the
+//! caller's session on its partition's node, so a call for a partition on another node ran in a
+//! backend that knew of no push — after `push_begin` of p0, `append_commit` of p1 applied where
+//! one node refuses it (`SY000` `partition`/`shape`), and with a push staged on p0 an append on
+//! p1 went through (`SY004` `prior_writes` on one node). So on a database whose sync tables Citus
+//! distributes, inside a transaction block, the first of these calls pins its partition and a
+//! call of them for another partition is refused (`SY004` `citus_one_partition`) — checked where
+//! Citus decides to delegate the call (the planner hook of `super::subquery`, on the node the
+//! client sent it to) and where a call runs (its body, src/push_guard.rs). Stricter than one
+//! node, where a transaction may push to several partitions in turn: on Citus those are
+//! transactions of their own.
+
+use crate::error::{Error, Result};
+use pgrx::pg_sys;
+use std::cell::RefCell;
+
+/// The functions whose partition is pinned: they begin, stage, append or store a push's result.
+pub const PINNED_BY: [&str; 5] = [
+    "push_begin",
+    "push_commit",
+    "append_commit",
+    "put_push_result",
+    "push_finish",
+];
+
+thread_local! {
+    /// The partition the current transaction block pinned, with the local transaction it is of
+    /// (kept to the transaction's end: a call rolled back to a savepoint may have reached a node
+    /// that still holds what it did).
+    static PINNED: RefCell<Option<(pg_sys::LocalTransactionId, String)>> =
+        const { RefCell::new(None) };
+}
+
+/// Pins `partition` for this transaction block, or refuses it where another one is pinned. Not
+/// inside a transaction block, or where Citus does not distribute the sync tables: nothing.
+pub fn require(partition: &str) -> Result<()> {
+    // SAFETY: reads backend state of the current transaction; the caller runs inside one.
+    if !unsafe { pg_sys::IsTransactionBlock() } || !super::installed() {
+        return Ok(());
+    }
+    // SAFETY: inside a transaction (the caller's).
+    if !unsafe { super::sync_tables_distributed() } {
+        return Ok(());
+    }
+    let now = crate::port::local_transaction_id();
+    PINNED.with(|pinned| {
+        let mut pinned = pinned.borrow_mut();
+        match pinned.as_ref() {
+            Some((of, first)) if *of == now && first != partition => Err(
+                Error::invalid_transaction_state("citus_one_partition").with_hint(format!(
+                    "this transaction block pushes to partition {first:?}: on Citus a push \
+                     transaction's calls are delegated to its partition's node, so a push to \
+                     partition {partition:?} goes in a transaction of its own \
+                     (docs/SCALING.md, \"The push transaction\")"
+                )),
+            ),
+            Some((of, _)) if *of == now => Ok(()),
+            _ => {
+                *pinned = Some((now, partition.to_string()));
+                Ok(())
+            }
+        }
+    })
+}
