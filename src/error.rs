@@ -291,6 +291,12 @@ impl HostCode {
     fn depth() -> u32 {
         HOST_CODE_DEPTH.with(std::cell::Cell::get)
     }
+
+    /// Whether host code of a call of the API is running in this backend (a call of the API
+    /// from it is refused by [`run`]).
+    pub fn running() -> bool {
+        Self::depth() > 0
+    }
 }
 
 impl Drop for HostCode {

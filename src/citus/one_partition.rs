@@ -1,20 +1,24 @@
 //! On Citus, the calls that begin, stage, append or store the result of a push name one
-//! partition per transaction block (red team 54, F1; docs/SCALING.md "The push transaction").
+//! partition per transaction (red teams 54 and 55; docs/SCALING.md "One partition per push
+//! transaction").
 //!
 //! The push protects itself from host bugs with state kept in the backend that runs the calls
 //! (src/push_guard.rs: the push `push_begin` began, a staged push, the commit appended). On one
 //! node that is the transaction's own backend. On Citus the push transaction's calls are
-//! delegated inside a transaction block (`force_delegation`, src/distribute.rs): each runs in the
+//! delegated inside a transaction (`force_delegation`, src/distribute.rs) — a transaction block,
+//! or for Citus also a `DO` block or a function's statements in autocommit: each runs in the
 //! caller's session on its partition's node, so a call for a partition on another node ran in a
 //! backend that knew of no push — after `push_begin` of p0, `append_commit` of p1 applied where
 //! one node refuses it (`SY000` `partition`/`shape`), and with a push staged on p0 an append on
-//! p1 went through (`SY004` `prior_writes` on one node). So on a database whose sync tables Citus
-//! distributes, inside a transaction block, the first of these calls pins its partition and a
-//! call of them for another partition is refused (`SY004` `citus_one_partition`) — checked where
-//! Citus decides to delegate the call (the planner hook of `super::subquery`, on the node the
-//! client sent it to) and where a call runs (its body, src/push_guard.rs). Stricter than one
-//! node, where a transaction may push to several partitions in turn: on Citus those are
-//! transactions of their own.
+//! p1 went through (`SY004` `prior_writes` on one node). So on a database whose sync tables
+//! Citus distributes, the first of these calls in a transaction pins its partition and a call of
+//! them for another partition in that transaction is refused (`SY004` `citus_one_partition`) —
+//! checked where Citus decides to delegate the call (the planner hook of `super::subquery`, on
+//! the node the client sent it to) and where a call runs (its body, src/push_guard.rs). Keyed by
+//! the transaction, not by PostgreSQL's transaction block: a `DO` block in autocommit is one
+//! transaction that Citus delegates call by call (red team 55, F1). Stricter than one node, where
+//! a transaction may push to several partitions in turn: on Citus those are transactions of their
+//! own. Host code inside a call is left to its own refusal (`42501`, `crate::error::run`).
 
 use crate::error::{Error, Result};
 use pgrx::pg_sys;
@@ -30,18 +34,18 @@ pub const PINNED_BY: [&str; 5] = [
 ];
 
 thread_local! {
-    /// The partition the current transaction block pinned, with the local transaction it is of
+    /// The partition the current transaction pinned, with the local transaction it is of
     /// (kept to the transaction's end: a call rolled back to a savepoint may have reached a node
     /// that still holds what it did).
     static PINNED: RefCell<Option<(pg_sys::LocalTransactionId, String)>> =
         const { RefCell::new(None) };
 }
 
-/// Pins `partition` for this transaction block, or refuses it where another one is pinned. Not
-/// inside a transaction block, or where Citus does not distribute the sync tables: nothing.
+/// Pins `partition` for this transaction, or refuses it where another one is pinned. Where
+/// Citus does not distribute the sync tables, or inside host code (refused as such by the call
+/// it makes): nothing.
 pub fn require(partition: &str) -> Result<()> {
-    // SAFETY: reads backend state of the current transaction; the caller runs inside one.
-    if !unsafe { pg_sys::IsTransactionBlock() } || !super::installed() {
+    if crate::error::HostCode::running() || !super::installed() {
         return Ok(());
     }
     // SAFETY: inside a transaction (the caller's).
@@ -54,10 +58,10 @@ pub fn require(partition: &str) -> Result<()> {
         match pinned.as_ref() {
             Some((of, first)) if *of == now && first != partition => Err(
                 Error::invalid_transaction_state("citus_one_partition").with_hint(format!(
-                    "this transaction block pushes to partition {first:?}: on Citus a push \
+                    "this transaction pushes to partition {first:?}: on Citus a push \
                      transaction's calls are delegated to its partition's node, so a push to \
                      partition {partition:?} goes in a transaction of its own \
-                     (docs/SCALING.md, \"The push transaction\")"
+                     (docs/SCALING.md, \"One partition per push transaction\")"
                 )),
             ),
             Some((of, _)) if *of == now => Ok(()),

@@ -83,7 +83,7 @@ unsafe extern "C-unwind" fn fence_guarded(parse: *mut pg_sys::Query) {
 /// Gives `parse` a `WHERE true` where it calls one of the extension's functions where Citus
 /// could delegate it and is not one of the documented forms, on a node where Citus is installed.
 /// A call that begins, stages, appends or stores the result of a push, with a constant
-/// partition, is held to the partition its transaction block pinned first: the error refusing it
+/// partition, is held to the partition its transaction pinned first: the error refusing it
 /// is returned, to be raised by the caller.
 ///
 /// # Safety
@@ -151,7 +151,7 @@ unsafe fn fence(parse: *mut pg_sys::Query) -> Option<crate::error::Error> {
 }
 
 /// Holds a call of [`super::one_partition::PINNED_BY`] whose partition is a constant (as Citus
-/// needs it to delegate the call in a transaction block) to the partition its transaction block
+/// needs it to delegate the call in a transaction block) to the partition its transaction
 /// pinned (`super::one_partition::require`). Any other call: nothing.
 ///
 /// # Safety

@@ -2301,14 +2301,16 @@ fn a_staged_push_finishes_through_the_coordinator() {
     }
 }
 
-/// On Citus a transaction block's calls that begin, stage, append or store the result of a
-/// push name one partition (red team 54, F1; docs/SCALING.md "The push transaction"): each is
-/// delegated to its partition's node and the push's own checks live in the caller's session
-/// there, so after `push_begin` of a partition on one worker an `append_commit` of a partition
-/// on the other ran where no push was known and applied (one node refuses it, `SY000`
-/// `partition`/`shape`), and so did one after a push staged on the first. Now refused, `SY004`
-/// `citus_one_partition` — delegated or run on the coordinator — and nothing of it kept; the
-/// same push in a transaction of its own applies.
+/// On Citus a transaction's calls that begin, stage, append or store the result of a push name
+/// one partition (red teams 54 and 55; docs/SCALING.md "One partition per push transaction").
+/// Each is delegated to its partition's node — in a transaction block, and in a `DO` block in
+/// autocommit, which Citus delegates call by call — and the push's own checks live in the
+/// caller's session there, so after `push_begin` of a partition on one worker an `append_commit`
+/// of a partition on the other ran where no push was known and applied (one node refuses it,
+/// `SY000` `partition`/`shape`), and so did one after a push staged on the first. Now refused,
+/// `SY004` `citus_one_partition` — delegated or run on the coordinator — and nothing of it kept;
+/// host code calling the API inside a push is refused as such (`42501`); the same push in a
+/// transaction of its own applies.
 #[test]
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
 fn a_push_transactions_calls_name_one_partition() {
@@ -2370,7 +2372,54 @@ fn a_push_transactions_calls_name_one_partition() {
         );
         drop(tx);
     }
+    // A DO block in autocommit is one transaction that Citus delegates call by call (red team
+    // 55, F1): held to one partition the same way.
+    let block = format!(
+        "DO $$ BEGIN
+           PERFORM * FROM syncular.push_begin('{first}', 'c1', 'k1', 1);
+           PERFORM * FROM syncular.append_commit('{other}', '{}');
+         END $$",
+        classic_change("o1")
+    );
+    let err = sql_error(&c.batch_execute(&block).unwrap_err());
+    assert_eq!(
+        (err.state.as_str(), err.detail.as_ref()),
+        ("SY004", Some(&json!({"reason": "citus_one_partition"}))),
+        "{err:?}"
+    );
     exec(&mut c, "RESET ROLE");
+    assert_eq!(push_kept(&mut c, &first), vec![0; 6]);
+    assert_eq!(push_kept(&mut c, &other), vec![0; 6]);
+    // Host code calling the API inside a delegated push is refused as host code (`42501`,
+    // docs/SECURITY.md rule 12), not by this rule (red team 55, L2).
+    with_unsafe_triggers(
+        &mut c,
+        &[
+            &format!(
+                "CREATE FUNCTION public.append_elsewhere() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN
+                   PERFORM * FROM syncular.append_commit('{other}', '{}');
+                   RETURN NEW;
+                 END $$",
+                classic_change("t1")
+            ),
+            "CREATE TRIGGER append_elsewhere BEFORE INSERT ON public.tasks
+               FOR EACH ROW EXECUTE FUNCTION public.append_elsewhere()",
+        ],
+    );
+    exec(&mut c, "SET ROLE citus_srv");
+    let mut tx = c.transaction().unwrap();
+    let refused = sql_error(&tx.query_one(PUSH, &[&first, &"k3", &"r3"]).unwrap_err());
+    drop(tx);
+    exec(&mut c, "RESET ROLE");
+    with_unsafe_triggers(
+        &mut c,
+        &[
+            "DROP TRIGGER append_elsewhere ON public.tasks",
+            "DROP FUNCTION public.append_elsewhere()",
+        ],
+    );
+    assert_eq!(refused.state, "42501", "{refused:?}");
     assert_eq!(push_kept(&mut c, &first), vec![0; 6]);
     assert_eq!(push_kept(&mut c, &other), vec![0; 6]);
     exec(&mut c, "SET ROLE citus_srv");
