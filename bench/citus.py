@@ -74,12 +74,14 @@ def payload(conninfo, row):
 
 def reset_stats(conninfo):
     with psycopg.connect(conninfo, autocommit=True) as c:
-        c.execute("SELECT pg_stat_statements_reset()")
+        # Qualified: distribute() pins the extension owner's search_path to pg_catalog in this
+        # database (docs/SECURITY.md rule 20), and the benchmark connects as the owner.
+        c.execute("SELECT public.pg_stat_statements_reset()")
 
 
 def server_ms(conninfo, like):
     with psycopg.connect(conninfo, autocommit=True) as c:
-        row = c.execute("SELECT sum(total_exec_time), sum(calls) FROM pg_stat_statements"
+        row = c.execute("SELECT sum(total_exec_time), sum(calls) FROM public.pg_stat_statements"
                         " WHERE query LIKE %s", [like]).fetchone()
         return float(row[0] or 0) / float(row[1] or 1)
 
