@@ -172,19 +172,17 @@ unsafe fn pin_partition(call: *mut pg_sys::FuncExpr) -> crate::error::Result<()>
         if !pinned_by {
             return Ok(());
         }
-        let [first, ..] = port::list_pointers((*call).args) else {
-            return Ok(());
-        };
-        let mut node = first.ptr_value.cast::<pg_sys::Node>();
-        while !node.is_null() && (*node).type_ == pg_sys::NodeTag::T_RelabelType {
-            node = (*node.cast::<pg_sys::RelabelType>()).arg.cast();
-        }
+        let node = partition_node(call);
         if node.is_null() || (*node).type_ != pg_sys::NodeTag::T_Const {
             return Ok(());
         }
         let constant = node.cast::<pg_sys::Const>();
+        // A partition longer than any the API takes is refused by the call itself
+        // (`crate::limits::KEY_BYTES`); it is not copied here.
         if (*constant).constisnull
             || ![pg_sys::TEXTOID, pg_sys::VARCHAROID].contains(&(*constant).consttype)
+            || pg_sys::toast_raw_datum_size((*constant).constvalue)
+                > crate::limits::KEY_BYTES + pg_sys::VARHDRSZ
         {
             return Ok(());
         }
@@ -341,15 +339,28 @@ unsafe fn is_ours(call: *mut pg_sys::FuncExpr) -> bool {
 unsafe fn null_partition(call: *mut pg_sys::FuncExpr) -> bool {
     // SAFETY: see `fence`.
     unsafe {
+        let node = partition_node(call);
+        !node.is_null()
+            && (*node).type_ == pg_sys::NodeTag::T_Const
+            && (*node.cast::<pg_sys::Const>()).constisnull
+    }
+}
+
+/// The call's first argument — the partition, every delegated function's distribution argument
+/// (src/distribute.rs) — seen through binary-compatible casts; null where the call has none.
+///
+/// # Safety
+/// `call` is a valid function call node.
+unsafe fn partition_node(call: *mut pg_sys::FuncExpr) -> *mut pg_sys::Node {
+    // SAFETY: see `fence`.
+    unsafe {
         let [first, ..] = port::list_pointers((*call).args) else {
-            return false;
+            return std::ptr::null_mut();
         };
         let mut node = first.ptr_value.cast::<pg_sys::Node>();
         while !node.is_null() && (*node).type_ == pg_sys::NodeTag::T_RelabelType {
             node = (*node.cast::<pg_sys::RelabelType>()).arg.cast();
         }
-        !node.is_null()
-            && (*node).type_ == pg_sys::NodeTag::T_Const
-            && (*node.cast::<pg_sys::Const>()).constisnull
+        node
     }
 }
