@@ -72,3 +72,15 @@ pub fn require(partition: &str) -> Result<()> {
         }
     })
 }
+
+/// The partition this transaction pinned, if it pinned one.
+pub fn pinned() -> Option<String> {
+    let now = crate::port::local_transaction_id();
+    PINNED.with(|pinned| {
+        pinned
+            .borrow()
+            .as_ref()
+            .filter(|(of, _)| *of == now)
+            .map(|(_, partition)| partition.clone())
+    })
+}

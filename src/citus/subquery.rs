@@ -34,13 +34,132 @@ use pgrx::pg_sys;
 /// The `create_upper_paths_hook` installed before ours.
 static mut PREVIOUS: pg_sys::create_upper_paths_hook_type = None;
 
-/// Installs the hook (from `_PG_init`, once per process that loads the library).
+/// The `planner_hook` installed before ours (Citus's, which `distribute()` requires to be
+/// preloaded first).
+static mut PREVIOUS_PLANNER: pg_sys::planner_hook_type = None;
+
+/// Installs the hooks (from `_PG_init`, once per process that loads the library).
 pub fn install() {
     // SAFETY: `_PG_init` runs once per process, single-threaded, before any planning of ours;
-    // the hook installed before ours is kept and called by ours.
+    // the hooks installed before ours are kept and called by ours.
     unsafe {
         PREVIOUS = pg_sys::create_upper_paths_hook;
         pg_sys::create_upper_paths_hook = Some(fence_after_planning);
+        PREVIOUS_PLANNER = pg_sys::planner_hook;
+        pg_sys::planner_hook = Some(plan_then_check);
+    }
+}
+
+// PostgreSQL's own planner, called raw as src/citus/owner_sessions.rs calls it (an ERROR in it
+// jumps over the hook below, which holds nothing that needs dropping).
+unsafe extern "C-unwind" {
+    #[link_name = "standard_planner"]
+    fn standard_planner(
+        parse: *mut pg_sys::Query,
+        query_string: *const std::ffi::c_char,
+        cursor_options: std::ffi::c_int,
+        bound: pg_sys::ParamListInfo,
+    ) -> *mut pg_sys::PlannedStmt;
+}
+
+/// The planner hook: the planners before ours (Citus's), then whether the plan delegates a host's
+/// function in a transaction that pinned a partition ([`delegated_host_call`]).
+unsafe extern "C-unwind" fn plan_then_check(
+    parse: *mut pg_sys::Query,
+    query_string: *const std::ffi::c_char,
+    cursor_options: std::ffi::c_int,
+    bound: pg_sys::ParamListInfo,
+) -> *mut pg_sys::PlannedStmt {
+    // SAFETY: PostgreSQL's arguments, passed on unchanged; the check reads the trees only.
+    unsafe {
+        let planned = match PREVIOUS_PLANNER {
+            Some(previous) => previous(parse, query_string, cursor_options, bound),
+            None => standard_planner(parse, query_string, cursor_options, bound),
+        };
+        // Only Citus makes a custom scan of a query: elsewhere nothing more is looked at.
+        let tree = if planned.is_null() {
+            std::ptr::null_mut()
+        } else {
+            (*planned).planTree
+        };
+        if !tree.is_null() && (*tree).type_ == pg_sys::NodeTag::T_CustomScan {
+            check_guarded(parse, planned);
+        }
+        planned
+    }
+}
+
+/// [`delegated_host_call`] behind pgrx's guard: its refusal is raised from here.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn check_guarded(
+    parse: *mut pg_sys::Query,
+    planned: *mut pg_sys::PlannedStmt,
+) {
+    // SAFETY: the caller's valid trees.
+    if let Some(refused) = unsafe { delegated_host_call(parse, planned) } {
+        crate::error::raise_error(refused)
+    }
+}
+
+/// Refuses (`SY004` `citus_one_partition`) a plan in which Citus delegates a call of a host's
+/// function to another node in a transaction whose push pinned a partition
+/// (`super::one_partition`; red team 56, F1): the calls of the extension inside the host's
+/// function run there unpinned, and one appending to another partition escaped the rule. The
+/// host's function is not read (its distribution argument could name the pinned partition or
+/// another): on Citus the push's own functions are called directly. A query that reads no
+/// relation and is planned as Citus's custom scan is a delegated call.
+///
+/// # Safety
+/// `parse` is the query `planned` was planned from; both valid trees.
+unsafe fn delegated_host_call(
+    parse: *mut pg_sys::Query,
+    planned: *mut pg_sys::PlannedStmt,
+) -> Option<crate::error::Error> {
+    // SAFETY: the trees' nodes read as PostgreSQL's headers lay them out (see `fence`).
+    unsafe {
+        if parse.is_null()
+            || planned.is_null()
+            || (*parse).commandType != pg_sys::CmdType::CMD_SELECT
+            || !super::installed()
+        {
+            return None;
+        }
+        let pinned = super::one_partition::pinned()?;
+        let tree = (*planned).planTree;
+        if tree.is_null() || (*tree).type_ != pg_sys::NodeTag::T_CustomScan {
+            return None;
+        }
+        let entries = port::list_pointers((*parse).rtable);
+        let mut calls = Vec::new();
+        for entry in entries {
+            let entry = entry.ptr_value.cast::<pg_sys::RangeTblEntry>();
+            match (*entry).rtekind {
+                pg_sys::RTEKind::RTE_RESULT => {}
+                pg_sys::RTEKind::RTE_FUNCTION => calls.extend(
+                    port::list_pointers((*entry).functions)
+                        .iter()
+                        .filter_map(|f| {
+                            function_of((*f.ptr_value.cast::<pg_sys::RangeTblFunction>()).funcexpr)
+                        }),
+                ),
+                // A relation, a subquery, …: not a delegated call.
+                _ => return None,
+            }
+        }
+        calls.extend(only_target_call(parse));
+        if calls.is_empty() || calls.iter().any(|call| is_ours(*call)) {
+            return None;
+        }
+        Some(
+            crate::error::Error::invalid_transaction_state("citus_one_partition").with_hint(
+                format!(
+                    "this transaction pushes to partition {pinned:?}, and Citus sends this \
+                     function to another node, where the extension's calls inside it would not \
+                     be held to that partition: call the push's functions directly \
+                     (docs/SCALING.md, \"One partition per push transaction\")"
+                ),
+            ),
+        )
     }
 }
 

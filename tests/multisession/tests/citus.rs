@@ -2308,9 +2308,9 @@ fn a_staged_push_finishes_through_the_coordinator() {
 /// caller's session there, so after `push_begin` of a partition on one worker an `append_commit`
 /// of a partition on the other ran where no push was known and applied (one node refuses it,
 /// `SY000` `partition`/`shape`), and so did one after a push staged on the first. Now refused,
-/// `SY004` `citus_one_partition` — delegated or run on the coordinator — and nothing of it kept;
-/// host code calling the API inside a push is refused as such (`42501`); the same push in a
-/// transaction of its own applies.
+/// `SY004` `citus_one_partition` — delegated or run on the coordinator, or inside a host's
+/// function Citus delegates — and nothing of it kept; host code calling the API inside a push is
+/// refused as such (`42501`); the same push in a transaction of its own applies.
 #[test]
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
 fn a_push_transactions_calls_name_one_partition() {
@@ -2382,6 +2382,35 @@ fn a_push_transactions_calls_name_one_partition() {
         classic_change("o1")
     );
     let err = sql_error(&c.batch_execute(&block).unwrap_err());
+    assert_eq!(
+        (err.state.as_str(), err.detail.as_ref()),
+        ("SY004", Some(&json!({"reason": "citus_one_partition"}))),
+        "{err:?}"
+    );
+    // A host's own function that Citus delegates (distributed with `force_delegation`,
+    // colocated with the partitions) calling the push's functions: its calls would run on its
+    // partition's node unpinned (red team 56, F1). Refused where Citus delegates it.
+    exec(&mut c, "RESET ROLE");
+    exec(
+        &mut c,
+        "CREATE OR REPLACE FUNCTION public.append_through(p text, commit jsonb) RETURNS bigint
+           LANGUAGE plpgsql AS $$ BEGIN RETURN syncular.append_commit(p, commit); END $$;
+         SELECT create_distributed_function('public.append_through(text, jsonb)', '$1',
+                  colocate_with => 'syncular.sync_partitions', force_delegation => true);
+         GRANT EXECUTE ON FUNCTION public.append_through(text, jsonb) TO citus_srv;",
+    );
+    exec(&mut c, "SET ROLE citus_srv");
+    let mut tx = c.transaction().unwrap();
+    tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k1', 1)", &[&first])
+        .unwrap();
+    let err = sql_error(
+        &tx.query_one(
+            "SELECT public.append_through($1, $2)",
+            &[&other, &classic_change("w1")],
+        )
+        .unwrap_err(),
+    );
+    drop(tx);
     assert_eq!(
         (err.state.as_str(), err.detail.as_ref()),
         ("SY004", Some(&json!({"reason": "citus_one_partition"}))),
