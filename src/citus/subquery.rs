@@ -117,9 +117,14 @@ unsafe fn delegated_host_call(
 ) -> Option<crate::error::Error> {
     // SAFETY: the trees' nodes read as PostgreSQL's headers lay them out (see `fence`).
     unsafe {
+        // A subquery or a CTE may read a relation the range table does not show, and Citus
+        // delegates no call with one (red team 57, F2: `SELECT abs((SELECT count(*) FROM …))`
+        // was taken for a delegated call).
         if parse.is_null()
             || planned.is_null()
             || (*parse).commandType != pg_sys::CmdType::CMD_SELECT
+            || (*parse).hasSubLinks
+            || !(*parse).cteList.is_null()
             || !super::installed()
         {
             return None;

@@ -2452,6 +2452,24 @@ fn a_push_transactions_calls_name_one_partition() {
     assert_eq!(push_kept(&mut c, &first), vec![0; 6]);
     assert_eq!(push_kept(&mut c, &other), vec![0; 6]);
     exec(&mut c, "SET ROLE citus_srv");
+    // Reads in a push transaction are not taken for a host's delegated call: a subquery or a
+    // CTE reads a relation the top of the query does not show (red team 57, F2).
+    for read in [
+        "SELECT to_jsonb((SELECT count(*) FROM public.tasks WHERE _sync_partition = $1))",
+        "SELECT * FROM generate_series(1, (SELECT count(*)::int + 1 FROM public.tasks
+                                           WHERE _sync_partition = $1))",
+        "SELECT * FROM unnest(ARRAY(SELECT _sync_row_id FROM public.tasks
+                                     WHERE _sync_partition = $1))",
+        "WITH n AS (SELECT count(*) AS n FROM public.tasks WHERE _sync_partition = $1)
+         SELECT n FROM n",
+    ] {
+        let mut tx = c.transaction().unwrap();
+        tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k1', 1)", &[&first])
+            .unwrap();
+        tx.query(read, &[&first])
+            .unwrap_or_else(|e| panic!("{read}: {:?}", sql_error(&e)));
+        drop(tx);
+    }
     for p in [&first, &other] {
         let stored = classic_push(&mut c, as_written, p, "k1", false, false)
             .unwrap_or_else(|e| panic!("{p}: {e:?}"));
