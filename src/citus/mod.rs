@@ -36,6 +36,7 @@ pub fn init() {
     );
     subquery::install();
     owner_sessions::install();
+    one_partition::init();
     // SAFETY: called once per backend from `_PG_init`; the callback only clears a cell.
     unsafe {
         pg_sys::CacheRegisterSyscacheCallback(

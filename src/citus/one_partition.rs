@@ -21,8 +21,27 @@
 //! own. Host code inside a call is left to its own refusal (`42501`, `crate::error::run`).
 
 use crate::error::{Error, Result};
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
+use pgrx::spi::{quote_literal, Spi};
 use std::cell::RefCell;
+use std::ffi::CString;
+
+/// The partition the node the client reached pinned, as Citus hands it to every node of the
+/// transaction ([`send`]).
+static SENT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+
+/// Defines `syncular.push_partition` (from `_PG_init`).
+pub fn init() {
+    GucRegistry::define_string_guc(
+        c"syncular.push_partition",
+        c"On Citus, the partition this transaction's push calls are held to.",
+        c"Set by the extension (SET LOCAL, which Citus sends to every node of the transaction) when a transaction's first push call names its partition; not a setting for hosts (docs/SCALING.md, \"One partition per push transaction\").",
+        &SENT,
+        GucContext::Userset,
+        GucFlags::NO_SHOW_ALL | GucFlags::NO_RESET_ALL,
+    );
+}
 
 /// The functions whose partition is pinned: they begin, stage, append or store a push's result.
 pub const PINNED_BY: [&str; 5] = [
@@ -41,9 +60,10 @@ thread_local! {
         const { RefCell::new(None) };
 }
 
-/// Pins `partition` for this transaction, or refuses it where another one is pinned. Where
-/// Citus does not distribute the sync tables, or inside host code (refused as such by the call
-/// it makes): nothing.
+/// Pins `partition` for this transaction, or refuses it where another one is pinned — here or,
+/// sent with the transaction's settings, on the node the client reached. Where Citus does not
+/// distribute the sync tables, or inside host code (refused as such by the call it makes):
+/// nothing.
 pub fn require(partition: &str) -> Result<()> {
     if crate::error::HostCode::running() || !super::installed() {
         return Ok(());
@@ -52,24 +72,68 @@ pub fn require(partition: &str) -> Result<()> {
     if !unsafe { super::sync_tables_distributed() } {
         return Ok(());
     }
+    // Pinned on the node the client reached and sent here: a call that runs here inside
+    // something Citus routed whole to this node — a host's function in a query over a
+    // distributed table — is held to it too (red team 57, F1).
+    if let Some(sent) = SENT.get() {
+        let sent = sent.to_string_lossy();
+        if !sent.is_empty() && sent != partition {
+            return Err(refusal(&sent, partition));
+        }
+    }
     let now = crate::port::local_transaction_id();
     PINNED.with(|pinned| {
         let mut pinned = pinned.borrow_mut();
         match pinned.as_ref() {
-            Some((of, first)) if *of == now && first != partition => Err(
-                Error::invalid_transaction_state("citus_one_partition").with_hint(format!(
-                    "this transaction pushes to partition {first:?}: on Citus a push \
-                     transaction's calls are delegated to its partition's node, so a push to \
-                     partition {partition:?} goes in a transaction of its own \
-                     (docs/SCALING.md, \"One partition per push transaction\")"
-                )),
-            ),
+            Some((of, first)) if *of == now && first != partition => Err(refusal(first, partition)),
             Some((of, _)) if *of == now => Ok(()),
             _ => {
                 *pinned = Some((now, partition.to_string()));
                 Ok(())
             }
         }
+    })?;
+    send(partition)
+}
+
+fn refusal(first: &str, partition: &str) -> Error {
+    Error::invalid_transaction_state("citus_one_partition").with_hint(format!(
+        "this transaction pushes to partition {first:?}: on Citus a push transaction's calls \
+         are delegated to its partition's node, so a push to partition {partition:?} goes in a \
+         transaction of its own (docs/SCALING.md, \"One partition per push transaction\")"
+    ))
+}
+
+/// Has Citus send the pinned `partition` to every node of the transaction, the ones it reached
+/// and the ones it reaches later: a `SET LOCAL syncular.push_partition` made while
+/// `citus.propagate_set_commands = local` (as `super::send_lock_timeout` sends the barrier's
+/// timeout; harmless on the owner's connections, so not a reason to refuse a call,
+/// `super::propagated`). Once per transaction, in a client's session inside a transaction block
+/// (a statement alone reaches one node; a worker's sessions are reached through the client's).
+fn send(partition: &str) -> Result<()> {
+    // SAFETY: reads backend state of the current transaction.
+    if !unsafe { pg_sys::IsTransactionBlock() } {
+        return Ok(());
+    }
+    if SENT
+        .get()
+        .is_some_and(|sent| sent.as_bytes() == partition.as_bytes())
+    {
+        return Ok(());
+    }
+    // SAFETY: Citus is installed (the caller checked), so its library is loaded;
+    // `bool IsExternalClientBackend(void)` reads a backend global.
+    if !unsafe { super::library_flag(c"IsExternalClientBackend") }.unwrap_or(false) {
+        return Ok(());
+    }
+    crate::db::with_settings(&[(c"citus.propagate_set_commands", c"local")], || {
+        super::propagated::ours(|| {
+            Spi::run(&format!(
+                "SET LOCAL syncular.push_partition = {}",
+                quote_literal(partition)
+            ))
+        })?;
+        Ok(())
     })
 }
 

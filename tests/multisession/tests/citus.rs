@@ -2475,7 +2475,36 @@ fn a_push_transactions_calls_name_one_partition() {
             .unwrap_or_else(|e| panic!("{p}: {e:?}"));
         assert_eq!(stored, classic_applied(1), "{p}");
     }
+    // A host's function — not distributed — in a query over a distributed table that Citus
+    // routes whole to the other partition's worker (red team 57, F1): the transaction's
+    // partition is sent to every node it reaches, and the calls there are held to it.
     exec(&mut c, "RESET ROLE");
+    exec(
+        &mut c,
+        "CREATE OR REPLACE FUNCTION public.append_plain(p text, commit jsonb) RETURNS bigint
+           LANGUAGE plpgsql AS $$ BEGIN RETURN syncular.append_commit(p, commit); END $$;
+         GRANT EXECUTE ON FUNCTION public.append_plain(text, jsonb) TO citus_srv;",
+    );
+    exec(&mut c, "SET ROLE citus_srv");
+    let mut tx = c.transaction().unwrap();
+    tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k9', 1)", &[&first])
+        .unwrap();
+    let err = sql_error(
+        &tx.query(
+            "SELECT public.append_plain(_sync_partition, $2) FROM public.tasks
+              WHERE _sync_partition = $1",
+            &[&other, &classic_change("r1")],
+        )
+        .unwrap_err(),
+    );
+    drop(tx);
+    assert_eq!(
+        (err.state.as_str(), err.detail.as_ref()),
+        ("SY004", Some(&json!({"reason": "citus_one_partition"}))),
+        "{err:?}"
+    );
+    exec(&mut c, "RESET ROLE");
+    assert_eq!(push_kept(&mut c, &other), vec![1, 1, 1, 1, 1, 1]);
 }
 
 /// The node holding `partition`'s colocated shards (every sync table's and `tasks`').
