@@ -1,5 +1,5 @@
 //! On Citus, the calls that begin, stage, append or store the result of a push name one
-//! partition per transaction (red teams 54 and 55; docs/SCALING.md "One partition per push
+//! partition per transaction (red teams 54–57; docs/SCALING.md "One partition per push
 //! transaction").
 //!
 //! The push protects itself from host bugs with state kept in the backend that runs the calls
@@ -19,6 +19,13 @@
 //! transaction that Citus delegates call by call (red team 55, F1). Stricter than one node, where
 //! a transaction may push to several partitions in turn: on Citus those are transactions of their
 //! own. Host code inside a call is left to its own refusal (`42501`, `crate::error::run`).
+//!
+//! Calls the node the client reached never sees run elsewhere too: inside a host's function that
+//! Citus delegates (refused by `super::subquery` in a transaction that pinned a partition: red
+//! team 56) or inside a query Citus routes whole to a worker (red team 57). So a client's
+//! transaction block also sends the partition it pinned to every node it reaches ([`send`]:
+//! `syncular.push_partition`, replayed by Citus on the transaction's connections), and every
+//! call checks it.
 
 use crate::error::{Error, Result};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
