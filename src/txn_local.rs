@@ -35,6 +35,9 @@ pub enum Key {
     /// answer true while the (sub)transaction that took it lasts ([`crate::citus::local_shard`]):
     /// one value per table and distribution key.
     CitusShard,
+    /// On Citus, the partition this transaction's push calls are held to
+    /// ([`crate::citus::one_partition`]).
+    CitusPushPartition,
 }
 
 struct Entry {

@@ -28,10 +28,10 @@
 //! call checks it.
 
 use crate::error::{Error, Result};
+use crate::txn_local::{self, Key};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use pgrx::spi::{quote_literal, Spi};
-use std::cell::RefCell;
 use std::ffi::CString;
 
 /// The partition the node the client reached pinned, as Citus hands it to every node of the
@@ -59,14 +59,6 @@ pub const PINNED_BY: [&str; 5] = [
     "push_finish",
 ];
 
-thread_local! {
-    /// The partition the current transaction pinned, with the local transaction it is of
-    /// (kept to the transaction's end: a call rolled back to a savepoint may have reached a node
-    /// that still holds what it did).
-    static PINNED: RefCell<Option<(pg_sys::LocalTransactionId, String)>> =
-        const { RefCell::new(None) };
-}
-
 /// Pins `partition` for this transaction, or refuses it where another one is pinned — here or,
 /// sent with the transaction's settings, on the node the client reached. Where Citus does not
 /// distribute the sync tables, or inside host code (refused as such by the call it makes):
@@ -88,19 +80,17 @@ pub fn require(partition: &str) -> Result<()> {
             return Err(refusal(&sent, partition));
         }
     }
-    let now = crate::port::local_transaction_id();
-    PINNED.with(|pinned| {
-        let mut pinned = pinned.borrow_mut();
-        match pinned.as_ref() {
-            Some((of, first)) if *of == now && first != partition => Err(refusal(first, partition)),
-            Some((of, _)) if *of == now => Ok(()),
-            _ => {
-                *pinned = Some((now, partition.to_string()));
-                Ok(())
-            }
+    // Kept as the transaction's own state: a rollback to a savepoint taken before the pin
+    // releases it, as it undoes the calls and, on every node, the setting sent (red team 58,
+    // F2: the setting was undone and the pin kept).
+    match txn_local::get(Key::CitusPushPartition) {
+        Some(first) if first != partition => Err(refusal(&first, partition)),
+        Some(_) => Ok(()),
+        None => {
+            txn_local::set(Key::CitusPushPartition, partition);
+            send(partition)
         }
-    })?;
-    send(partition)
+    }
 }
 
 fn refusal(first: &str, partition: &str) -> Error {
@@ -115,17 +105,13 @@ fn refusal(first: &str, partition: &str) -> Error {
 /// and the ones it reaches later: a `SET LOCAL syncular.push_partition` made while
 /// `citus.propagate_set_commands = local` (as `super::send_lock_timeout` sends the barrier's
 /// timeout; harmless on the owner's connections, so not a reason to refuse a call,
-/// `super::propagated`). Once per transaction, in a client's session inside a transaction block
-/// (a statement alone reaches one node; a worker's sessions are reached through the client's).
+/// `super::propagated`). For every new pin, whatever the session's own value of the setting (red
+/// team 58, F1: a host that set it first kept it from being sent), in a client's session inside
+/// a transaction block (a statement alone reaches one node; a worker's sessions are reached
+/// through the client's).
 fn send(partition: &str) -> Result<()> {
     // SAFETY: reads backend state of the current transaction.
     if !unsafe { pg_sys::IsTransactionBlock() } {
-        return Ok(());
-    }
-    if SENT
-        .get()
-        .is_some_and(|sent| sent.as_bytes() == partition.as_bytes())
-    {
         return Ok(());
     }
     // SAFETY: Citus is installed (the caller checked), so its library is loaded;
@@ -146,12 +132,5 @@ fn send(partition: &str) -> Result<()> {
 
 /// The partition this transaction pinned, if it pinned one.
 pub fn pinned() -> Option<String> {
-    let now = crate::port::local_transaction_id();
-    PINNED.with(|pinned| {
-        pinned
-            .borrow()
-            .as_ref()
-            .filter(|(of, _)| *of == now)
-            .map(|(_, partition)| partition.clone())
-    })
+    txn_local::get(Key::CitusPushPartition)
 }

@@ -2503,6 +2503,45 @@ fn a_push_transactions_calls_name_one_partition() {
         ("SY004", Some(&json!({"reason": "citus_one_partition"}))),
         "{err:?}"
     );
+    // The partition is sent whatever the session set the setting to first, and sent again when
+    // a rollback to a savepoint undid it with the pin (red team 58, F1 and F2); a push begun and
+    // rolled back to its savepoint leaves the transaction free for another partition.
+    let routed = |tx: &mut postgres::Transaction<'_>| {
+        let err = sql_error(
+            &tx.query(
+                "SELECT public.append_plain(_sync_partition, $2) FROM public.tasks
+                  WHERE _sync_partition = $1",
+                &[&other, &classic_change("r2")],
+            )
+            .unwrap_err(),
+        );
+        assert_eq!(
+            (err.state.as_str(), err.detail.as_ref()),
+            ("SY004", Some(&json!({"reason": "citus_one_partition"}))),
+            "{err:?}"
+        );
+    };
+    exec(&mut c, "SET syncular.push_partition = ''");
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute(&format!("SET LOCAL syncular.push_partition = '{first}'"))
+        .unwrap();
+    tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k9', 1)", &[&first])
+        .unwrap();
+    routed(&mut tx);
+    drop(tx);
+    exec(&mut c, "RESET syncular.push_partition");
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute("SAVEPOINT s").unwrap();
+    tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k9', 1)", &[&first])
+        .unwrap();
+    tx.batch_execute("ROLLBACK TO SAVEPOINT s").unwrap();
+    tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k9', 1)", &[&other])
+        .unwrap();
+    tx.batch_execute("ROLLBACK TO SAVEPOINT s").unwrap();
+    tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k9', 1)", &[&first])
+        .unwrap();
+    routed(&mut tx);
+    drop(tx);
     exec(&mut c, "RESET ROLE");
     assert_eq!(push_kept(&mut c, &other), vec![1, 1, 1, 1, 1, 1]);
 }
