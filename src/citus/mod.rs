@@ -102,6 +102,43 @@ pub fn installed() -> bool {
     catalog() != pg_sys::InvalidOid
 }
 
+// PostgreSQL's own planner, called as C calls it: an ERROR raised in it (or in a planner hook
+// installed before ours) jumps straight over the hooks that call it, which hold nothing that needs
+// dropping — as src/schema/executor_snapshots.rs calls the executor. Not through pgrx's guarded
+// binding: that turns the ERROR into a Rust panic, which unwound into PostgreSQL's C frames from
+// this hook and aborted the backend on any planning error (`SELECT 1/0`; an out-of-memory one in
+// the memory-limited suite first), and raised again by pgrx an ERROR loses its SQLSTATE.
+unsafe extern "C-unwind" {
+    #[link_name = "standard_planner"]
+    fn standard_planner(
+        parse: *mut pg_sys::Query,
+        query_string: *const std::ffi::c_char,
+        cursor_options: std::ffi::c_int,
+        bound: pg_sys::ParamListInfo,
+    ) -> *mut pg_sys::PlannedStmt;
+}
+
+/// The planner a hook of ours was installed over — `previous`, or PostgreSQL's own — called raw
+/// (above): the planner hooks of `owner_sessions` and `subquery`.
+///
+/// # Safety
+/// PostgreSQL's planner arguments, passed on unchanged.
+unsafe fn plan_with(
+    previous: pg_sys::planner_hook_type,
+    parse: *mut pg_sys::Query,
+    query_string: *const std::ffi::c_char,
+    cursor_options: std::ffi::c_int,
+    bound: pg_sys::ParamListInfo,
+) -> *mut pg_sys::PlannedStmt {
+    // SAFETY: the caller's arguments; the hook before ours takes the same ones.
+    unsafe {
+        match previous {
+            Some(previous) => previous(parse, query_string, cursor_options, bound),
+            None => standard_planner(parse, query_string, cursor_options, bound),
+        }
+    }
+}
+
 /// Whether Citus distributes the extension's tables in this database (`sync_partitions` is
 /// Citus's): where it does not, the extension's statements stay on this node.
 ///

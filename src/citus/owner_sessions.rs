@@ -34,24 +34,8 @@ pub fn install() {
     }
 }
 
-// PostgreSQL's own planner, called as C calls it: an ERROR raised in it (or in a planner hook
-// installed before ours) jumps straight over the hook below, which holds nothing that needs
-// dropping — as src/schema/executor_snapshots.rs calls the executor. Not through pgrx's guarded
-// binding: that turns the ERROR into a Rust panic, which unwound into PostgreSQL's C frames from
-// this hook and aborted the backend on any planning error (`SELECT 1/0`; an out-of-memory one in
-// the memory-limited suite first), and raised again by pgrx an ERROR loses its SQLSTATE.
-unsafe extern "C-unwind" {
-    #[link_name = "standard_planner"]
-    fn standard_planner(
-        parse: *mut pg_sys::Query,
-        query_string: *const std::ffi::c_char,
-        cursor_options: std::ffi::c_int,
-        bound: pg_sys::ParamListInfo,
-    ) -> *mut pg_sys::PlannedStmt;
-}
-
 /// The hook (`optimizer/planner.h`, the same on PostgreSQL 15 and 18): the check (guarded on its
-/// own), then the planner before ours or PostgreSQL's own, called raw (above).
+/// own), then the planner before ours or PostgreSQL's own, called raw (`super::plan_with`).
 unsafe extern "C-unwind" fn plan(
     parse: *mut pg_sys::Query,
     query_string: *const std::ffi::c_char,
@@ -61,10 +45,7 @@ unsafe extern "C-unwind" fn plan(
     // SAFETY: PostgreSQL's arguments, passed on unchanged; the check reads catalogs only.
     unsafe {
         check_guarded();
-        match PREVIOUS {
-            Some(previous) => previous(parse, query_string, cursor_options, bound),
-            None => standard_planner(parse, query_string, cursor_options, bound),
-        }
+        super::plan_with(PREVIOUS, parse, query_string, cursor_options, bound)
     }
 }
 

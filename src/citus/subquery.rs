@@ -50,18 +50,6 @@ pub fn install() {
     }
 }
 
-// PostgreSQL's own planner, called raw as src/citus/owner_sessions.rs calls it (an ERROR in it
-// jumps over the hook below, which holds nothing that needs dropping).
-unsafe extern "C-unwind" {
-    #[link_name = "standard_planner"]
-    fn standard_planner(
-        parse: *mut pg_sys::Query,
-        query_string: *const std::ffi::c_char,
-        cursor_options: std::ffi::c_int,
-        bound: pg_sys::ParamListInfo,
-    ) -> *mut pg_sys::PlannedStmt;
-}
-
 /// The planner hook: the planners before ours (Citus's), then whether the plan delegates a host's
 /// function in a transaction that pinned a partition ([`delegated_host_call`]).
 unsafe extern "C-unwind" fn plan_then_check(
@@ -72,10 +60,8 @@ unsafe extern "C-unwind" fn plan_then_check(
 ) -> *mut pg_sys::PlannedStmt {
     // SAFETY: PostgreSQL's arguments, passed on unchanged; the check reads the trees only.
     unsafe {
-        let planned = match PREVIOUS_PLANNER {
-            Some(previous) => previous(parse, query_string, cursor_options, bound),
-            None => standard_planner(parse, query_string, cursor_options, bound),
-        };
+        let planned =
+            super::plan_with(PREVIOUS_PLANNER, parse, query_string, cursor_options, bound);
         // Only Citus makes a custom scan of a query: elsewhere nothing more is looked at.
         let tree = if planned.is_null() {
             std::ptr::null_mut()
