@@ -96,7 +96,8 @@ unsafe extern "C-unwind" fn check_guarded(
 /// relation and is planned as Citus's custom scan is a delegated call.
 ///
 /// # Safety
-/// `parse` is the query `planned` was planned from; both valid trees.
+/// `parse` is the query `planned` was planned from; both valid trees, `planned` a custom scan
+/// (`plan_then_check` looks at nothing else).
 unsafe fn delegated_host_call(
     parse: *mut pg_sys::Query,
     planned: *mut pg_sys::PlannedStmt,
@@ -116,23 +117,13 @@ unsafe fn delegated_host_call(
             return None;
         }
         let pinned = super::one_partition::pinned()?;
-        let tree = (*planned).planTree;
-        if tree.is_null() || (*tree).type_ != pg_sys::NodeTag::T_CustomScan {
-            return None;
-        }
         let entries = port::list_pointers((*parse).rtable);
         let mut calls = Vec::new();
         for entry in entries {
             let entry = entry.ptr_value.cast::<pg_sys::RangeTblEntry>();
             match (*entry).rtekind {
                 pg_sys::RTEKind::RTE_RESULT => {}
-                pg_sys::RTEKind::RTE_FUNCTION => calls.extend(
-                    port::list_pointers((*entry).functions)
-                        .iter()
-                        .filter_map(|f| {
-                            function_of((*f.ptr_value.cast::<pg_sys::RangeTblFunction>()).funcexpr)
-                        }),
-                ),
+                pg_sys::RTEKind::RTE_FUNCTION => calls.extend(entry_calls(entry)),
                 // A relation, a subquery, …: not a delegated call.
                 _ => return None,
             }
@@ -385,11 +376,21 @@ unsafe fn from_entry(
 /// `entry` is a valid `RTE_FUNCTION` entry.
 unsafe fn our_function(entry: *mut pg_sys::RangeTblEntry) -> Option<*mut pg_sys::FuncExpr> {
     // SAFETY: see `fence`.
+    unsafe { entry_calls(entry).find(|f| is_ours(*f)) }
+}
+
+/// The function calls a function entry holds (`ROWS FROM` may hold several).
+///
+/// # Safety
+/// `entry` is a valid `RTE_FUNCTION` entry of a tree that outlives the iterator.
+unsafe fn entry_calls(
+    entry: *mut pg_sys::RangeTblEntry,
+) -> impl Iterator<Item = *mut pg_sys::FuncExpr> {
+    // SAFETY: see `fence`; each item of the list is a `RangeTblFunction`.
     unsafe {
         port::list_pointers((*entry).functions)
             .iter()
             .filter_map(|f| function_of((*f.ptr_value.cast::<pg_sys::RangeTblFunction>()).funcexpr))
-            .find(|f| is_ours(*f))
     }
 }
 
