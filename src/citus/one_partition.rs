@@ -25,18 +25,32 @@
 //! team 56) or inside a query Citus routes whole to a worker (red team 57). So a client's
 //! transaction block also sends the partition it pinned to every node it reaches ([`send`]:
 //! `syncular.push_partition`, replayed by Citus on the transaction's connections), and every
-//! call checks it.
+//! call checks it. Citus forgets a subtransaction's `SET LOCAL` when it ends, released too, so
+//! the pin is sent again where it was sent inside one ([`resend_where_forgotten`], red team 59,
+//! F1); and a node that runs a call in a distributed transaction another node began refuses a
+//! call that arrives with no pin sent ([`unsent_on_a_participant`], red team 59, F2: a host's
+//! function routed to a worker pinned it there alone, and the node the client reached let a push
+//! to another partition through).
 
 use crate::error::{Error, Result};
+use crate::port;
 use crate::txn_local::{self, Key};
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use pgrx::spi::{quote_literal, Spi};
+use std::cell::Cell;
 use std::ffi::CString;
 
 /// The partition the node the client reached pinned, as Citus hands it to every node of the
 /// transaction ([`send`]).
 static SENT: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+
+thread_local! {
+    /// Where this session last had the pin sent ([`send`]): its local transaction and the
+    /// subtransaction whose propagated settings Citus keeps it with.
+    static SENT_IN: Cell<Option<(pg_sys::LocalTransactionId, pg_sys::SubTransactionId)>> =
+        const { Cell::new(None) };
+}
 
 /// Defines `syncular.push_partition` (from `_PG_init`).
 pub fn init() {
@@ -74,11 +88,13 @@ pub fn require(partition: &str) -> Result<()> {
     // Pinned on the node the client reached and sent here: a call that runs here inside
     // something Citus routed whole to this node — a host's function in a query over a
     // distributed table — is held to it too (red team 57, F1).
-    if let Some(sent) = SENT.get() {
-        let sent = sent.to_string_lossy();
-        if !sent.is_empty() && sent != partition {
-            return Err(refusal(&sent, partition));
+    match SENT.get().filter(|sent| !sent.is_empty()) {
+        Some(sent) if sent.to_bytes() != partition.as_bytes() => {
+            return Err(refusal(&sent.to_string_lossy(), partition));
         }
+        Some(_) => {}
+        None if unsent_on_a_participant() => return Err(unsent(partition)),
+        None => {}
     }
     // Kept as the transaction's own state: a rollback to a savepoint taken before the pin
     // releases it, as it undoes the calls and, on every node, the setting sent (red team 58,
@@ -91,6 +107,57 @@ pub fn require(partition: &str) -> Result<()> {
             send(partition)
         }
     }
+}
+
+/// Whether this session runs its statements for a distributed transaction another session
+/// began (Citus's `assign_distributed_transaction_id`, sent with the `BEGIN` of every
+/// connection of a transaction that may reach several nodes: a transaction block, a `DO` block,
+/// a function's statements). There the session that began it pinned the partition and sent it
+/// before any call of these reaches this node ([`send`]), so a call that finds none arrives
+/// inside something else the client sent — a host's function in a query Citus routed here —
+/// before the transaction's push began (red team 59, F2: it pinned this node alone, and the node
+/// the client reached let a push to another partition through), or after a resend that could
+/// not be made. A statement Citus sends alone (a call outside a transaction) reaches one node
+/// and is not one of these. Decided by Citus's record of the transaction, not by the session's
+/// `application_name`, which the host's function may change.
+fn unsent_on_a_participant() -> bool {
+    // SAFETY: Citus is installed (the caller checked), so its library is loaded;
+    // `DistributedTransactionId *GetCurrentDistributedTransactionId(void)` returns a palloc'd
+    // copy of this backend's entry (src/include/distributed/transaction_identifier.h in Citus
+    // 13), read here and freed.
+    unsafe {
+        let found = super::library_function(c"GetCurrentDistributedTransactionId");
+        if found.is_null() {
+            return false;
+        }
+        let get: unsafe extern "C-unwind" fn() -> *mut DistributedTransactionId =
+            std::mem::transmute(found);
+        let id = pg_sys::ffi::pg_guard_ffi_boundary(|| get());
+        if id.is_null() {
+            return false;
+        }
+        let participant = (*id).transaction_number != 0 && !(*id).transaction_originator;
+        pg_sys::pfree(id.cast());
+        participant
+    }
+}
+
+/// Citus 13's `DistributedTransactionId` (src/include/distributed/transaction_identifier.h).
+#[repr(C)]
+struct DistributedTransactionId {
+    initiator_node_identifier: std::ffi::c_int,
+    transaction_originator: bool,
+    transaction_number: u64,
+    timestamp: pg_sys::TimestampTz,
+}
+
+fn unsent(partition: &str) -> Error {
+    Error::invalid_transaction_state("citus_one_partition").with_hint(format!(
+        "this call for partition {partition:?} runs on a node Citus sent it to inside a \
+         distributed transaction whose push did not begin on the node the client reached: on \
+         Citus begin the push with a direct call of the push's functions before a host's \
+         function calls them (docs/SCALING.md, \"One partition per push transaction\")"
+    ))
 }
 
 fn refusal(first: &str, partition: &str) -> Error {
@@ -106,17 +173,20 @@ fn refusal(first: &str, partition: &str) -> Error {
 /// `citus.propagate_set_commands = local` (as `super::send_lock_timeout` sends the barrier's
 /// timeout; harmless on the owner's connections, so not a reason to refuse a call,
 /// `super::propagated`). For every new pin, whatever the session's own value of the setting (red
-/// team 58, F1: a host that set it first kept it from being sent), in a client's session inside
-/// a transaction block (a statement alone reaches one node; a worker's sessions are reached
-/// through the client's).
+/// team 58, F1: a host that set it first kept it from being sent), in a client's session where
+/// Citus propagates a `SET LOCAL` — a transaction that may reach several nodes
+/// (`IsMultiStatementTransaction`: a transaction block, a `DO` block, a function's statements);
+/// a statement alone reaches one node, and a worker's sessions are reached through the
+/// client's. Where it is made is kept for [`resend_where_forgotten`].
 fn send(partition: &str) -> Result<()> {
-    // SAFETY: reads backend state of the current transaction.
-    if !unsafe { pg_sys::IsTransactionBlock() } {
-        return Ok(());
-    }
-    // SAFETY: Citus is installed (the caller checked), so its library is loaded;
-    // `bool IsExternalClientBackend(void)` reads a backend global.
-    if !unsafe { super::library_flag(c"IsExternalClientBackend") }.unwrap_or(false) {
+    // SAFETY: Citus is installed (the callers checked), so its library is loaded;
+    // `bool IsMultiStatementTransaction(void)` and `bool IsExternalClientBackend(void)` read
+    // backend state.
+    let sends = unsafe {
+        super::library_flag(c"IsMultiStatementTransaction").unwrap_or(false)
+            && super::library_flag(c"IsExternalClientBackend").unwrap_or(false)
+    };
+    if !sends {
         return Ok(());
     }
     crate::db::with_settings(&[(c"citus.propagate_set_commands", c"local")], || {
@@ -127,7 +197,51 @@ fn send(partition: &str) -> Result<()> {
             ))
         })?;
         Ok(())
-    })
+    })?;
+    // SAFETY: reads a backend global; never errors.
+    let subtransaction = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    SENT_IN.set(Some((port::local_transaction_id(), subtransaction)));
+    Ok(())
+}
+
+/// Sends the pin again where Citus forgot it: Citus keeps a `SET LOCAL` with the subtransaction
+/// it was made in and drops it when that subtransaction ends — released as well as rolled back —
+/// so a pin taken inside a savepoint that was then released (psql's `ON_ERROR_ROLLBACK`, a
+/// driver's autosave, a PL/pgSQL exception block that ended normally) reached none of the
+/// connections Citus opened afterwards, and a host's function routed there ran unpinned (red
+/// team 59, F1). Called as every statement's executor starts ([`resend_guarded`]), before Citus
+/// opens a connection for it; where the subtransaction the pin was sent in is still open (every
+/// statement of a transaction that took no savepoint since), it costs two comparisons. A pin a
+/// rollback released is not sent again; inside host code of a call it waits for the call's own
+/// statements.
+fn resend_where_forgotten() -> Result<()> {
+    let Some((transaction, subtransaction)) = SENT_IN.get() else {
+        return Ok(());
+    };
+    if transaction != port::local_transaction_id() {
+        SENT_IN.set(None);
+        return Ok(());
+    }
+    // SAFETY: walks the current transaction's subtransaction states; never errors.
+    if unsafe { pg_sys::SubTransactionIsActive(subtransaction) }
+        || crate::error::HostCode::running()
+    {
+        return Ok(());
+    }
+    SENT_IN.set(None);
+    match pinned() {
+        Some(partition) => send(&partition),
+        None => Ok(()),
+    }
+}
+
+/// [`resend_where_forgotten`] behind pgrx's guard, for the library's executor hook
+/// (src/schema/executor_snapshots.rs): its error is raised from here.
+#[pgrx::pg_guard]
+pub extern "C-unwind" fn resend_guarded() {
+    if let Err(error) = resend_where_forgotten() {
+        crate::error::raise_error(error)
+    }
 }
 
 /// The partition this transaction pinned, if it pinned one.

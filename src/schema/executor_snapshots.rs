@@ -150,6 +150,9 @@ unsafe extern "C-unwind" fn record_then_start(query: *mut pg_sys::QueryDesc, efl
     // executor runs; the hook before ours takes the same arguments.
     unsafe {
         record_guarded((*query).snapshot);
+        // On Citus, the push's partition sent again where a released savepoint made Citus
+        // forget it, before this statement opens a connection (src/citus/one_partition.rs).
+        crate::citus::one_partition::resend_guarded();
         match PREVIOUS {
             Some(previous) => previous(query, eflags),
             None => standard_executor_start(query, eflags),
