@@ -212,8 +212,8 @@ fn send(partition: &str) -> Result<()> {
 /// team 59, F1). Called as every statement's executor starts ([`resend_guarded`]), before Citus
 /// opens a connection for it; where the subtransaction the pin was sent in is still open (every
 /// statement of a transaction that took no savepoint since), it costs two comparisons. A pin a
-/// rollback released is not sent again; inside host code of a call it waits for the call's own
-/// statements.
+/// rollback released is not sent again; inside host code of a call, or in parallel mode, it
+/// waits for a later statement.
 fn resend_where_forgotten() -> Result<()> {
     let Some((transaction, subtransaction)) = SENT_IN.get() else {
         return Ok(());
@@ -222,8 +222,10 @@ fn resend_where_forgotten() -> Result<()> {
         SENT_IN.set(None);
         return Ok(());
     }
-    // SAFETY: walks the current transaction's subtransaction states; never errors.
-    if unsafe { pg_sys::SubTransactionIsActive(subtransaction) }
+    // SAFETY: walk the current transaction's subtransaction states and read a backend flag;
+    // neither errors. No setting can be made in parallel mode: the re-send waits for a statement
+    // outside it (the next top-level one starts before it enters it).
+    if unsafe { pg_sys::SubTransactionIsActive(subtransaction) || pg_sys::IsInParallelMode() }
         || crate::error::HostCode::running()
     {
         return Ok(());
