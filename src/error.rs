@@ -375,6 +375,13 @@ pub fn run_in_host_code<T>(body: impl FnOnce() -> Result<T>) -> T {
 
 /// What an error of ours is raised as: its SQLSTATE, message, DETAIL, HINT (an out-of-memory
 /// error: `53200` with its size).
+/// What an error of ours is raised as — its SQLSTATE, message, DETAIL and HINT — for code that
+/// hands them to PostgreSQL to raise (a setting's check hook, src/citus/one_partition.rs).
+pub fn parts(error: Error) -> (c_int, String, Option<String>, Option<String>) {
+    let (code, message, detail, hint, _) = raised(error);
+    (code, message, detail, hint)
+}
+
 fn raised(error: Error) -> (c_int, String, Option<String>, Option<String>, Origin) {
     let ours = |state: &str| crate::port::make_sqlstate(state);
     match error {

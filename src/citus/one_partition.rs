@@ -54,14 +54,120 @@ thread_local! {
 
 /// Defines `syncular.push_partition` (from `_PG_init`).
 pub fn init() {
-    GucRegistry::define_string_guc(
-        c"syncular.push_partition",
-        c"On Citus, the partition this transaction's push calls are held to.",
-        c"Set by the extension (SET LOCAL, which Citus sends to every node of the transaction) when a transaction's first push call names its partition; not a setting for hosts (docs/SCALING.md, \"One partition per push transaction\").",
-        &SENT,
-        GucContext::Userset,
-        GucFlags::NO_SHOW_ALL | GucFlags::NO_RESET_ALL,
-    );
+    // SAFETY: the check hook is guarded (`pg_guard`) and has the signature PostgreSQL calls.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"syncular.push_partition",
+            c"On Citus, the partition this transaction's push calls are held to.",
+            c"Set by the extension (SET LOCAL, which Citus sends to every node of the transaction) when a transaction's first push call names its partition; not a setting for hosts, who may only empty it (docs/SCALING.md, \"One partition per push transaction\").",
+            &SENT,
+            GucContext::Userset,
+            GucFlags::NO_SHOW_ALL | GucFlags::NO_RESET_ALL,
+            Some(only_as_sent),
+            None,
+            None,
+        );
+    }
+}
+
+thread_local! {
+    /// True while [`send`] makes the setting.
+    static SENDING: Cell<bool> = const { Cell::new(false) };
+    /// True while a node running statements of a distributed transaction another node began runs
+    /// a top-level `SET LOCAL` of the setting: Citus replaying what the node the client reached
+    /// sent ([`note_replay`]).
+    static REPLAYING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The setting's check hook: a partition is accepted only as the extension sends it — by
+/// [`send`] on the node the client reached, and as Citus replays it on the other nodes (a
+/// top-level statement of a session Citus opened, [`note_replay`]) — and an empty value from
+/// anyone. Red team 60: a host's code that Citus
+/// routed to a worker set it there (`set_config(…)` in its function or its query) to the
+/// partition it then appended to, and a host that made Citus propagate its own `SET LOCAL`
+/// after the push's first call did the same on every node; both pushes were kept. A role's or
+/// database's default is refused the same way (PostgreSQL then ignores it with a WARNING when a
+/// session starts). Refused with the extension's `SY004` (`citus_one_partition`). A parallel
+/// worker takes its leader's value as it starts.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn only_as_sent(
+    value: *mut *mut std::ffi::c_char,
+    _extra: *mut *mut std::ffi::c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: PostgreSQL passes the proposed value (a pointer to a NUL-terminated string or to
+    // NULL); the messages are copied into `ErrorContext`, where guc.c's own check-hook messages
+    // live (`format_elog_string`), for it to raise.
+    unsafe {
+        let empty = value.is_null() || (*value).is_null() || *(*value) == 0;
+        // A parallel worker starts with its leader's settings, whatever made them.
+        if empty || SENDING.get() || REPLAYING.get() || pg_sys::InitializingParallelWorker {
+            return true;
+        }
+        let error = Error::invalid_transaction_state("citus_one_partition").with_hint(
+            "syncular.push_partition is the extension's: it sets it when a push transaction's \
+             first call names its partition, and a host may only empty it (docs/SCALING.md, \
+             \"One partition per push transaction\")"
+                .to_string(),
+        );
+        let (code, message, detail, hint) = crate::error::parts(error);
+        let copy = |text: &str| {
+            let text = CString::new(text.replace('\0', "")).unwrap_or_default();
+            pg_sys::MemoryContextStrdup(pg_sys::ErrorContext, text.as_ptr())
+        };
+        pg_sys::GUC_check_errcode(code);
+        pg_sys::GUC_check_errmsg_string = copy(&message);
+        if let Some(detail) = detail {
+            pg_sys::GUC_check_errdetail_string = copy(&detail);
+        }
+        if let Some(hint) = hint {
+            pg_sys::GUC_check_errhint_string = copy(&hint);
+        }
+        false
+    }
+}
+
+/// Called by the library's utility hook before every utility statement runs, with whether it
+/// is a top-level statement: notes a `SET LOCAL syncular.push_partition` that Citus replays
+/// here for the node the client reached ([`only_as_sent`]) — a top-level statement of a session
+/// Citus opened from another node (its statements come from that node; a host's code reaches
+/// it only inside a query or function, never at the top level). Any other statement clears the
+/// note, as does every executor start ([`resend_guarded`]), so a note an error left set never
+/// outlives its statement.
+///
+/// # Safety
+/// `statement` is the `PlannedStmt` PostgreSQL hands the utility hook.
+pub unsafe fn note_replay(statement: *mut pg_sys::PlannedStmt, top_level: bool) {
+    // SAFETY: the caller's guarantee; a node's tag is its first field, the name NUL-terminated.
+    let ours = top_level
+        && unsafe {
+            let utility = if statement.is_null() {
+                std::ptr::null_mut()
+            } else {
+                (*statement).utilityStmt
+            };
+            !utility.is_null() && (*utility).type_ == pg_sys::NodeTag::T_VariableSetStmt && {
+                let set = utility.cast::<pg_sys::VariableSetStmt>();
+                (*set).is_local
+                    && !(*set).name.is_null()
+                    && std::ffi::CStr::from_ptr((*set).name) == c"syncular.push_partition"
+            }
+        };
+    REPLAYING.set(ours && replay_here());
+}
+
+/// Whether this session is one Citus opened from another node (its `application_name`, which
+/// only a top-level statement of the session itself could change), behind pgrx's guard: called
+/// from the utility hook, which has none (an ERROR of a catalog lookup is raised from here).
+/// Citus replays the settings before the statement that makes the session a participant of the
+/// distributed transaction (`assign_distributed_transaction_id`, after them in the `BEGIN` it
+/// sends), so that cannot be asked here.
+#[pgrx::pg_guard]
+extern "C-unwind" fn replay_here() -> bool {
+    // SAFETY: Citus is installed (checked first), so its library is loaded;
+    // `bool IsExternalClientBackend(void)` reads a backend global.
+    super::installed()
+        && !unsafe { super::library_flag(c"IsExternalClientBackend") }.unwrap_or(true)
 }
 
 /// The functions whose partition is pinned: they begin, stage, append or store a push's result.
@@ -190,12 +296,17 @@ fn send(partition: &str) -> Result<()> {
         return Ok(());
     }
     crate::db::with_settings(&[(c"citus.propagate_set_commands", c"local")], || {
-        super::propagated::ours(|| {
-            Spi::run(&format!(
-                "SET LOCAL syncular.push_partition = {}",
-                quote_literal(partition)
-            ))
-        })?;
+        let before = SENDING.replace(true);
+        let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            super::propagated::ours(|| {
+                Spi::run(&format!(
+                    "SET LOCAL syncular.push_partition = {}",
+                    quote_literal(partition)
+                ))
+            })
+        }));
+        SENDING.set(before);
+        made.unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
         Ok(())
     })?;
     // SAFETY: reads a backend global; never errors.
@@ -241,6 +352,7 @@ fn resend_where_forgotten() -> Result<()> {
 /// (src/schema/executor_snapshots.rs): its error is raised from here.
 #[pgrx::pg_guard]
 pub extern "C-unwind" fn resend_guarded() {
+    REPLAYING.set(false);
     if let Err(error) = resend_where_forgotten() {
         crate::error::raise_error(error)
     }

@@ -184,8 +184,13 @@ unsafe extern "C-unwind" fn record_then_utility(
         if pg_sys::ActiveSnapshotSet() {
             record_guarded(pg_sys::GetActiveSnapshot());
         }
-        // The settings Citus would replay on the extension owner's connections (red team 46).
+        // The settings Citus would replay on the extension owner's connections (red team 46),
+        // and the push's partition as Citus replays it here (src/citus/one_partition.rs).
         crate::citus::propagated::observe(statement);
+        crate::citus::one_partition::note_replay(
+            statement,
+            context == pg_sys::ProcessUtilityContext::PROCESS_UTILITY_TOPLEVEL,
+        );
         let run = match PREVIOUS_UTILITY {
             Some(previous) => previous,
             None => standard_process_utility,

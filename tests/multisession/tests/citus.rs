@@ -2523,8 +2523,6 @@ fn a_push_transactions_calls_name_one_partition() {
     };
     exec(&mut c, "SET syncular.push_partition = ''");
     let mut tx = c.transaction().unwrap();
-    tx.batch_execute(&format!("SET LOCAL syncular.push_partition = '{first}'"))
-        .unwrap();
     tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k9', 1)", &[&first])
         .unwrap();
     routed(&mut tx);
@@ -2556,7 +2554,10 @@ fn a_push_transactions_calls_name_one_partition() {
 /// F2: a host's function routed to a worker before the transaction's first direct call pinned
 /// that worker alone, and a push to another partition through the coordinator went through; a
 /// call that arrives on a node inside a distributed transaction with no pin sent is refused. A
-/// push whose every statement sits in a released savepoint applies.
+/// push whose every statement sits in a released savepoint applies. And the setting that
+/// carries the pin is the extension's alone (red team 60): a host that named a partition in it —
+/// propagated from the node it reached, or set in a query or function Citus routed to a worker
+/// — had that worker take its value for the pin.
 #[test]
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
 fn a_pin_reaches_connections_opened_after_a_released_savepoint_and_no_node_pins_alone() {
@@ -2687,6 +2688,89 @@ fn a_pin_reaches_connections_opened_after_a_released_savepoint_and_no_node_pins_
         &[&first, &classic_applied(seq)],
     );
     tx.commit().unwrap();
+    // The setting is the extension's (red team 60): a host may empty it, not name a partition
+    // — by its own statement on the node it reached (where Citus would propagate it), in a query
+    // Citus routes to a worker, in its function there, or as a role's default. A parallel
+    // worker still starts with its leader's value.
+    let mut tx = c.transaction().unwrap();
+    tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k6', 1)", &[&first])
+        .unwrap();
+    tx.batch_execute("SET LOCAL force_parallel_mode = on")
+        .unwrap();
+    let classes: i64 = tx
+        .query_one("SELECT count(*) FROM pg_catalog.pg_class", &[])
+        .unwrap()
+        .get(0);
+    assert!(classes > 0);
+    tx.batch_execute("SET LOCAL syncular.push_partition = ''")
+        .unwrap();
+    drop(tx);
+    let setting_refused = |err: &postgres::Error, case: &str| {
+        let err = sql_error(err);
+        assert_eq!(
+            (err.state.as_str(), err.detail.as_ref()),
+            ("SY004", Some(&json!({"reason": "citus_one_partition"}))),
+            "{case}: {err:?}"
+        );
+    };
+    for (case, statements) in [
+        (
+            "propagated",
+            vec![
+                "SET LOCAL citus.propagate_set_commands = local".to_string(),
+                format!("SET LOCAL syncular.push_partition = '{other}'"),
+            ],
+        ),
+        (
+            "routed set_config",
+            vec![format!(
+                "SELECT set_config('syncular.push_partition', _sync_partition, true)
+                   FROM public.tasks WHERE _sync_partition = '{other}'"
+            )],
+        ),
+        (
+            "role default",
+            vec![format!(
+                "ALTER ROLE citus_srv SET syncular.push_partition = '{other}'"
+            )],
+        ),
+    ] {
+        let mut tx = c.transaction().unwrap();
+        tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k6', 1)", &[&first])
+            .unwrap();
+        let mut outcome = Ok(());
+        for statement in &statements {
+            outcome = tx.batch_execute(statement);
+            if outcome.is_err() {
+                break;
+            }
+        }
+        setting_refused(&outcome.unwrap_err(), case);
+        drop(tx);
+    }
+    exec(&mut c, "RESET ROLE");
+    exec(
+        &mut c,
+        "CREATE OR REPLACE FUNCTION public.append_as(p text, commit jsonb) RETURNS bigint
+           LANGUAGE plpgsql AS $$ BEGIN
+             PERFORM set_config('syncular.push_partition', p, true);
+             RETURN syncular.append_commit(p, commit);
+           END $$;
+         GRANT EXECUTE ON FUNCTION public.append_as(text, jsonb) TO citus_srv;",
+    );
+    exec(&mut c, "SET ROLE citus_srv");
+    let mut tx = c.transaction().unwrap();
+    tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k6', 1)", &[&first])
+        .unwrap();
+    let err = tx
+        .query(
+            "SELECT public.append_as(_sync_partition, $2) FROM public.tasks
+              WHERE _sync_partition = $1",
+            &[&other, &classic_change("f3")],
+        )
+        .unwrap_err();
+    setting_refused(&err, "a routed function setting it");
+    drop(tx);
     exec(&mut c, "RESET ROLE");
     assert_eq!(push_kept(&mut c, &first), vec![2, 1, 1, 1, 1, 2]);
     assert_eq!(push_kept(&mut c, &other), vec![1, 1, 1, 1, 1, 1]);
