@@ -81,8 +81,8 @@ thread_local! {
 
 /// The setting's check hook: a partition is accepted only as the extension sends it — by
 /// [`send`] on the node the client reached, and as Citus replays it on the other nodes (a
-/// top-level statement of a session Citus opened, [`note_replay`]) — and an empty value from
-/// anyone. Red team 60: a host's code that Citus
+/// top-level statement of a session Citus opened that has not sent its transaction to another
+/// node itself, [`note_replay`]) — and an empty value from anyone. Red team 60: a host's code that Citus
 /// routed to a worker set it there (`set_config(…)` in its function or its query) to the
 /// partition it then appended to, and a host that made Citus propagate its own `SET LOCAL`
 /// after the push's first call did the same on every node; both pushes were kept. A role's or
@@ -156,18 +156,24 @@ pub unsafe fn note_replay(statement: *mut pg_sys::PlannedStmt, top_level: bool) 
     REPLAYING.set(ours && replay_here());
 }
 
-/// Whether this session is one Citus opened from another node (its `application_name`, which
-/// only a top-level statement of the session itself could change), behind pgrx's guard: called
-/// from the utility hook, which has none (an ERROR of a catalog lookup is raised from here).
-/// Citus replays the settings before the statement that makes the session a participant of the
-/// distributed transaction (`assign_distributed_transaction_id`, after them in the `BEGIN` it
-/// sends), so that cannot be asked here.
+/// Whether a top-level statement here may be Citus replaying what another node sent, behind
+/// pgrx's guard: called from the utility hook, which has none (an ERROR of a catalog lookup is
+/// raised from here). A session Citus opened from another node (its `application_name`) that
+/// has not begun a distributed transaction of its own. Citus replays the settings before the
+/// statement that makes the session a participant (`assign_distributed_transaction_id`, after
+/// them in the `BEGIN` it sends), so being one cannot be asked; not having begun one can, and
+/// that is what a client naming its own session as Citus names its connections lacks once its
+/// transaction has reached another node (red team 61, F1: on the coordinator, after its push
+/// began, such a client's own `SET LOCAL`, propagated by Citus, named another partition on the
+/// workers). Before that, what it sets is the one partition every node of its transaction
+/// holds it to: the node it reached checks its own calls against the value too.
 #[pgrx::pg_guard]
 extern "C-unwind" fn replay_here() -> bool {
     // SAFETY: Citus is installed (checked first), so its library is loaded;
     // `bool IsExternalClientBackend(void)` reads a backend global.
     super::installed()
         && !unsafe { super::library_flag(c"IsExternalClientBackend") }.unwrap_or(true)
+        && distributed_transaction() != Some(true)
 }
 
 /// The functions whose partition is pinned: they begin, stage, append or store a push's result.
@@ -227,24 +233,32 @@ pub fn require(partition: &str) -> Result<()> {
 /// and is not one of these. Decided by Citus's record of the transaction, not by the session's
 /// `application_name`, which the host's function may change.
 fn unsent_on_a_participant() -> bool {
-    // SAFETY: Citus is installed (the caller checked), so its library is loaded;
+    distributed_transaction().is_some_and(|originator| !originator)
+}
+
+/// Whether this session takes part in a distributed transaction, and if so whether it began it
+/// (Citus's distributed transaction id: assigned by the session itself when it first sends a
+/// statement of a transaction to another node, or by the node that did, with the `BEGIN` Citus
+/// sends; cleared when the transaction ends).
+fn distributed_transaction() -> Option<bool> {
+    // SAFETY: Citus is installed (the callers checked), so its library is loaded;
     // `DistributedTransactionId *GetCurrentDistributedTransactionId(void)` returns a palloc'd
     // copy of this backend's entry (src/include/distributed/transaction_identifier.h in Citus
     // 13), read here and freed.
     unsafe {
         let found = super::library_function(c"GetCurrentDistributedTransactionId");
         if found.is_null() {
-            return false;
+            return None;
         }
         let get: unsafe extern "C-unwind" fn() -> *mut DistributedTransactionId =
             std::mem::transmute(found);
         let id = pg_sys::ffi::pg_guard_ffi_boundary(|| get());
         if id.is_null() {
-            return false;
+            return None;
         }
-        let participant = (*id).transaction_number != 0 && !(*id).transaction_originator;
+        let state = ((*id).transaction_number != 0).then_some((*id).transaction_originator);
         pg_sys::pfree(id.cast());
-        participant
+        state
     }
 }
 

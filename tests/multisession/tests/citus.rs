@@ -2748,6 +2748,28 @@ fn a_pin_reaches_connections_opened_after_a_released_savepoint_and_no_node_pins_
         setting_refused(&outcome.unwrap_err(), case);
         drop(tx);
     }
+    // A client naming its session as Citus names its own connections (red team 61, F1): what
+    // it sets before its transaction reaches another node is the one partition everywhere; once
+    // it has, its own `SET LOCAL` is not taken for Citus's replay.
+    exec(
+        &mut c,
+        "SET application_name = 'citus_run_command gpid=10000000001'",
+    );
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute(&format!("SET LOCAL syncular.push_partition = '{first}'"))
+        .unwrap();
+    tx.query(
+        "SELECT count(*) FROM public.tasks WHERE _sync_partition = $1",
+        &[&first],
+    )
+    .unwrap();
+    setting_refused(
+        &tx.batch_execute(&format!("SET LOCAL syncular.push_partition = '{other}'"))
+            .unwrap_err(),
+        "a client named as Citus's connection",
+    );
+    drop(tx);
+    exec(&mut c, "RESET application_name");
     exec(&mut c, "RESET ROLE");
     exec(
         &mut c,
