@@ -2317,13 +2317,7 @@ fn a_push_transactions_calls_name_one_partition() {
     let mut c = coordinator();
     tasks(&mut c);
     serving_role(&mut c);
-    let pid = std::process::id();
-    let first = format!("one-a-{pid}");
-    let first_port = shard_port(&mut c, &first);
-    let other = (0..100)
-        .map(|i| format!("one-b-{pid}-{i}"))
-        .find(|p| shard_port(&mut c, p) != first_port)
-        .expect("a partition on the other worker");
+    let (first, other) = partitions_on_two_workers(&mut c, "one");
     let staged = PUSH.replacen(
         ", true)])",
         ", true)], '[]',
@@ -2365,11 +2359,7 @@ fn a_push_transactions_calls_name_one_partition() {
             None => tx.query_one(second.as_str(), &[&other, &args[0]]),
         };
         let err = sql_error(&refused.unwrap_err());
-        assert_eq!(
-            (err.state.as_str(), err.detail.as_ref()),
-            ("SY004", Some(&json!({"reason": "citus_one_partition"}))),
-            "{before}, then {second}: {err:?}"
-        );
+        assert_one_partition_refused(&err, format!("{before}, then {second}"));
         drop(tx);
     }
     // A DO block in autocommit is one transaction that Citus delegates call by call (red team
@@ -2382,11 +2372,7 @@ fn a_push_transactions_calls_name_one_partition() {
         classic_change("o1")
     );
     let err = sql_error(&c.batch_execute(&block).unwrap_err());
-    assert_eq!(
-        (err.state.as_str(), err.detail.as_ref()),
-        ("SY004", Some(&json!({"reason": "citus_one_partition"}))),
-        "{err:?}"
-    );
+    assert_one_partition_refused(&err, "");
     // A host's own function that Citus delegates (distributed with `force_delegation`,
     // colocated with the partitions) calling the push's functions: its calls would run on its
     // partition's node unpinned (red team 56, F1). Refused where Citus delegates it.
@@ -2411,11 +2397,7 @@ fn a_push_transactions_calls_name_one_partition() {
         .unwrap_err(),
     );
     drop(tx);
-    assert_eq!(
-        (err.state.as_str(), err.detail.as_ref()),
-        ("SY004", Some(&json!({"reason": "citus_one_partition"}))),
-        "{err:?}"
-    );
+    assert_one_partition_refused(&err, "");
     exec(&mut c, "RESET ROLE");
     assert_eq!(push_kept(&mut c, &first), vec![0; 6]);
     assert_eq!(push_kept(&mut c, &other), vec![0; 6]);
@@ -2479,12 +2461,7 @@ fn a_push_transactions_calls_name_one_partition() {
     // routes whole to the other partition's worker (red team 57, F1): the transaction's
     // partition is sent to every node it reaches, and the calls there are held to it.
     exec(&mut c, "RESET ROLE");
-    exec(
-        &mut c,
-        "CREATE OR REPLACE FUNCTION public.append_plain(p text, commit jsonb) RETURNS bigint
-           LANGUAGE plpgsql AS $$ BEGIN RETURN syncular.append_commit(p, commit); END $$;
-         GRANT EXECUTE ON FUNCTION public.append_plain(text, jsonb) TO citus_srv;",
-    );
+    exec(&mut c, APPEND_PLAIN);
     exec(&mut c, "SET ROLE citus_srv");
     let mut tx = c.transaction().unwrap();
     tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k9', 1)", &[&first])
@@ -2498,11 +2475,7 @@ fn a_push_transactions_calls_name_one_partition() {
         .unwrap_err(),
     );
     drop(tx);
-    assert_eq!(
-        (err.state.as_str(), err.detail.as_ref()),
-        ("SY004", Some(&json!({"reason": "citus_one_partition"}))),
-        "{err:?}"
-    );
+    assert_one_partition_refused(&err, "");
     // The partition is sent whatever the session set the setting to first, and sent again when
     // a rollback to a savepoint undid it with the pin (red team 58, F1 and F2); a push begun and
     // rolled back to its savepoint leaves the transaction free for another partition.
@@ -2515,11 +2488,7 @@ fn a_push_transactions_calls_name_one_partition() {
             )
             .unwrap_err(),
         );
-        assert_eq!(
-            (err.state.as_str(), err.detail.as_ref()),
-            ("SY004", Some(&json!({"reason": "citus_one_partition"}))),
-            "{err:?}"
-        );
+        assert_one_partition_refused(&err, "");
     };
     exec(&mut c, "SET syncular.push_partition = ''");
     let mut tx = c.transaction().unwrap();
@@ -2564,19 +2533,8 @@ fn a_pin_reaches_connections_opened_after_a_released_savepoint_and_no_node_pins_
     let mut c = coordinator();
     tasks(&mut c);
     serving_role(&mut c);
-    let pid = std::process::id();
-    let first = format!("sent-a-{pid}");
-    let first_port = shard_port(&mut c, &first);
-    let other = (0..100)
-        .map(|i| format!("sent-b-{pid}-{i}"))
-        .find(|p| shard_port(&mut c, p) != first_port)
-        .expect("a partition on the other worker");
-    exec(
-        &mut c,
-        "CREATE OR REPLACE FUNCTION public.append_plain(p text, commit jsonb) RETURNS bigint
-           LANGUAGE plpgsql AS $$ BEGIN RETURN syncular.append_commit(p, commit); END $$;
-         GRANT EXECUTE ON FUNCTION public.append_plain(text, jsonb) TO citus_srv;",
-    );
+    let (first, other) = partitions_on_two_workers(&mut c, "sent");
+    exec(&mut c, APPEND_PLAIN);
     exec(&mut c, "SET ROLE citus_srv");
     // An app row in each partition, for the routed queries below to run on.
     for p in [&first, &other] {
@@ -2597,11 +2555,7 @@ fn a_pin_reaches_connections_opened_after_a_released_savepoint_and_no_node_pins_
     };
     let refused = |result: Result<Vec<postgres::Row>, postgres::Error>, case: &str| {
         let err = sql_error(&result.unwrap_err());
-        assert_eq!(
-            (err.state.as_str(), err.detail.as_ref()),
-            ("SY004", Some(&json!({"reason": "citus_one_partition"}))),
-            "{case}: {err:?}"
-        );
+        assert_one_partition_refused(&err, case);
     };
     // F1, a released savepoint: the other worker, reached afterwards, is sent the pin.
     let mut tx = c.transaction().unwrap();
@@ -2641,11 +2595,7 @@ fn a_pin_reaches_connections_opened_after_a_released_savepoint_and_no_node_pins_
         classic_change("f1")
     );
     let err = sql_error(&c.batch_execute(&block).unwrap_err());
-    assert_eq!(
-        (err.state.as_str(), err.detail.as_ref()),
-        ("SY004", Some(&json!({"reason": "citus_one_partition"}))),
-        "DO block: {err:?}"
-    );
+    assert_one_partition_refused(&err, "DO block");
     // F2: a host's function routed to a worker before the push's first direct call.
     let mut tx = c.transaction().unwrap();
     refused(
@@ -2707,11 +2657,7 @@ fn a_pin_reaches_connections_opened_after_a_released_savepoint_and_no_node_pins_
     drop(tx);
     let setting_refused = |err: &postgres::Error, case: &str| {
         let err = sql_error(err);
-        assert_eq!(
-            (err.state.as_str(), err.detail.as_ref()),
-            ("SY004", Some(&json!({"reason": "citus_one_partition"}))),
-            "{case}: {err:?}"
-        );
+        assert_one_partition_refused(&err, case);
     };
     for (case, statements) in [
         (
@@ -2796,6 +2742,33 @@ fn a_pin_reaches_connections_opened_after_a_released_savepoint_and_no_node_pins_
     exec(&mut c, "RESET ROLE");
     assert_eq!(push_kept(&mut c, &first), vec![2, 1, 1, 1, 1, 2]);
     assert_eq!(push_kept(&mut c, &other), vec![1, 1, 1, 1, 1, 1]);
+}
+
+/// Two partitions named after `tag` and this process whose shards are on two different workers.
+fn partitions_on_two_workers(c: &mut Client, tag: &str) -> (String, String) {
+    let pid = std::process::id();
+    let first = format!("{tag}-a-{pid}");
+    let first_port = shard_port(c, &first);
+    let other = (0..100)
+        .map(|i| format!("{tag}-b-{pid}-{i}"))
+        .find(|p| shard_port(c, p) != first_port)
+        .expect("a partition on the other worker");
+    (first, other)
+}
+
+/// A host's PL/pgSQL function, not distributed, calling `append_commit` (red team 57): called in
+/// a query Citus routes to a worker, it runs there.
+const APPEND_PLAIN: &str = "CREATE OR REPLACE FUNCTION public.append_plain(p text, commit jsonb)
+       RETURNS bigint LANGUAGE plpgsql AS $$ BEGIN RETURN syncular.append_commit(p, commit); END $$;
+     GRANT EXECUTE ON FUNCTION public.append_plain(text, jsonb) TO citus_srv;";
+
+/// `err` is the one-partition rule's refusal (`SY004` `citus_one_partition`).
+fn assert_one_partition_refused(err: &SqlError, case: impl std::fmt::Display) {
+    assert_eq!(
+        (err.state.as_str(), err.detail.as_ref()),
+        ("SY004", Some(&json!({"reason": "citus_one_partition"}))),
+        "{case}: {err:?}"
+    );
 }
 
 /// The node holding `partition`'s colocated shards (every sync table's and `tasks`').
