@@ -38,6 +38,9 @@ pub enum Key {
     /// On Citus, the partition this transaction's push calls are held to
     /// ([`crate::citus::one_partition`]).
     CitusPushPartition,
+    /// On Citus, the first partition this session's `syncular.push_partition` named in the
+    /// transaction ([`crate::citus::one_partition`]).
+    CitusPushPartitionTaken,
 }
 
 struct Entry {

@@ -79,16 +79,27 @@ thread_local! {
     static REPLAYING: Cell<bool> = const { Cell::new(false) };
 }
 
-/// The setting's check hook: a partition is accepted only as the extension sends it — by
+/// The setting's check hook. A partition is accepted only as the extension sends it — by
 /// [`send`] on the node the client reached, and as Citus replays it on the other nodes (a
 /// top-level statement of a session Citus opened that has not sent its transaction to another
-/// node itself, [`note_replay`]) — and an empty value from anyone. Red team 60: a host's code that Citus
-/// routed to a worker set it there (`set_config(…)` in its function or its query) to the
+/// node itself, [`note_replay`]) — and an empty value from anyone. Red team 60: a host's code that
+/// Citus routed to a worker set it there (`set_config(…)` in its function or its query) to the
 /// partition it then appended to, and a host that made Citus propagate its own `SET LOCAL`
 /// after the push's first call did the same on every node; both pushes were kept. A role's or
 /// database's default is refused the same way (PostgreSQL then ignores it with a WARNING when a
-/// session starts). Refused with the extension's `SY004` (`citus_one_partition`). A parallel
-/// worker takes its leader's value as it starts.
+/// session starts). A parallel worker takes its leader's value as it starts.
+///
+/// Both signs of a replay are the client's to forge — Citus derives the first from
+/// `application_name` and lets anyone call the `assign_distributed_transaction_id` behind the
+/// second (red teams 61 and 62) — so what holds is that a session takes **one** partition per
+/// transaction: a value naming another partition than the one it took first, or than the one
+/// its own calls pinned, is refused whoever makes it ([`refusal_of`]). The node the client
+/// reached is one such session, and every other node of its transaction gets its value from it
+/// (Citus replays what it sent and nothing else reaches them at the top level), so every node
+/// holds the same partition or none — and a call on a node that holds none is refused there
+/// ([`unsent_on_a_participant`]). A rollback to a savepoint taken before the value releases it,
+/// as it undoes the value on every node. Refused with the extension's `SY004`
+/// (`citus_one_partition`).
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn only_as_sent(
     value: *mut *mut std::ffi::c_char,
@@ -96,20 +107,18 @@ unsafe extern "C-unwind" fn only_as_sent(
     _source: pg_sys::GucSource::Type,
 ) -> bool {
     // SAFETY: PostgreSQL passes the proposed value (a pointer to a NUL-terminated string or to
-    // NULL); the messages are copied into `ErrorContext`, where guc.c's own check-hook messages
-    // live (`format_elog_string`), for it to raise.
+    // NULL), read here; the messages are copied into `ErrorContext`, where guc.c's own
+    // check-hook messages live (`format_elog_string`), for it to raise.
     unsafe {
-        let empty = value.is_null() || (*value).is_null() || *(*value) == 0;
         // A parallel worker starts with its leader's settings, whatever made them.
-        if empty || SENDING.get() || REPLAYING.get() || pg_sys::InitializingParallelWorker {
+        if value.is_null() || (*value).is_null() || pg_sys::InitializingParallelWorker {
             return true;
         }
-        let error = Error::invalid_transaction_state("citus_one_partition").with_hint(
-            "syncular.push_partition is the extension's: it sets it when a push transaction's \
-             first call names its partition, and a host may only empty it (docs/SCALING.md, \
-             \"One partition per push transaction\")"
-                .to_string(),
-        );
+        let value = std::ffi::CStr::from_ptr(*value).to_string_lossy();
+        let Some(refused) = refusal_of(&value, true) else {
+            return true;
+        };
+        let error = Error::invalid_transaction_state("citus_one_partition").with_hint(refused);
         let (code, message, detail, hint) = crate::error::parts(error);
         let copy = |text: &str| {
             let text = CString::new(text.replace('\0', "")).unwrap_or_default();
@@ -127,33 +136,106 @@ unsafe extern "C-unwind" fn only_as_sent(
     }
 }
 
+/// Why [`only_as_sent`] refuses `value` for the setting (the HINT), or nothing where it takes
+/// it: an empty value always; a partition only as the extension sends it, and only the one this
+/// session holds for the transaction — the first value it took (transaction state, so a
+/// rollback to a savepoint taken before it releases it) or the one its own calls pinned.
+/// `take`: record the value as this session's first where it has none.
+fn refusal_of(value: &str, take: bool) -> Option<String> {
+    if value.is_empty() {
+        return None;
+    }
+    if !SENDING.get() && !REPLAYING.get() {
+        return Some(
+            "syncular.push_partition is the extension's: it sets it when a push transaction's \
+             first call names its partition, and a host may only empty it (docs/SCALING.md, \
+             \"One partition per push transaction\")"
+                .to_string(),
+        );
+    }
+    match txn_local::get(Key::CitusPushPartitionTaken).or_else(pinned) {
+        Some(first) if first != value => Some(format!(
+            "this transaction's push is held to partition {first:?}, and \
+             syncular.push_partition names one partition per transaction: a push to partition \
+             {value:?} goes in a transaction of its own (docs/SCALING.md, \"One partition per \
+             push transaction\")"
+        )),
+        Some(_) => None,
+        None => {
+            if take {
+                txn_local::set(Key::CitusPushPartitionTaken, value);
+            }
+            None
+        }
+    }
+}
+
 /// Called by the library's utility hook before every utility statement runs, with whether it
-/// is a top-level statement: notes a `SET LOCAL syncular.push_partition` that Citus replays
+/// is a top-level statement. Notes a `SET LOCAL syncular.push_partition` that Citus replays
 /// here for the node the client reached ([`only_as_sent`]) — a top-level statement of a session
 /// Citus opened from another node (its statements come from that node; a host's code reaches
 /// it only inside a query or function, never at the top level). Any other statement clears the
 /// note, as does every executor start ([`resend_guarded`]), so a note an error left set never
-/// outlives its statement.
+/// outlives its statement. And a setting of it that [`only_as_sent`] would refuse is refused
+/// here, before the statement runs: Citus sends a `SET LOCAL` to the other nodes before it
+/// makes it here, and their refusal reaches the client only as Citus's "failure on connection
+/// marked as essential".
 ///
 /// # Safety
 /// `statement` is the `PlannedStmt` PostgreSQL hands the utility hook.
 pub unsafe fn note_replay(statement: *mut pg_sys::PlannedStmt, top_level: bool) {
     // SAFETY: the caller's guarantee; a node's tag is its first field, the name NUL-terminated.
-    let ours = top_level
-        && unsafe {
-            let utility = if statement.is_null() {
-                std::ptr::null_mut()
-            } else {
-                (*statement).utilityStmt
-            };
+    let set = unsafe {
+        let utility = if statement.is_null() {
+            std::ptr::null_mut()
+        } else {
+            (*statement).utilityStmt
+        };
+        let ours =
             !utility.is_null() && (*utility).type_ == pg_sys::NodeTag::T_VariableSetStmt && {
                 let set = utility.cast::<pg_sys::VariableSetStmt>();
-                (*set).is_local
-                    && !(*set).name.is_null()
+                !(*set).name.is_null()
                     && std::ffi::CStr::from_ptr((*set).name) == c"syncular.push_partition"
-            }
-        };
-    REPLAYING.set(ours && replay_here());
+            };
+        ours.then(|| utility.cast::<pg_sys::VariableSetStmt>())
+    };
+    let Some(set) = set else {
+        REPLAYING.set(false);
+        return;
+    };
+    // SAFETY: `set` is the statement's valid node.
+    let local = unsafe { (*set).is_local };
+    REPLAYING.set(top_level && local && replay_here());
+    // SAFETY: as above.
+    unsafe { refuse_before_sending(set) };
+}
+
+/// Raises [`only_as_sent`]'s refusal of the value `set` names, if it would refuse it, behind
+/// pgrx's guard (called from the utility hook).
+///
+/// # Safety
+/// `set` is a valid `VariableSetStmt` of this setting.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn refuse_before_sending(set: *mut pg_sys::VariableSetStmt) {
+    // SAFETY: the caller's statement; `ExtractSetVariableArgs` returns its value as guc.c will
+    // read it (palloc'd, or NULL for `DEFAULT`), copied out here.
+    let value = unsafe {
+        if (*set).kind != pg_sys::VariableSetKind::VAR_SET_VALUE {
+            return;
+        }
+        let value = pg_sys::ExtractSetVariableArgs(set);
+        if value.is_null() {
+            return;
+        }
+        std::ffi::CStr::from_ptr(value)
+            .to_string_lossy()
+            .into_owned()
+    };
+    if let Some(hint) = refusal_of(&value, false) {
+        crate::error::raise_error(
+            Error::invalid_transaction_state("citus_one_partition").with_hint(hint),
+        )
+    }
 }
 
 /// Whether a top-level statement here may be Citus replaying what another node sent, behind
@@ -161,12 +243,10 @@ pub unsafe fn note_replay(statement: *mut pg_sys::PlannedStmt, top_level: bool) 
 /// raised from here). A session Citus opened from another node (its `application_name`) that
 /// has not begun a distributed transaction of its own. Citus replays the settings before the
 /// statement that makes the session a participant (`assign_distributed_transaction_id`, after
-/// them in the `BEGIN` it sends), so being one cannot be asked; not having begun one can, and
-/// that is what a client naming its own session as Citus names its connections lacks once its
-/// transaction has reached another node (red team 61, F1: on the coordinator, after its push
-/// began, such a client's own `SET LOCAL`, propagated by Citus, named another partition on the
-/// workers). Before that, what it sets is the one partition every node of its transaction
-/// holds it to: the node it reached checks its own calls against the value too.
+/// them in the `BEGIN` it sends), so being one cannot be asked; not having begun one can. Both
+/// are the client's to forge (red teams 61 and 62): this keeps a host's code and an ordinary
+/// client out, and what holds against a forger is that a session takes one partition per
+/// transaction ([`refusal_of`]).
 #[pgrx::pg_guard]
 extern "C-unwind" fn replay_here() -> bool {
     // SAFETY: Citus is installed (checked first), so its library is loaded;

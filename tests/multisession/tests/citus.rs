@@ -2694,29 +2694,54 @@ fn a_pin_reaches_connections_opened_after_a_released_savepoint_and_no_node_pins_
         setting_refused(&outcome.unwrap_err(), case);
         drop(tx);
     }
-    // A client naming its session as Citus names its own connections (red team 61, F1): what
-    // it sets before its transaction reaches another node is the one partition everywhere; once
-    // it has, its own `SET LOCAL` is not taken for Citus's replay.
-    exec(
-        &mut c,
-        "SET application_name = 'citus_run_command gpid=10000000001'",
-    );
+    // A client naming its session as Citus names its own connections, whose `SET LOCAL` the
+    // extension cannot tell from Citus's replay (red teams 61 and 62): once its transaction has
+    // reached another node; with Citus's distributed transaction id assigned by its own call;
+    // on a worker it logged into, its push there local. It may name a partition, and is held to
+    // that one: naming another is refused in every case.
+    let spoofed = "SET application_name = 'citus_run_command gpid=10000000001'";
+    let switch = |tx: &mut postgres::Transaction<'_>, before: &str, case: &str| {
+        tx.batch_execute(&format!("SET LOCAL syncular.push_partition = '{first}'"))
+            .unwrap();
+        tx.query(before, &[&first])
+            .unwrap_or_else(|e| panic!("{case}: {:?}", sql_error(&e)));
+        setting_refused(
+            &tx.batch_execute(&format!("SET LOCAL syncular.push_partition = '{other}'"))
+                .unwrap_err(),
+            case,
+        );
+    };
+    exec(&mut c, spoofed);
     let mut tx = c.transaction().unwrap();
-    tx.batch_execute(&format!("SET LOCAL syncular.push_partition = '{first}'"))
-        .unwrap();
-    tx.query(
+    switch(
+        &mut tx,
         "SELECT count(*) FROM public.tasks WHERE _sync_partition = $1",
-        &[&first],
-    )
-    .unwrap();
-    setting_refused(
-        &tx.batch_execute(&format!("SET LOCAL syncular.push_partition = '{other}'"))
-            .unwrap_err(),
-        "a client named as Citus's connection",
+        "reached another node",
+    );
+    drop(tx);
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute("SELECT assign_distributed_transaction_id(0, 8, now())")
+        .unwrap();
+    switch(
+        &mut tx,
+        "SELECT count(*) FROM public.tasks WHERE _sync_partition = $1",
+        "its own distributed transaction id",
     );
     drop(tx);
     exec(&mut c, "RESET application_name");
     exec(&mut c, "RESET ROLE");
+    let base: i32 = one(&mut c, "SELECT current_setting('port')::int", &[]);
+    let mut w = Client::connect(&node_params(shard_port(&mut c, &first) - base), NoTls)
+        .expect("the worker holding the partition");
+    exec(&mut w, "SET ROLE citus_srv");
+    exec(&mut w, spoofed);
+    let mut tx = w.transaction().unwrap();
+    switch(
+        &mut tx,
+        "SELECT syncular.push_begin($1, 'c1', 'k7', 1)",
+        "on the worker holding its partition",
+    );
+    drop(tx);
     exec(
         &mut c,
         "CREATE OR REPLACE FUNCTION public.append_as(p text, commit jsonb) RETURNS bigint
@@ -2814,8 +2839,20 @@ fn shard_and_nodes(c: &mut Client, table: &str, partition: &str) -> (i32, i32, i
 }
 
 /// Moves `shard`'s colocated group from the worker on port `from` to the one on `to`, blocking
-/// writes while it copies.
+/// writes while it copies. Citus drops the placements a move leaves behind later, once no
+/// transaction still uses them, and refuses a move while one it left is still there ("the
+/// orphaned shard … could not be cleaned up": a move back right after the first, while pushes
+/// that began on the old placement end). So the leftovers are cleaned up first, as an operator
+/// does (`citus_cleanup_orphaned_resources`), waiting up to 30 s for them.
 fn move_shard(c: &mut Client, shard: i64, from: i32, to: i32) {
+    for _ in 0..150 {
+        exec(c, "CALL citus_cleanup_orphaned_resources()");
+        let left: i64 = one(c, "SELECT count(*) FROM pg_dist_cleanup", &[]);
+        if left == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
     exec(
         c,
         &format!(
