@@ -73,9 +73,9 @@ pub fn init() {
 thread_local! {
     /// True while [`send`] makes the setting.
     static SENDING: Cell<bool> = const { Cell::new(false) };
-    /// True while a node running statements of a distributed transaction another node began runs
-    /// a top-level `SET LOCAL` of the setting: Citus replaying what the node the client reached
-    /// sent ([`note_replay`]).
+    /// True while a session Citus opened runs a top-level `SET LOCAL` of the setting: Citus
+    /// replaying what the node the client reached sent ([`note_replay`]), from just before the
+    /// statement runs to just after ([`replay_done`]).
     static REPLAYING: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -174,9 +174,8 @@ fn refusal_of(value: &str, take: bool) -> Option<String> {
 /// is a top-level statement. Notes a `SET LOCAL syncular.push_partition` that Citus replays
 /// here for the node the client reached ([`only_as_sent`]) — a top-level statement of a session
 /// Citus opened from another node (its statements come from that node; a host's code reaches
-/// it only inside a query or function, never at the top level). Any other statement clears the
-/// note, as does every executor start ([`resend_guarded`]), so a note an error left set never
-/// outlives its statement. And a setting of it that [`only_as_sent`] would refuse is refused
+/// it only inside a query or function, never at the top level). The note lasts while the
+/// statement runs ([`replay_done`]). And a setting of it that [`only_as_sent`] would refuse is refused
 /// here, before the statement runs: Citus sends a `SET LOCAL` to the other nodes before it
 /// makes it here, and their refusal reaches the client only as Citus's "failure on connection
 /// marked as essential".
@@ -208,6 +207,15 @@ pub unsafe fn note_replay(statement: *mut pg_sys::PlannedStmt, top_level: bool) 
     REPLAYING.set(top_level && local && replay_here());
     // SAFETY: as above.
     unsafe { refuse_before_sending(set) };
+}
+
+/// Ends the window [`note_replay`] opened, as the utility hook's statement returns. A statement
+/// that raised an error skips this; the planner hook, every executor start and the next utility
+/// statement close the window too (red team 63, F1: it stayed open into the planning of the
+/// next statement, where a host's function that the planner folds set the value as if Citus had
+/// sent it).
+pub fn replay_done() {
+    REPLAYING.set(false);
 }
 
 /// Raises [`only_as_sent`]'s refusal of the value `set` names, if it would refuse it, behind

@@ -58,6 +58,8 @@ unsafe extern "C-unwind" fn plan_then_check(
     cursor_options: std::ffi::c_int,
     bound: pg_sys::ParamListInfo,
 ) -> *mut pg_sys::PlannedStmt {
+    // A replayed setting's window never reaches planning (src/citus/one_partition.rs).
+    super::one_partition::replay_done();
     // SAFETY: PostgreSQL's arguments, passed on unchanged; the check reads the trees only.
     unsafe {
         let planned =

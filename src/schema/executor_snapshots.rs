@@ -205,6 +205,7 @@ unsafe extern "C-unwind" fn record_then_utility(
             destination,
             completion,
         );
+        crate::citus::one_partition::replay_done();
     }
 }
 

@@ -2694,6 +2694,80 @@ fn a_pin_reaches_connections_opened_after_a_released_savepoint_and_no_node_pins_
         setting_refused(&outcome.unwrap_err(), case);
         drop(tx);
     }
+    // A host's IMMUTABLE function folded while a worker plans the statement after one Citus
+    // replayed there (red team 63, F1): the window in which the worker takes a value as Citus's
+    // replay closes with the replayed statement.
+    exec(&mut c, "RESET ROLE");
+    exec(
+        &mut c,
+        "CREATE OR REPLACE FUNCTION public.plant(p text) RETURNS text LANGUAGE plpgsql IMMUTABLE
+           AS $$ BEGIN
+             IF current_setting('application_name') NOT LIKE 'citus_internal%' THEN
+               RETURN 'here';
+             END IF;
+             RETURN set_config('syncular.push_partition', p, true);
+           END $$;
+         GRANT EXECUTE ON FUNCTION public.plant(text) TO citus_srv;",
+    );
+    exec(&mut c, "SET ROLE citus_srv");
+    let mut tx = c.transaction().unwrap();
+    // One statement at a time: Citus fails a `SET LOCAL` it propagates in the message of a query
+    // that reached a worker ("failure on connection marked as essential"), any setting alike.
+    for statement in [
+        "SET LOCAL citus.propagate_set_commands = local".to_string(),
+        format!("SELECT count(*) FROM public.tasks WHERE _sync_partition = '{other}'"),
+        "SET LOCAL syncular.push_partition = ''".to_string(),
+    ] {
+        tx.batch_execute(&statement).unwrap();
+    }
+    setting_refused(
+        &tx.batch_execute(&format!(
+            "SELECT public.plant('{other}') FROM public.tasks
+              WHERE _sync_partition = '{other}' AND _sync_row_id = 't1'"
+        ))
+        .unwrap_err(),
+        "folded while a worker plans after a replay",
+    );
+    drop(tx);
+    // The same from a host's function on the pushed partition's worker that reaches the other
+    // worker itself (`citus.allow_nested_distributed_execution`, red team 63, F2): that
+    // connection holds no partition, and the fold there is refused; nothing of it is kept.
+    exec(&mut c, "RESET ROLE");
+    exec(
+        &mut c,
+        "CREATE OR REPLACE FUNCTION public.append_from(p text, commit jsonb) RETURNS bigint
+           LANGUAGE plpgsql AS $$ DECLARE r bigint; BEGIN
+             SELECT * INTO r FROM syncular.append_commit(p, commit); RETURN r;
+           END $$;
+         CREATE OR REPLACE FUNCTION public.side(q text, commit jsonb) RETURNS bigint
+           LANGUAGE plpgsql AS $$
+           DECLARE n bigint; r text; a bigint;
+           BEGIN
+             SET LOCAL citus.allow_nested_distributed_execution = on;
+             SET LOCAL citus.propagate_set_commands = local;
+             SELECT count(*) INTO n FROM public.tasks WHERE _sync_partition = q;
+             SET LOCAL syncular.push_partition = '';
+             SELECT public.plant(q) INTO r FROM public.tasks
+              WHERE _sync_partition = q AND _sync_row_id = 't1';
+             SELECT public.append_from(q, commit) INTO a FROM public.tasks
+              WHERE _sync_partition = q AND _sync_row_id = 't1';
+             RETURN a;
+           END $$;
+         GRANT EXECUTE ON FUNCTION public.side(text, jsonb) TO citus_srv;",
+    );
+    exec(&mut c, "SET ROLE citus_srv");
+    let mut tx = c.transaction().unwrap();
+    tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k8', 1)", &[&first])
+        .unwrap();
+    let nested = tx
+        .query(
+            "SELECT public.side($2, $3) FROM public.tasks
+              WHERE _sync_partition = $1 AND _sync_row_id = 't1'",
+            &[&first, &other, &classic_change("f4")],
+        )
+        .unwrap_err();
+    setting_refused(&nested, "a nested connection's fold");
+    drop(tx);
     // A client naming its session as Citus names its own connections, whose `SET LOCAL` the
     // extension cannot tell from Citus's replay (red teams 61 and 62): once its transaction has
     // reached another node; with Citus's distributed transaction id assigned by its own call;
