@@ -30,23 +30,36 @@ thread_local! {
     static PROPAGATED_IN: Cell<Option<pg_sys::LocalTransactionId>> = const { Cell::new(None) };
     /// True while the extension makes its own command ([`ours`]).
     static OURS: Cell<bool> = const { Cell::new(false) };
+    /// The local transaction in which this session called the extension, or planned a call
+    /// Citus delegates ([`refuse`], which every call, every owner scope and the planner hook
+    /// ask first).
+    static CALLED_IN: Cell<Option<pg_sys::LocalTransactionId>> = const { Cell::new(None) };
 }
 
 /// Called by the library's utility hook for every utility statement, before it runs: notes a
-/// `SET LOCAL`, `RESET` or `SET TRANSACTION` made while Citus propagates them. No error, no
+/// `SET LOCAL`, `RESET` or `SET TRANSACTION` made while Citus propagates them, and answers
+/// whether the statement must be refused ([`refuse_propagation`]): one made in a transaction
+/// that called the extension. Citus sends such a command to every connection the transaction
+/// has — the extension owner's among them once a call sent the owner's statements to another
+/// node — as the whole text of the message that carried it, which the other node parses again
+/// by its own rules (red team 64: a message `SET LOCAL work_mem = '5MB'; COMMIT; CREATE TABLE
+/// …` ran the `CREATE TABLE` on a worker as the extension owner, a superuser; and with
+/// `standard_conforming_strings` off in the client's session alone, one `SET` there was a
+/// `COMMIT` and a `BEGIN` on every worker). So a transaction either makes such commands or calls
+/// the extension: a call after one is refused by [`refuse`], one after a call here. No error, no
 /// allocation: a node tag, the statement's fields and one setting's current value.
 ///
 /// # Safety
 /// `statement` is the `PlannedStmt` PostgreSQL hands the utility hook.
-pub unsafe fn observe(statement: *mut pg_sys::PlannedStmt) {
+pub unsafe fn observe(statement: *mut pg_sys::PlannedStmt) -> bool {
     if OURS.get() || statement.is_null() {
-        return;
+        return false;
     }
     // SAFETY: the caller's guarantee; a node's tag is its first field.
     let set = unsafe {
         let utility = (*statement).utilityStmt;
         if utility.is_null() || (*utility).type_ != pg_sys::NodeTag::T_VariableSetStmt {
-            return;
+            return false;
         }
         utility.cast::<pg_sys::VariableSetStmt>()
     };
@@ -57,7 +70,7 @@ pub unsafe fn observe(statement: *mut pg_sys::PlannedStmt) {
         !value.is_null() && std::ffi::CStr::from_ptr(value) == c"local"
     };
     if !local {
-        return;
+        return false;
     }
     // What Citus's `ShouldPropagateSetCommand` may send (a superset: a setting it deems unsafe
     // to send is counted too).
@@ -69,17 +82,41 @@ pub unsafe fn observe(statement: *mut pg_sys::PlannedStmt) {
             _ => true,
         }
     };
-    if sent {
-        PROPAGATED_IN.set(Some(crate::port::local_transaction_id()));
+    if !sent {
+        return false;
     }
+    let here = crate::port::local_transaction_id();
+    PROPAGATED_IN.set(Some(here));
+    CALLED_IN.get() == Some(here)
+}
+
+/// Raises the refusal of a command [`observe`] answered for, behind pgrx's guard (called from
+/// the utility hook, before the statement — and Citus's sending of it — runs).
+#[pgrx::pg_guard]
+pub extern "C-unwind" fn refuse_propagation() {
+    crate::error::raise_error(Error::Sync {
+        code: Code::InvalidTransactionState,
+        detail: Some(serde_json::json!({"reason": "citus_propagated_settings"})),
+        hint: Some(
+            "this transaction called the extension, and Citus sends a SET LOCAL, RESET or SET \
+             TRANSACTION made while citus.propagate_set_commands = 'local' — the whole text of \
+             its message — to every connection of the transaction, the extension owner's \
+             included: make it in a transaction without the extension's calls (docs/SCALING.md, \
+             \"Settings Citus sends to other nodes\")"
+                .to_string(),
+        ),
+    })
 }
 
 /// Refuses the call where this transaction made a command Citus replays on the extension
-/// owner's connections ([`observe`]) — or might have, unseen: a node of a Citus database that
+/// owner's connections ([`observe`]) — or might have, unseen — and notes that the transaction
+/// called the extension (a command after it is refused, [`observe`]): a node of a Citus database that
 /// did not load the library when it started ran the session's first statements without the
 /// hook (`super::require_preloaded`).
 pub fn refuse() -> Result<()> {
-    if PROPAGATED_IN.get() != Some(crate::port::local_transaction_id_if_any()) {
+    let here = crate::port::local_transaction_id_if_any();
+    CALLED_IN.set(Some(here));
+    if PROPAGATED_IN.get() != Some(here) {
         if super::installed() {
             super::require_preloaded()?;
         }

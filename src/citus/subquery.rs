@@ -62,6 +62,7 @@ unsafe extern "C-unwind" fn plan_then_check(
     super::one_partition::replay_done();
     // SAFETY: PostgreSQL's arguments, passed on unchanged; the check reads the trees only.
     unsafe {
+        propagated_guarded(parse);
         let planned =
             super::plan_with(PREVIOUS_PLANNER, parse, query_string, cursor_options, bound);
         // Only Citus makes a custom scan of a query: elsewhere nothing more is looked at.
@@ -74,6 +75,36 @@ unsafe extern "C-unwind" fn plan_then_check(
             check_guarded(parse, planned);
         }
         planned
+    }
+}
+
+/// Before a query that calls one of the extension's functions where Citus may delegate it — the
+/// one target-list call, or a `FROM` function — is planned: the transaction's settings Citus
+/// propagates are refused, and the call is noted against a later one (`super::propagated`; red
+/// team 64). A delegated call's body runs on another node, whose own check cannot see a command
+/// made here, and Citus decides to delegate in the planning this precedes.
+/// Behind pgrx's guard: the refusal is raised from here, before anything is planned.
+///
+/// # Safety
+/// `parse` is null or a valid query tree.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn propagated_guarded(parse: *mut pg_sys::Query) {
+    // SAFETY: the caller's tree, read as `fence` reads it.
+    let calls_ours = unsafe {
+        !parse.is_null()
+            && (*parse).commandType == pg_sys::CmdType::CMD_SELECT
+            && super::installed()
+            && (only_target_call(parse).is_some_and(|f| is_ours(f))
+                || port::list_pointers((*parse).rtable).iter().any(|e| {
+                    let entry = e.ptr_value.cast::<pg_sys::RangeTblEntry>();
+                    (*entry).rtekind == pg_sys::RTEKind::RTE_FUNCTION
+                        && our_function(entry).is_some()
+                }))
+    };
+    if calls_ours {
+        if let Err(refused) = super::propagated::refuse() {
+            crate::error::raise_error(refused)
+        }
     }
 }
 

@@ -186,7 +186,9 @@ unsafe extern "C-unwind" fn record_then_utility(
         }
         // The settings Citus would replay on the extension owner's connections (red team 46),
         // and the push's partition as Citus replays it here (src/citus/one_partition.rs).
-        crate::citus::propagated::observe(statement);
+        if crate::citus::propagated::observe(statement) {
+            crate::citus::propagated::refuse_propagation();
+        }
         crate::citus::one_partition::note_replay(
             statement,
             context == pg_sys::ProcessUtilityContext::PROCESS_UTILITY_TOPLEVEL,

@@ -2659,13 +2659,16 @@ fn a_pin_reaches_connections_opened_after_a_released_savepoint_and_no_node_pins_
         let err = sql_error(err);
         assert_one_partition_refused(&err, case);
     };
-    for (case, statements) in [
+    // Propagated after the push's first call, it is refused as any command Citus propagates
+    // after a call (red team 64).
+    for (case, statements, reason) in [
         (
             "propagated",
             vec![
                 "SET LOCAL citus.propagate_set_commands = local".to_string(),
                 format!("SET LOCAL syncular.push_partition = '{other}'"),
             ],
+            "citus_propagated_settings",
         ),
         (
             "routed set_config",
@@ -2673,12 +2676,14 @@ fn a_pin_reaches_connections_opened_after_a_released_savepoint_and_no_node_pins_
                 "SELECT set_config('syncular.push_partition', _sync_partition, true)
                    FROM public.tasks WHERE _sync_partition = '{other}'"
             )],
+            "citus_one_partition",
         ),
         (
             "role default",
             vec![format!(
                 "ALTER ROLE citus_srv SET syncular.push_partition = '{other}'"
             )],
+            "citus_one_partition",
         ),
     ] {
         let mut tx = c.transaction().unwrap();
@@ -2691,7 +2696,12 @@ fn a_pin_reaches_connections_opened_after_a_released_savepoint_and_no_node_pins_
                 break;
             }
         }
-        setting_refused(&outcome.unwrap_err(), case);
+        let err = sql_error(&outcome.unwrap_err());
+        assert_eq!(
+            (err.state.as_str(), err.detail.as_ref()),
+            ("SY004", Some(&json!({ "reason": reason }))),
+            "{case}: {err:?}"
+        );
         drop(tx);
     }
     // A host's IMMUTABLE function folded while a worker plans the statement after one Citus
@@ -2766,7 +2776,17 @@ fn a_pin_reaches_connections_opened_after_a_released_savepoint_and_no_node_pins_
             &[&first, &other, &classic_change("f4")],
         )
         .unwrap_err();
-    setting_refused(&nested, "a nested connection's fold");
+    // Refused at its first step now: the function's propagated `SET LOCAL`, on a worker whose
+    // session ran the push's call (red team 64); its fold as above otherwise.
+    let nested = sql_error(&nested);
+    assert_eq!(
+        (nested.state.as_str(), nested.detail.as_ref()),
+        (
+            "SY004",
+            Some(&json!({"reason": "citus_propagated_settings"}))
+        ),
+        "a nested connection's fold: {nested:?}"
+    );
     drop(tx);
     // A client naming its session as Citus names its own connections, whose `SET LOCAL` the
     // extension cannot tell from Citus's replay (red teams 61 and 62): once its transaction has
@@ -3885,6 +3905,98 @@ fn migrator(c: &mut Client) -> Client {
     Client::connect(&format!("{params} user=citus_mig"), NoTls).unwrap()
 }
 
+/// A `SET LOCAL` Citus propagates is sent as the whole text of its message to every connection of
+/// the transaction, and parsed again there by the other node's rules (red team 64): after a
+/// call whose statements went to a worker over the extension owner's connection, a message `SET
+/// LOCAL work_mem = '5MB'; COMMIT; CREATE TABLE …` ran the `CREATE TABLE` on that worker as the
+/// owner, a superuser; and with `standard_conforming_strings` off in the client's session only,
+/// one `SET` there was a `COMMIT` and a `BEGIN` on the workers, whose connections then left the
+/// transaction — a push to one partition and an append to another both kept. Now a transaction
+/// either makes such commands or calls the extension: the command after a call, and a call —
+/// delegated too — after the command, are refused (`SY004` `citus_propagated_settings`), and
+/// nothing runs on the workers.
+#[test]
+#[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
+fn a_propagated_set_and_the_extensions_calls_never_share_a_transaction() {
+    let mut c = coordinator();
+    tasks(&mut c);
+    serving_role(&mut c);
+    let (first, _) = partitions_on_two_workers(&mut c, "inject");
+    let table = format!("pwned_{}", std::process::id());
+    let refused = |err: postgres::Error, case: &str| {
+        let err = sql_error(&err);
+        assert_eq!(
+            (err.state.as_str(), err.detail.as_ref()),
+            (
+                "SY004",
+                Some(&json!({"reason": "citus_propagated_settings"}))
+            ),
+            "{case}: {err:?}"
+        );
+    };
+    exec(&mut c, "SET ROLE citus_srv");
+    let mut tx = c.transaction().unwrap();
+    tx.query(
+        "SELECT * FROM (SELECT syncular.max_commit_seq($1)) AS not_delegated OFFSET 0",
+        &[&first],
+    )
+    .unwrap();
+    tx.batch_execute("SET LOCAL citus.propagate_set_commands = local")
+        .unwrap();
+    refused(
+        tx.batch_execute(&format!(
+            "SET LOCAL work_mem = '5MB'; COMMIT; CREATE TABLE public.{table} (i int)"
+        ))
+        .unwrap_err(),
+        "after a call with the owner's connection",
+    );
+    drop(tx);
+    let mut tx = c.transaction().unwrap();
+    tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k1', 1)", &[&first])
+        .unwrap();
+    tx.batch_execute(
+        "SET LOCAL standard_conforming_strings = off;
+         SET LOCAL citus.propagate_set_commands = local",
+    )
+    .unwrap();
+    refused(
+        tx.batch_execute(r"SET LOCAL myapp.x = 'a\'; COMMIT; BEGIN; --'")
+            .unwrap_err(),
+        "after a push began",
+    );
+    drop(tx);
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute(
+        "SET LOCAL standard_conforming_strings = off;
+         SET LOCAL citus.propagate_set_commands = local",
+    )
+    .unwrap();
+    tx.query(
+        "SELECT count(*) FROM public.tasks WHERE _sync_partition = $1",
+        &[&first],
+    )
+    .unwrap();
+    tx.batch_execute(r"SET LOCAL myapp.x = 'a\'; COMMIT; BEGIN; --'")
+        .unwrap();
+    refused(
+        tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k1', 1)", &[&first])
+            .unwrap_err(),
+        "a delegated call after it",
+    );
+    drop(tx);
+    exec(&mut c, "RESET ROLE");
+    for worker in [1, 2] {
+        let mut w = Client::connect(&node_params(worker), NoTls).unwrap();
+        let made: i64 = one(
+            &mut w,
+            "SELECT count(*) FROM pg_catalog.pg_class WHERE relname = $1",
+            &[&table],
+        );
+        assert_eq!(made, 0, "nothing ran on worker {worker}");
+    }
+    assert_eq!(push_kept(&mut c, &first), vec![0; 6]);
+}
+
 /// Settings Citus replays never reach the extension owner's statements (red team 46, F1;
 /// docs/SECURITY.md rule 20). With `citus.propagate_set_commands = local`, which any role may
 /// set, Citus replays a transaction's `SET LOCAL`s on every connection of it — the ones it opens
@@ -3893,8 +4005,8 @@ fn migrator(c: &mut Client) -> Client {
 /// put first by `SET LOCAL search_path`, ran as the superuser on the worker (the call below
 /// failed with the function's own "ran as a superuser", red before). Now such a transaction is
 /// refused before any statement of the owner's (`SY004`, `citus_propagated_settings`), also when
-/// the propagation was switched off again after the `SET LOCAL`; without one the same call
-/// applies.
+/// the propagation was switched off again after the `SET LOCAL`, or the call is one Citus
+/// delegates; a command after a call is refused itself; without one the same call applies.
 #[test]
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
 fn settings_citus_replays_never_reach_the_extension_owners_statements() {
@@ -3961,29 +4073,34 @@ fn settings_citus_replays_never_reach_the_extension_owners_statements() {
     // is not on the owner's path).
     let seq = attempt(&mut m, "SELECT 1", "k4").unwrap();
     assert_eq!(seq, 1);
-    // The bare call in a block is delegated (`force_delegation`): it runs on the worker in the
-    // migrator's own session there, the only one the setting is replayed on, under the
-    // function's pinned path; the owner has no connection in the transaction, and it applies.
+    // The bare call in a block, which Citus delegates (`force_delegation`) to run on the worker
+    // in the migrator's own session there, is refused too, on the node the client reached: the
+    // text Citus sent with the setting may have been more than the setting there (red team 64,
+    // `a_propagated_set_and_the_extensions_calls_never_share_a_transaction`).
     m.batch_execute("SET citus.propagate_set_commands = 'local'")
         .unwrap();
     let mut tx = m.transaction().unwrap();
     tx.batch_execute("SET LOCAL search_path = mig_app, pg_catalog")
         .unwrap();
-    let seq: i64 = tx
-        .query_one(
+    let err = sql_error(
+        &tx.query_one(
             "SELECT syncular.append_commit($1, $2::text::jsonb)",
             &[&p, &document("k5")],
         )
-        .unwrap_or_else(|e| panic!("{:?}", sql_error(&e)))
-        .get(0);
-    tx.commit().unwrap();
-    assert_eq!(
-        seq, 1,
-        "the first commit kept (every attempt above rolled back)"
+        .unwrap_err(),
     );
-    // Where the migrator's session on the worker propagates too (a role may set that default for
-    // itself in the database, on every node), the hook there notes the replayed command, and the
-    // delegated call is refused on the worker, before or after an earlier delegated call.
+    drop(tx);
+    assert_eq!(
+        (err.state.as_str(), err.detail.as_ref()),
+        (
+            "SY004",
+            Some(&json!({"reason": "citus_propagated_settings"}))
+        ),
+        "delegated: {err:?}"
+    );
+    // Where the migrator's session propagates too (a role may set that default for itself in the
+    // database, on every node), the delegated call after the command is refused, and the command
+    // after an earlier delegated call.
     let database: String = one(&mut m, "SELECT current_database()::text", &[]);
     let on_every_node = |sql: &str| {
         for i in 0..3 {
@@ -4005,15 +4122,16 @@ fn settings_citus_replays_never_reach_the_extension_owners_statements() {
             tx.query_one("SELECT syncular.max_commit_seq($1)", &[&p])
                 .unwrap();
         }
-        tx.batch_execute("SET LOCAL search_path = mig_app, pg_catalog")
-            .unwrap();
-        let err = sql_error(
-            &tx.query_one(
-                "SELECT syncular.append_commit($1, $2::text::jsonb)",
-                &[&p, &document("k6")],
-            )
-            .unwrap_err(),
-        );
+        let refused = tx
+            .batch_execute("SET LOCAL search_path = mig_app, pg_catalog")
+            .and_then(|()| {
+                tx.query_one(
+                    "SELECT syncular.append_commit($1, $2::text::jsonb)",
+                    &[&p, &document("k6")],
+                )
+                .map(drop)
+            });
+        let err = sql_error(&refused.unwrap_err());
         assert_eq!(
             (err.state.as_str(), err.detail.as_ref()),
             (
@@ -4037,9 +4155,12 @@ fn settings_citus_replays_never_reach_the_extension_owners_statements() {
             tx.query_one(&not_delegated("SELECT syncular.max_commit_seq($1)"), &[&p])
                 .unwrap();
         }
-        tx.batch_execute("SET LOCAL search_path = mig_app, pg_catalog")
-            .unwrap();
-        let after = tx.query_one(&not_delegated("SELECT syncular.max_commit_seq($1)"), &[&p]);
+        let after = tx
+            .batch_execute("SET LOCAL search_path = mig_app, pg_catalog")
+            .and_then(|()| {
+                tx.query_one(&not_delegated("SELECT syncular.max_commit_seq($1)"), &[&p])
+                    .map(drop)
+            });
         let err = sql_error(&after.unwrap_err());
         assert_eq!(
             (err.state.as_str(), err.detail.as_ref()),
