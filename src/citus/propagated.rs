@@ -30,24 +30,21 @@ thread_local! {
     static PROPAGATED_IN: Cell<Option<pg_sys::LocalTransactionId>> = const { Cell::new(None) };
     /// True while the extension makes its own command ([`ours`]).
     static OURS: Cell<bool> = const { Cell::new(false) };
-    /// The local transaction in which this session called the extension, or planned a call
-    /// Citus delegates ([`refuse`], which every call, every owner scope and the planner hook
-    /// ask first).
-    static CALLED_IN: Cell<Option<pg_sys::LocalTransactionId>> = const { Cell::new(None) };
 }
 
 /// Called by the library's utility hook for every utility statement, before it runs: notes a
 /// `SET LOCAL`, `RESET` or `SET TRANSACTION` made while Citus propagates them, and answers
-/// whether the statement must be refused ([`refuse_propagation`]): one made in a transaction
-/// that called the extension. Citus sends such a command to every connection the transaction
-/// has — the extension owner's among them once a call sent the owner's statements to another
-/// node — as the whole text of the message that carried it, which the other node parses again
-/// by its own rules (red team 64: a message `SET LOCAL work_mem = '5MB'; COMMIT; CREATE TABLE
-/// …` ran the `CREATE TABLE` on a worker as the extension owner, a superuser; and with
-/// `standard_conforming_strings` off in the client's session alone, one `SET` there was a
-/// `COMMIT` and a `BEGIN` on every worker). So a transaction either makes such commands or calls
-/// the extension: a call after one is refused by [`refuse`], one after a call here. No error, no
-/// allocation: a node tag, the statement's fields and one setting's current value.
+/// whether it is one, for the hook to refuse it ([`refuse_propagation`]). Citus sends such a
+/// command to every connection the transaction has or opens — the extension owner's, and the
+/// superuser connections Citus opens for its own metadata inside the transaction — as the whole
+/// text of the message that carried it, which each node parses again by its own rules. Red team
+/// 64: after a call whose statements reached a worker over the owner's connection, the message
+/// `SET LOCAL work_mem = '5MB'; COMMIT; CREATE TABLE …` ran the `CREATE TABLE` there as the
+/// owner, a superuser, and with `standard_conforming_strings` off in the client's session alone
+/// one `SET` was a `COMMIT` and a `BEGIN` on the workers; red team 65: with no call of the
+/// extension at all, a migrator's `create_distributed_table` made Citus open its own superuser
+/// connections, which started by replaying such a message. No error, no allocation: a node tag,
+/// the statement's fields and one setting's current value.
 ///
 /// # Safety
 /// `statement` is the `PlannedStmt` PostgreSQL hands the utility hook.
@@ -82,41 +79,54 @@ pub unsafe fn observe(statement: *mut pg_sys::PlannedStmt) -> bool {
             _ => true,
         }
     };
-    if !sent {
-        return false;
+    if sent {
+        PROPAGATED_IN.set(Some(crate::port::local_transaction_id()));
     }
-    let here = crate::port::local_transaction_id();
-    PROPAGATED_IN.set(Some(here));
-    CALLED_IN.get() == Some(here)
+    sent
 }
 
-/// Raises the refusal of a command [`observe`] answered for, behind pgrx's guard (called from
-/// the utility hook, before the statement — and Citus's sending of it — runs).
+/// Refuses a command [`observe`] answered for, in a database where the extension is installed
+/// on Citus, behind pgrx's guard (called from the utility hook, before the statement — and
+/// Citus's sending of it — runs). Whatever else the transaction does: Citus's own superuser
+/// connections take the command's text too, and no call of the extension is needed for that
+/// (red team 65, F1). The extension's own commands ([`ours`]) are not refused. A database
+/// without the extension is Citus's alone.
 #[pgrx::pg_guard]
 pub extern "C-unwind" fn refuse_propagation() {
+    // SAFETY: a catalog lookup by name in the statement's transaction (`missing_ok`); Citus's
+    // library is loaded where it is installed, and `bool IsMultiStatementTransaction(void)`
+    // reads backend state — Citus sends the command only then (a `RESET` outside a block it
+    // does not).
+    let refused = unsafe {
+        pg_sys::get_extension_oid(c"syncular".as_ptr(), true) != pg_sys::InvalidOid
+            && super::installed()
+            && super::library_flag(c"IsMultiStatementTransaction").unwrap_or(true)
+    };
+    if !refused {
+        return;
+    }
     crate::error::raise_error(Error::Sync {
         code: Code::InvalidTransactionState,
         detail: Some(serde_json::json!({"reason": "citus_propagated_settings"})),
         hint: Some(
-            "this transaction called the extension, and Citus sends a SET LOCAL, RESET or SET \
-             TRANSACTION made while citus.propagate_set_commands = 'local' — the whole text of \
-             its message — to every connection of the transaction, the extension owner's \
-             included: make it in a transaction without the extension's calls (docs/SCALING.md, \
-             \"Settings Citus sends to other nodes\")"
+            "Citus sends a SET LOCAL, RESET or SET TRANSACTION made while \
+             citus.propagate_set_commands = 'local' — the whole text of its message — to every \
+             connection of the transaction, the extension owner's and Citus's own superuser \
+             connections included, so in a database with syncular it is refused: set such \
+             settings per role (ALTER ROLE … SET) or in the session, not propagated \
+             (docs/SCALING.md, \"Settings Citus sends to other nodes\")"
                 .to_string(),
         ),
     })
 }
 
 /// Refuses the call where this transaction made a command Citus replays on the extension
-/// owner's connections ([`observe`]) — or might have, unseen — and notes that the transaction
-/// called the extension (a command after it is refused, [`observe`]): a node of a Citus database that
-/// did not load the library when it started ran the session's first statements without the
-/// hook (`super::require_preloaded`).
+/// owner's connections ([`observe`]; refused as it is made where the extension is installed, so
+/// here one made before, or Citus's replay of one on a node whose session propagates too) — or
+/// might have, unseen: a node of a Citus database that did not load the library when it started
+/// ran the session's first statements without the hook (`super::require_preloaded`).
 pub fn refuse() -> Result<()> {
-    let here = crate::port::local_transaction_id_if_any();
-    CALLED_IN.set(Some(here));
-    if PROPAGATED_IN.get() != Some(here) {
+    if PROPAGATED_IN.get() != Some(crate::port::local_transaction_id_if_any()) {
         if super::installed() {
             super::require_preloaded()?;
         }

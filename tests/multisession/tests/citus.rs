@@ -2706,7 +2706,9 @@ fn a_pin_reaches_connections_opened_after_a_released_savepoint_and_no_node_pins_
     }
     // A host's IMMUTABLE function folded while a worker plans the statement after one Citus
     // replayed there (red team 63, F1): the window in which the worker takes a value as Citus's
-    // replay closes with the replayed statement.
+    // replay closes with the replayed statement — after the pin the extension sent, the fold
+    // on the other worker is a host's setting; a command the client would have Citus replay to
+    // open the window is refused as it is made (red team 65).
     exec(&mut c, "RESET ROLE");
     exec(
         &mut c,
@@ -2721,22 +2723,31 @@ fn a_pin_reaches_connections_opened_after_a_released_savepoint_and_no_node_pins_
     );
     exec(&mut c, "SET ROLE citus_srv");
     let mut tx = c.transaction().unwrap();
-    // One statement at a time: Citus fails a `SET LOCAL` it propagates in the message of a query
-    // that reached a worker ("failure on connection marked as essential"), any setting alike.
-    for statement in [
-        "SET LOCAL citus.propagate_set_commands = local".to_string(),
-        format!("SELECT count(*) FROM public.tasks WHERE _sync_partition = '{other}'"),
-        "SET LOCAL syncular.push_partition = ''".to_string(),
-    ] {
-        tx.batch_execute(&statement).unwrap();
-    }
+    tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k6', 1)", &[&first])
+        .unwrap();
     setting_refused(
         &tx.batch_execute(&format!(
             "SELECT public.plant('{other}') FROM public.tasks
               WHERE _sync_partition = '{other}' AND _sync_row_id = 't1'"
         ))
         .unwrap_err(),
-        "folded while a worker plans after a replay",
+        "folded while a worker plans after the extension's replay",
+    );
+    drop(tx);
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute("SET LOCAL citus.propagate_set_commands = local")
+        .unwrap();
+    let err = sql_error(
+        &tx.batch_execute("SET LOCAL syncular.push_partition = ''")
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (err.state.as_str(), err.detail.as_ref()),
+        (
+            "SY004",
+            Some(&json!({"reason": "citus_propagated_settings"}))
+        ),
+        "a replay the client asks for: {err:?}"
     );
     drop(tx);
     // The same from a host's function on the pushed partition's worker that reaches the other
@@ -3911,13 +3922,13 @@ fn migrator(c: &mut Client) -> Client {
 /// LOCAL work_mem = '5MB'; COMMIT; CREATE TABLE …` ran the `CREATE TABLE` on that worker as the
 /// owner, a superuser; and with `standard_conforming_strings` off in the client's session only,
 /// one `SET` there was a `COMMIT` and a `BEGIN` on the workers, whose connections then left the
-/// transaction — a push to one partition and an append to another both kept. Now a transaction
-/// either makes such commands or calls the extension: the command after a call, and a call —
-/// delegated too — after the command, are refused (`SY004` `citus_propagated_settings`), and
-/// nothing runs on the workers.
+/// transaction — a push to one partition and an append to another both kept; and Citus's own
+/// superuser connections replay it too, with no call of the extension in the transaction (red
+/// team 65). Now, in a database with the extension, such a command is refused as it is made
+/// (`SY004` `citus_propagated_settings`), and nothing runs on the workers.
 #[test]
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
-fn a_propagated_set_and_the_extensions_calls_never_share_a_transaction() {
+fn a_command_citus_propagates_is_refused_where_the_extension_is_installed() {
     let mut c = coordinator();
     tasks(&mut c);
     serving_role(&mut c);
@@ -3965,6 +3976,9 @@ fn a_propagated_set_and_the_extensions_calls_never_share_a_transaction() {
         "after a push began",
     );
     drop(tx);
+    // Before any call, and in a transaction that calls nothing of the extension's: Citus's own
+    // superuser connections, which it opens inside the transaction for its metadata (a
+    // migrator's `create_distributed_table`), replay the command's message too (red team 65).
     let mut tx = c.transaction().unwrap();
     tx.batch_execute(
         "SET LOCAL standard_conforming_strings = off;
@@ -3976,12 +3990,21 @@ fn a_propagated_set_and_the_extensions_calls_never_share_a_transaction() {
         &[&first],
     )
     .unwrap();
-    tx.batch_execute(r"SET LOCAL myapp.x = 'a\'; COMMIT; BEGIN; --'")
+    refused(
+        tx.batch_execute(r"SET LOCAL myapp.x = 'a\'; COMMIT; BEGIN; --'")
+            .unwrap_err(),
+        "before a call",
+    );
+    drop(tx);
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute("SET LOCAL citus.propagate_set_commands = local")
         .unwrap();
     refused(
-        tx.query_one("SELECT syncular.push_begin($1, 'c1', 'k1', 1)", &[&first])
-            .unwrap_err(),
-        "a delegated call after it",
+        tx.batch_execute(&format!(
+            "SET LOCAL work_mem = '5MB'; DO $$ BEGIN CREATE TABLE public.{table} (i int); END $$"
+        ))
+        .unwrap_err(),
+        "with no call at all",
     );
     drop(tx);
     exec(&mut c, "RESET ROLE");
@@ -4006,7 +4029,8 @@ fn a_propagated_set_and_the_extensions_calls_never_share_a_transaction() {
 /// failed with the function's own "ran as a superuser", red before). Now such a transaction is
 /// refused before any statement of the owner's (`SY004`, `citus_propagated_settings`), also when
 /// the propagation was switched off again after the `SET LOCAL`, or the call is one Citus
-/// delegates; a command after a call is refused itself; without one the same call applies.
+/// delegates — now at the command itself, refused as it is made in a database with the
+/// extension (red team 65); without one the same call applies.
 #[test]
 #[ignore = "needs a Citus cluster: scripts/test.sh runs it with --ignored when Citus is installed"]
 fn settings_citus_replays_never_reach_the_extension_owners_statements() {
@@ -4039,12 +4063,13 @@ fn settings_citus_replays_never_reach_the_extension_owners_statements() {
         m.batch_execute("SET citus.propagate_set_commands = 'local'")
             .unwrap();
         let mut tx = m.transaction().unwrap();
-        tx.batch_execute(settings).unwrap();
-        let out = tx.query_one(
-            &not_delegated("SELECT syncular.append_commit($1, $2::text::jsonb)"),
-            &[&p, &document(key)],
-        );
-        let out = out.map(|r| r.get::<_, i64>(0));
+        let out = tx.batch_execute(settings).and_then(|()| {
+            tx.query_one(
+                &not_delegated("SELECT syncular.append_commit($1, $2::text::jsonb)"),
+                &[&p, &document(key)],
+            )
+            .map(|r| r.get::<_, i64>(0))
+        });
         drop(tx);
         m.batch_execute("RESET citus.propagate_set_commands")
             .unwrap();
@@ -4073,21 +4098,23 @@ fn settings_citus_replays_never_reach_the_extension_owners_statements() {
     // is not on the owner's path).
     let seq = attempt(&mut m, "SELECT 1", "k4").unwrap();
     assert_eq!(seq, 1);
-    // The bare call in a block, which Citus delegates (`force_delegation`) to run on the worker
-    // in the migrator's own session there, is refused too, on the node the client reached: the
-    // text Citus sent with the setting may have been more than the setting there (red team 64,
-    // `a_propagated_set_and_the_extensions_calls_never_share_a_transaction`).
+    // Before the bare call in a block, which Citus would delegate (`force_delegation`) to run on
+    // the worker in the migrator's own session there, likewise: the text Citus sends with the
+    // setting may be more than the setting there (red teams 64 and 65,
+    // `a_command_citus_propagates_is_refused_where_the_extension_is_installed`).
     m.batch_execute("SET citus.propagate_set_commands = 'local'")
         .unwrap();
     let mut tx = m.transaction().unwrap();
-    tx.batch_execute("SET LOCAL search_path = mig_app, pg_catalog")
-        .unwrap();
     let err = sql_error(
-        &tx.query_one(
-            "SELECT syncular.append_commit($1, $2::text::jsonb)",
-            &[&p, &document("k5")],
-        )
-        .unwrap_err(),
+        &tx.batch_execute("SET LOCAL search_path = mig_app, pg_catalog")
+            .and_then(|()| {
+                tx.query_one(
+                    "SELECT syncular.append_commit($1, $2::text::jsonb)",
+                    &[&p, &document("k5")],
+                )
+                .map(drop)
+            })
+            .unwrap_err(),
     );
     drop(tx);
     assert_eq!(
