@@ -32,9 +32,9 @@ thread_local! {
     static OURS: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Called by the library's utility hook for every utility statement, before it runs: notes a
-/// `SET LOCAL`, `RESET` or `SET TRANSACTION` made while Citus propagates them, and answers
-/// whether it is one, for the hook to refuse it ([`refuse_propagation`]). Citus sends such a
+/// Called by the library's utility hook for every utility statement, before it runs: answers a
+/// setting command made while `citus.propagate_set_commands = local`, for [`refuse_propagation`]
+/// to decide as Citus does whether Citus sends it. Citus sends such a
 /// command to every connection the transaction has or opens — the extension owner's, and the
 /// superuser connections Citus opens for its own metadata inside the transaction — as the whole
 /// text of the message that carried it, which each node parses again by its own rules. Red team
@@ -43,20 +43,20 @@ thread_local! {
 /// owner, a superuser, and with `standard_conforming_strings` off in the client's session alone
 /// one `SET` was a `COMMIT` and a `BEGIN` on the workers; red team 65: with no call of the
 /// extension at all, a migrator's `create_distributed_table` made Citus open its own superuser
-/// connections, which started by replaying such a message. No error, no allocation: a node tag,
-/// the statement's fields and one setting's current value.
+/// connections, which started by replaying such a message. No error, no allocation: a node tag
+/// and one setting's current value.
 ///
 /// # Safety
 /// `statement` is the `PlannedStmt` PostgreSQL hands the utility hook.
-pub unsafe fn observe(statement: *mut pg_sys::PlannedStmt) -> bool {
+pub unsafe fn observe(statement: *mut pg_sys::PlannedStmt) -> Option<*mut pg_sys::VariableSetStmt> {
     if OURS.get() || statement.is_null() {
-        return false;
+        return None;
     }
     // SAFETY: the caller's guarantee; a node's tag is its first field.
     let set = unsafe {
         let utility = (*statement).utilityStmt;
         if utility.is_null() || (*utility).type_ != pg_sys::NodeTag::T_VariableSetStmt {
-            return false;
+            return None;
         }
         utility.cast::<pg_sys::VariableSetStmt>()
     };
@@ -66,51 +66,56 @@ pub unsafe fn observe(statement: *mut pg_sys::PlannedStmt) -> bool {
         let value = pg_sys::GetConfigOption(c"citus.propagate_set_commands".as_ptr(), true, false);
         !value.is_null() && std::ffi::CStr::from_ptr(value) == c"local"
     };
-    if !local {
-        return false;
-    }
-    // What Citus's `ShouldPropagateSetCommand` may send (a superset: a setting it deems unsafe
-    // to send is counted too).
-    // SAFETY: a `VariableSetStmt` (its tag was checked).
-    let sent = unsafe {
-        use pg_sys::VariableSetKind::*;
-        match (*set).kind {
-            VAR_SET_VALUE | VAR_SET_CURRENT | VAR_SET_DEFAULT => (*set).is_local,
-            _ => true,
-        }
-    };
-    if sent {
-        PROPAGATED_IN.set(Some(crate::port::local_transaction_id()));
-    }
-    sent
+    local.then_some(set)
 }
 
-/// Refuses a command [`observe`] answered for, in a database where the extension is installed
-/// on Citus, behind pgrx's guard (called from the utility hook, before the statement — and
-/// Citus's sending of it — runs). Whatever else the transaction does: Citus's own superuser
-/// connections take the command's text too, and no call of the extension is needed for that
-/// (red team 65, F1). The extension's own commands ([`ours`]) are not refused. A database
-/// without the extension is Citus's alone.
+/// Decides, as Citus does (its `IsMultiStatementTransaction` and `ShouldPropagateSetCommand`:
+/// a `SET LOCAL` or `RESET` of a setting it deems safe to send, a `RESET ALL`, inside a
+/// transaction block, a `DO` block or a function), whether Citus sends the command [`observe`]
+/// answered, and refuses one it sends in a database where the extension is installed on Citus —
+/// whatever else the transaction does: Citus's own superuser connections take its text too, no
+/// call of the extension needed (red team 65, F1). Elsewhere the command is noted for the calls
+/// of the transaction ([`refuse`]). Behind pgrx's guard, called from the utility hook before the
+/// statement — and Citus's sending of it — runs. The extension's own commands ([`ours`]) never
+/// reach here. A database without the extension is Citus's alone.
+///
+/// # Safety
+/// `set` is the statement [`observe`] answered.
 #[pgrx::pg_guard]
-pub extern "C-unwind" fn refuse_propagation() {
-    // SAFETY: a catalog lookup by name in the statement's transaction (`missing_ok`); Citus's
-    // library is loaded where it is installed, and `bool IsMultiStatementTransaction(void)`
-    // reads backend state — Citus sends the command only then (a `RESET` outside a block it
-    // does not).
-    let refused = unsafe {
-        pg_sys::get_extension_oid(c"syncular".as_ptr(), true) != pg_sys::InvalidOid
-            && super::installed()
-            && super::library_flag(c"IsMultiStatementTransaction").unwrap_or(true)
+pub unsafe extern "C-unwind" fn refuse_propagation(set: *mut pg_sys::VariableSetStmt) {
+    // SAFETY: Citus's library is loaded (its setting is defined); `bool
+    // IsMultiStatementTransaction(void)` reads backend state and `bool
+    // ShouldPropagateSetCommand(VariableSetStmt *)` the statement and Citus's settings
+    // (src/backend/distributed/commands/variableset.c in Citus 13); a Citus without the second
+    // has every command counted; the extension is looked up by name in the statement's
+    // transaction (`missing_ok`).
+    let (sent, here) = unsafe {
+        let sent = super::library_flag(c"IsMultiStatementTransaction").unwrap_or(true) && {
+            let found = super::library_function(c"ShouldPropagateSetCommand");
+            found.is_null() || {
+                let should: unsafe extern "C-unwind" fn(*mut pg_sys::VariableSetStmt) -> bool =
+                    std::mem::transmute(found);
+                pg_sys::ffi::pg_guard_ffi_boundary(|| should(set))
+            }
+        };
+        let here = sent
+            && pg_sys::get_extension_oid(c"syncular".as_ptr(), true) != pg_sys::InvalidOid
+            && super::installed();
+        (sent, here)
     };
-    if !refused {
+    if !sent {
+        return;
+    }
+    if !here {
+        PROPAGATED_IN.set(Some(crate::port::local_transaction_id()));
         return;
     }
     crate::error::raise_error(Error::Sync {
         code: Code::InvalidTransactionState,
         detail: Some(serde_json::json!({"reason": "citus_propagated_settings"})),
         hint: Some(
-            "Citus sends a SET LOCAL, RESET or SET TRANSACTION made while \
-             citus.propagate_set_commands = 'local' — the whole text of its message — to every \
+            "Citus sends a SET LOCAL or RESET made while citus.propagate_set_commands = \
+             'local' inside a transaction — the whole text of its message — to every \
              connection of the transaction, the extension owner's and Citus's own superuser \
              connections included, so in a database with syncular it is refused: set such \
              settings per role (ALTER ROLE … SET) or in the session, not propagated \

@@ -186,8 +186,8 @@ unsafe extern "C-unwind" fn record_then_utility(
         }
         // The settings Citus would replay on the extension owner's connections (red team 46),
         // and the push's partition as Citus replays it here (src/citus/one_partition.rs).
-        if crate::citus::propagated::observe(statement) {
-            crate::citus::propagated::refuse_propagation();
+        if let Some(set) = crate::citus::propagated::observe(statement) {
+            crate::citus::propagated::refuse_propagation(set);
         }
         crate::citus::one_partition::note_replay(
             statement,

@@ -4007,6 +4007,16 @@ fn a_command_citus_propagates_is_refused_where_the_extension_is_installed() {
         "with no call at all",
     );
     drop(tx);
+    // What Citus does not send is not refused (red team 66, I1): a `SET LOCAL` of a setting
+    // Citus deems unsafe to send — the propagation itself switched off —, and what follows.
+    let mut tx = c.transaction().unwrap();
+    tx.batch_execute(
+        "SET LOCAL citus.propagate_set_commands = local;
+         SET LOCAL citus.propagate_set_commands = none;
+         SET LOCAL work_mem = '5MB'",
+    )
+    .unwrap_or_else(|e| panic!("{:?}", sql_error(&e)));
+    drop(tx);
     exec(&mut c, "RESET ROLE");
     for worker in [1, 2] {
         let mut w = Client::connect(&node_params(worker), NoTls).unwrap();
