@@ -2696,12 +2696,7 @@ fn a_pin_reaches_connections_opened_after_a_released_savepoint_and_no_node_pins_
                 break;
             }
         }
-        let err = sql_error(&outcome.unwrap_err());
-        assert_eq!(
-            (err.state.as_str(), err.detail.as_ref()),
-            ("SY004", Some(&json!({ "reason": reason }))),
-            "{case}: {err:?}"
-        );
+        assert_refused(&sql_error(&outcome.unwrap_err()), reason, case);
         drop(tx);
     }
     // A host's IMMUTABLE function folded while a worker plans the statement after one Citus
@@ -2741,13 +2736,10 @@ fn a_pin_reaches_connections_opened_after_a_released_savepoint_and_no_node_pins_
         &tx.batch_execute("SET LOCAL syncular.push_partition = ''")
             .unwrap_err(),
     );
-    assert_eq!(
-        (err.state.as_str(), err.detail.as_ref()),
-        (
-            "SY004",
-            Some(&json!({"reason": "citus_propagated_settings"}))
-        ),
-        "a replay the client asks for: {err:?}"
+    assert_refused(
+        &err,
+        "citus_propagated_settings",
+        "a replay the client asks for",
     );
     drop(tx);
     // The same from a host's function on the pushed partition's worker that reaches the other
@@ -2790,13 +2782,10 @@ fn a_pin_reaches_connections_opened_after_a_released_savepoint_and_no_node_pins_
     // Refused at its first step now: the function's propagated `SET LOCAL`, on a worker whose
     // session ran the push's call (red team 64); its fold as above otherwise.
     let nested = sql_error(&nested);
-    assert_eq!(
-        (nested.state.as_str(), nested.detail.as_ref()),
-        (
-            "SY004",
-            Some(&json!({"reason": "citus_propagated_settings"}))
-        ),
-        "a nested connection's fold: {nested:?}"
+    assert_refused(
+        &nested,
+        "citus_propagated_settings",
+        "a nested connection's fold",
     );
     drop(tx);
     // A client naming its session as Citus names its own connections, whose `SET LOCAL` the
@@ -2894,9 +2883,14 @@ const APPEND_PLAIN: &str = "CREATE OR REPLACE FUNCTION public.append_plain(p tex
 
 /// `err` is the one-partition rule's refusal (`SY004` `citus_one_partition`).
 fn assert_one_partition_refused(err: &SqlError, case: impl std::fmt::Display) {
+    assert_refused(err, "citus_one_partition", case);
+}
+
+/// `err` is `SY004` (`invalid_transaction_state`) for `reason`.
+fn assert_refused(err: &SqlError, reason: &str, case: impl std::fmt::Display) {
     assert_eq!(
         (err.state.as_str(), err.detail.as_ref()),
-        ("SY004", Some(&json!({"reason": "citus_one_partition"}))),
+        ("SY004", Some(&json!({ "reason": reason }))),
         "{case}: {err:?}"
     );
 }
@@ -3936,14 +3930,7 @@ fn a_command_citus_propagates_is_refused_where_the_extension_is_installed() {
     let table = format!("pwned_{}", std::process::id());
     let refused = |err: postgres::Error, case: &str| {
         let err = sql_error(&err);
-        assert_eq!(
-            (err.state.as_str(), err.detail.as_ref()),
-            (
-                "SY004",
-                Some(&json!({"reason": "citus_propagated_settings"}))
-            ),
-            "{case}: {err:?}"
-        );
+        assert_refused(&err, "citus_propagated_settings", case);
     };
     exec(&mut c, "SET ROLE citus_srv");
     let mut tx = c.transaction().unwrap();
@@ -4095,14 +4082,7 @@ fn settings_citus_replays_never_reach_the_extension_owners_statements() {
         ("SET LOCAL ROLE syncular_host", "k3"),
     ] {
         let err = sql_error(&attempt(&mut m, settings, key).unwrap_err());
-        assert_eq!(
-            (err.state.as_str(), err.detail.as_ref()),
-            (
-                "SY004",
-                Some(&json!({"reason": "citus_propagated_settings"}))
-            ),
-            "{settings}: {err:?}"
-        );
+        assert_refused(&err, "citus_propagated_settings", settings);
     }
     // The same call without a replayed setting applies (the function of the migrator's schema
     // is not on the owner's path).
@@ -4127,14 +4107,7 @@ fn settings_citus_replays_never_reach_the_extension_owners_statements() {
             .unwrap_err(),
     );
     drop(tx);
-    assert_eq!(
-        (err.state.as_str(), err.detail.as_ref()),
-        (
-            "SY004",
-            Some(&json!({"reason": "citus_propagated_settings"}))
-        ),
-        "delegated: {err:?}"
-    );
+    assert_refused(&err, "citus_propagated_settings", "delegated");
     // Where the migrator's session propagates too (a role may set that default for itself in the
     // database, on every node), the delegated call after the command is refused, and the command
     // after an earlier delegated call.
@@ -4169,14 +4142,7 @@ fn settings_citus_replays_never_reach_the_extension_owners_statements() {
                 .map(drop)
             });
         let err = sql_error(&refused.unwrap_err());
-        assert_eq!(
-            (err.state.as_str(), err.detail.as_ref()),
-            (
-                "SY004",
-                Some(&json!({"reason": "citus_propagated_settings"}))
-            ),
-            "{before}: {err:?}"
-        );
+        assert_refused(&err, "citus_propagated_settings", before);
     }
     drop(w);
     on_every_node(&format!(
@@ -4199,14 +4165,7 @@ fn settings_citus_replays_never_reach_the_extension_owners_statements() {
                     .map(drop)
             });
         let err = sql_error(&after.unwrap_err());
-        assert_eq!(
-            (err.state.as_str(), err.detail.as_ref()),
-            (
-                "SY004",
-                Some(&json!({"reason": "citus_propagated_settings"}))
-            ),
-            "{before}: {err:?}"
-        );
+        assert_refused(&err, "citus_propagated_settings", before);
     }
     m.batch_execute("RESET citus.propagate_set_commands")
         .unwrap();
