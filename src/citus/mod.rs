@@ -139,6 +139,26 @@ unsafe fn plan_with(
     }
 }
 
+/// The setting command a utility statement is (`SET`, `RESET`, …), for the utility hook's checks
+/// of `propagated` and `one_partition`.
+///
+/// # Safety
+/// `statement` is null or the `PlannedStmt` PostgreSQL hands the utility hook.
+unsafe fn setting_command(
+    statement: *mut pg_sys::PlannedStmt,
+) -> Option<*mut pg_sys::VariableSetStmt> {
+    // SAFETY: the caller's guarantee; a node's tag is its first field.
+    unsafe {
+        let utility = if statement.is_null() {
+            std::ptr::null_mut()
+        } else {
+            (*statement).utilityStmt
+        };
+        (!utility.is_null() && (*utility).type_ == pg_sys::NodeTag::T_VariableSetStmt)
+            .then(|| utility.cast::<pg_sys::VariableSetStmt>())
+    }
+}
+
 /// Whether Citus distributes the extension's tables in this database (`sync_partitions` is
 /// Citus's): where it does not, the extension's statements stay on this node.
 ///

@@ -118,8 +118,7 @@ unsafe extern "C-unwind" fn only_as_sent(
         let Some(refused) = refusal_of(&value, true) else {
             return true;
         };
-        let error = Error::invalid_transaction_state("citus_one_partition").with_hint(refused);
-        let (code, message, detail, hint) = crate::error::parts(error);
+        let (code, message, detail, hint) = crate::error::parts(refused);
         let copy = |text: &str| {
             let text = CString::new(text.replace('\0', "")).unwrap_or_default();
             pg_sys::MemoryContextStrdup(pg_sys::ErrorContext, text.as_ptr())
@@ -136,30 +135,29 @@ unsafe extern "C-unwind" fn only_as_sent(
     }
 }
 
-/// Why [`only_as_sent`] refuses `value` for the setting (the HINT), or nothing where it takes
-/// it: an empty value always; a partition only as the extension sends it, and only the one this
+/// [`only_as_sent`]'s refusal of `value` for the setting, or nothing where it takes it: an empty value always; a partition only as the extension sends it, and only the one this
 /// session holds for the transaction — the first value it took (transaction state, so a
 /// rollback to a savepoint taken before it releases it) or the one its own calls pinned.
 /// `take`: record the value as this session's first where it has none.
-fn refusal_of(value: &str, take: bool) -> Option<String> {
+fn refusal_of(value: &str, take: bool) -> Option<Error> {
     if value.is_empty() {
         return None;
     }
     if !SENDING.get() && !REPLAYING.get() {
-        return Some(
+        return Some(refusal_with(
             "syncular.push_partition is the extension's: it sets it when a push transaction's \
              first call names its partition, and a host may only empty it (docs/SCALING.md, \
              \"One partition per push transaction\")"
                 .to_string(),
-        );
+        ));
     }
     match txn_local::get(Key::CitusPushPartitionTaken).or_else(pinned) {
-        Some(first) if first != value => Some(format!(
+        Some(first) if first != value => Some(refusal_with(format!(
             "this transaction's push is held to partition {first:?}, and \
              syncular.push_partition names one partition per transaction: a push to partition \
              {value:?} goes in a transaction of its own (docs/SCALING.md, \"One partition per \
              push transaction\")"
-        )),
+        ))),
         Some(_) => None,
         None => {
             if take {
@@ -183,20 +181,12 @@ fn refusal_of(value: &str, take: bool) -> Option<String> {
 /// # Safety
 /// `statement` is the `PlannedStmt` PostgreSQL hands the utility hook.
 pub unsafe fn note_replay(statement: *mut pg_sys::PlannedStmt, top_level: bool) {
-    // SAFETY: the caller's guarantee; a node's tag is its first field, the name NUL-terminated.
+    // SAFETY: the caller's guarantee; a setting command's name is NUL-terminated or NULL.
     let set = unsafe {
-        let utility = if statement.is_null() {
-            std::ptr::null_mut()
-        } else {
-            (*statement).utilityStmt
-        };
-        let ours =
-            !utility.is_null() && (*utility).type_ == pg_sys::NodeTag::T_VariableSetStmt && {
-                let set = utility.cast::<pg_sys::VariableSetStmt>();
-                !(*set).name.is_null()
-                    && std::ffi::CStr::from_ptr((*set).name) == c"syncular.push_partition"
-            };
-        ours.then(|| utility.cast::<pg_sys::VariableSetStmt>())
+        super::setting_command(statement).filter(|set| {
+            !(**set).name.is_null()
+                && std::ffi::CStr::from_ptr((**set).name) == c"syncular.push_partition"
+        })
     };
     let Some(set) = set else {
         REPLAYING.set(false);
@@ -239,10 +229,8 @@ unsafe extern "C-unwind" fn refuse_before_sending(set: *mut pg_sys::VariableSetS
             .to_string_lossy()
             .into_owned()
     };
-    if let Some(hint) = refusal_of(&value, false) {
-        crate::error::raise_error(
-            Error::invalid_transaction_state("citus_one_partition").with_hint(hint),
-        )
+    if let Some(refused) = refusal_of(&value, false) {
+        crate::error::raise_error(refused)
     }
 }
 
@@ -359,8 +347,14 @@ struct DistributedTransactionId {
     timestamp: pg_sys::TimestampTz,
 }
 
+/// `SY004` `citus_one_partition` with `hint`: every refusal of the one-partition rule, here and
+/// in `super::subquery`.
+pub(super) fn refusal_with(hint: String) -> Error {
+    Error::invalid_transaction_state("citus_one_partition").with_hint(hint)
+}
+
 fn unsent(partition: &str) -> Error {
-    Error::invalid_transaction_state("citus_one_partition").with_hint(format!(
+    refusal_with(format!(
         "this call for partition {partition:?} runs on a node Citus sent it to inside a \
          distributed transaction whose push did not begin on the node the client reached: on \
          Citus begin the push with a direct call of the push's functions before a host's \
@@ -369,7 +363,7 @@ fn unsent(partition: &str) -> Error {
 }
 
 fn refusal(first: &str, partition: &str) -> Error {
-    Error::invalid_transaction_state("citus_one_partition").with_hint(format!(
+    refusal_with(format!(
         "this transaction pushes to partition {first:?}: on Citus a push transaction's calls \
          are delegated to its partition's node, so a push to partition {partition:?} goes in a \
          transaction of its own (docs/SCALING.md, \"One partition per push transaction\")"
@@ -454,7 +448,7 @@ fn resend_where_forgotten() -> Result<()> {
 /// (src/schema/executor_snapshots.rs): its error is raised from here.
 #[pgrx::pg_guard]
 pub extern "C-unwind" fn resend_guarded() {
-    REPLAYING.set(false);
+    replay_done();
     if let Err(error) = resend_where_forgotten() {
         crate::error::raise_error(error)
     }

@@ -20,7 +20,7 @@
 //! replaying what it recorded). The one command of the extension's own, the barrier's
 //! `lock_timeout` ([`super::send_lock_timeout`]), is made as [`ours`].
 
-use crate::error::{Code, Error, Result};
+use crate::error::{Error, Result};
 use pgrx::pg_sys;
 use std::cell::Cell;
 
@@ -49,17 +49,11 @@ thread_local! {
 /// # Safety
 /// `statement` is the `PlannedStmt` PostgreSQL hands the utility hook.
 pub unsafe fn observe(statement: *mut pg_sys::PlannedStmt) -> Option<*mut pg_sys::VariableSetStmt> {
-    if OURS.get() || statement.is_null() {
+    if OURS.get() {
         return None;
     }
-    // SAFETY: the caller's guarantee; a node's tag is its first field.
-    let set = unsafe {
-        let utility = (*statement).utilityStmt;
-        if utility.is_null() || (*utility).type_ != pg_sys::NodeTag::T_VariableSetStmt {
-            return None;
-        }
-        utility.cast::<pg_sys::VariableSetStmt>()
-    };
+    // SAFETY: the caller's guarantee.
+    let set = unsafe { super::setting_command(statement) }?;
     // SAFETY: a NUL-terminated name; `missing_ok`, so NULL where Citus is not loaded; the value
     // is guc.c's own string, read before anything else runs.
     let local = unsafe {
@@ -110,19 +104,16 @@ pub unsafe extern "C-unwind" fn refuse_propagation(set: *mut pg_sys::VariableSet
         PROPAGATED_IN.set(Some(crate::port::local_transaction_id()));
         return;
     }
-    crate::error::raise_error(Error::Sync {
-        code: Code::InvalidTransactionState,
-        detail: Some(serde_json::json!({"reason": "citus_propagated_settings"})),
-        hint: Some(
+    crate::error::raise_error(
+        Error::invalid_transaction_state("citus_propagated_settings").with_hint(
             "Citus sends a SET LOCAL or RESET made while citus.propagate_set_commands = \
              'local' inside a transaction — the whole text of its message — to every \
              connection of the transaction, the extension owner's and Citus's own superuser \
              connections included, so in a database with syncular it is refused: set such \
              settings per role (ALTER ROLE … SET) or in the session, not propagated \
-             (docs/SCALING.md, \"Settings Citus sends to other nodes\")"
-                .to_string(),
+             (docs/SCALING.md, \"Settings Citus sends to other nodes\")",
         ),
-    })
+    )
 }
 
 /// Refuses the call where this transaction made a command Citus replays on the extension
@@ -137,18 +128,15 @@ pub fn refuse() -> Result<()> {
         }
         return Ok(());
     }
-    Err(Error::Sync {
-        code: Code::InvalidTransactionState,
-        detail: Some(serde_json::json!({"reason": "citus_propagated_settings"})),
-        hint: Some(
+    Err(
+        Error::invalid_transaction_state("citus_propagated_settings").with_hint(
             "this transaction made a SET LOCAL, RESET or SET TRANSACTION while \
              citus.propagate_set_commands = 'local': Citus replays those on every connection of \
              the transaction, the extension owner's included, so the extension's statements \
              cannot run in it — call it in a transaction without them (docs/SCALING.md, \
-             \"Settings Citus sends to other nodes\")"
-                .to_string(),
+             \"Settings Citus sends to other nodes\")",
         ),
-    })
+    )
 }
 
 /// Runs `body`, in which the extension makes a command of its own that Citus propagates.

@@ -165,16 +165,12 @@ unsafe fn delegated_host_call(
         if calls.is_empty() || calls.iter().any(|call| is_ours(*call)) {
             return None;
         }
-        Some(
-            crate::error::Error::invalid_transaction_state("citus_one_partition").with_hint(
-                format!(
-                    "this transaction pushes to partition {pinned:?}, and Citus sends this \
-                     function to another node, where the extension's calls inside it would not \
-                     be held to that partition: call the push's functions directly \
-                     (docs/SCALING.md, \"One partition per push transaction\")"
-                ),
-            ),
-        )
+        Some(super::one_partition::refusal_with(format!(
+            "this transaction pushes to partition {pinned:?}, and Citus sends this function to \
+             another node, where the extension's calls inside it would not be held to that \
+             partition: call the push's functions directly (docs/SCALING.md, \"One partition \
+             per push transaction\")"
+        )))
     }
 }
 
