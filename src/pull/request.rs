@@ -19,6 +19,7 @@
 
 use super::bootstrap::{self, ScanRow};
 use super::budget::Budget;
+use super::record;
 use super::window::{self, deliver, Path, WindowRow};
 use crate::access;
 use crate::args::{self, json_int, IntProblem, MAX_SAFE};
@@ -29,13 +30,11 @@ use crate::gate::{self, SchemaState};
 use crate::jsonb::OwnedJsonb;
 use crate::limits;
 use crate::materialized;
-use crate::registry;
 use crate::scope::{self, Filter};
 use crate::tables;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::SpiClient;
-use pgrx::JsonB;
 use serde_json::{json, Map, Value};
 
 /// Everything the request reads besides the windows, in one statement: the gate's state, the
@@ -58,26 +57,6 @@ SELECT coalesce(m.schema_version, 0),
   LEFT JOIN syncular.sync_schema_meta m ON m.id = 1
   LEFT JOIN syncular.sync_partitions p ON p.partition = $1
   LEFT JOIN syncular.sync_clients cl ON cl.partition = $1 AND cl.client_id = $3";
-
-/// The request's writes in one statement: the registry touch (`touch_partition`) and, unless
-/// `$9` is false, the client record (`put_client`). Returns the registry entry.
-const WRITE_SQL: &str = "\
-WITH touched AS (
-  INSERT INTO syncular.sync_partition_registry AS r
-    (partition, log_epoch, epoch_required, last_authenticated_at_ms)
-  VALUES ($1, $3, false, $2)
-  ON CONFLICT (partition) DO UPDATE
-    SET last_authenticated_at_ms = EXCLUDED.last_authenticated_at_ms
-  RETURNING partition, log_epoch, epoch_required, last_authenticated_at_ms),
-recorded AS (
-  INSERT INTO syncular.sync_clients
-    (partition, client_id, actor_id, wire_version, cursor, subscriptions, updated_at_ms)
-  SELECT $1, $4, $5, $6, $7, $8, $2 WHERE $9
-  ON CONFLICT (partition, client_id) DO UPDATE
-    SET actor_id = EXCLUDED.actor_id, wire_version = EXCLUDED.wire_version,
-        cursor = EXCLUDED.cursor, subscriptions = EXCLUDED.subscriptions,
-        updated_at_ms = EXCLUDED.updated_at_ms)
-SELECT partition, log_epoch, epoch_required, last_authenticated_at_ms FROM touched";
 
 /// A bootstrap token as upstream writes it (`{"asOfCommitSeq", "tables", "tableIndex",
 /// "rowCursor"}`), when it is usable for the subscription's table.
@@ -751,21 +730,21 @@ fn serve_request(
                             "client": record});
         (registry, Some(writes))
     } else {
-        let registry = registry::single(db::write_generic(
+        let record = (!mismatch).then_some(record::Record {
+            client_id,
+            actor_id,
+            wire_version: request.wire_version,
+            cursor,
+            subscriptions: &request.recorded,
+        });
+        let registry = record::write(
+            Path::Native,
             client,
-            WRITE_SQL,
-            &[
-                DatumWithOid::from(partition),
-                DatumWithOid::from(now_ms),
-                DatumWithOid::from(epoch),
-                DatumWithOid::from(client_id),
-                DatumWithOid::from(actor_id),
-                DatumWithOid::from(request.wire_version),
-                DatumWithOid::from(cursor),
-                DatumWithOid::from(JsonB(request.recorded.clone())),
-                DatumWithOid::from(!mismatch),
-            ],
-        )?)?;
+            partition,
+            now_ms,
+            epoch,
+            record.as_ref(),
+        )?;
         (registry, None)
     };
     // The token as a gate read after the touch sees it (serve_entry): the registry's epoch.

@@ -897,3 +897,86 @@ fn pull1_06_bootstrap_reads_need_select() {
     assert_eq!(d["subscriptions"][0]["rows"], json!(1));
     exec(&mut c, "RESET ROLE");
 }
+
+/// PULL1-07: the pull's writes below SQL wait and go round as `ON CONFLICT DO UPDATE` does. A
+/// second session's pull of a client whose record another open transaction writes — an update of
+/// a stored record, and a record inserted for the first time (a speculative insert) — waits for
+/// that transaction; after its commit the waiting pull updates the committed row (one record,
+/// the later cursor and time), after its rollback it inserts its own. The registry entry is
+/// touched by both, the later time kept.
+#[test]
+fn pull1_07_concurrent_pulls_of_one_client_wait_and_write_once() {
+    let db = TestDb::new("pull1_07");
+    let mut c = db.connect();
+    append(&mut c, P, "tasks", "t1", None);
+    let pull_at = |c: &mut Client, client_id: &str, now: i64, cursor: i64| -> Value {
+        one(
+            c,
+            "SELECT document FROM syncular.pull($1, $2, $3, $4, $5, $6, $7) LIMIT 1",
+            &[
+                &P,
+                &client_id,
+                &ACTOR,
+                &now,
+                &EPOCH,
+                &V,
+                &json!({"subscriptions": [sub(cursor)]}),
+            ],
+        )
+    };
+    // A stored record first (client-1); client-2 has none.
+    pull_at(&mut c, "client-1", NOW, 0);
+    for (client_id, end) in [
+        ("client-1", "COMMIT"),
+        ("client-2", "COMMIT"),
+        ("client-3", "ROLLBACK"),
+    ] {
+        let mut s1 = db.connect();
+        exec(&mut s1, "BEGIN");
+        let first = pull_at(&mut s1, client_id, NOW + 10, 0);
+        assert_eq!(first["client"], json!("recorded"), "{client_id}");
+        let mut s2 = db.connect();
+        let pid = backend_pid(&mut s2);
+        let id = client_id.to_string();
+        let waiter = std::thread::spawn(move || {
+            let d: Value = one(
+                &mut s2,
+                "SELECT document FROM syncular.pull($1, $2, $3, $4, $5, $6, $7) LIMIT 1",
+                &[
+                    &P,
+                    &id,
+                    &ACTOR,
+                    &(NOW + 20),
+                    &EPOCH,
+                    &V,
+                    &json!({"subscriptions": [sub(0)]}),
+                ],
+            );
+            d
+        });
+        wait_until_blocked(&mut c, pid);
+        exec(&mut s1, end);
+        let second = waiter.join().unwrap();
+        assert_eq!(second["client"], json!("recorded"), "{client_id}");
+        assert_eq!(
+            second["registry"]["lastAuthenticatedAtMs"],
+            json!(NOW + 20),
+            "{client_id}"
+        );
+        let records = count(
+            &mut c,
+            &format!(
+                "syncular.sync_clients WHERE partition = '{P}' AND client_id = '{client_id}' \
+                 AND updated_at_ms = {} AND actor_id = '{ACTOR}'",
+                NOW + 20
+            ),
+        );
+        assert_eq!(records, 1, "{client_id} after {end}");
+    }
+    let registry: i64 = one(
+        &mut c,
+        "SELECT last_authenticated_at_ms FROM syncular.sync_partition_registry WHERE partition = $1",
+        &[&P],
+    );
+    assert_eq!(registry, NOW + 20);
+}
