@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Server CPU per push (issue 28): the four-client baseline under two cluster settings, and the
+"""Server CPU per push and pull (issue 28): the four-client baseline under two cluster settings, and the
 server time per call from pg_stat_statements.
 
 Run through bench/cpu.sh, which starts one throwaway cluster per setting:
@@ -19,6 +19,11 @@ on two cores includes waiting for a core —, the server's CPU time per push (ev
 cluster, /proc: what the clients' backends, the WAL writer and the rest used), and the WAL bytes
 per push (pg_stat_statements `wal_bytes`).
 
+Then the pull the same way (BENCH_CPU_PULL=0 leaves it out): bench/pull.py's sync request of one
+incremental subscription over 10 partitions of 10^4 commits, catch-up (a full window) and idle
+(cursor at the head) — upstream 0.24's statements, the one-call `pull` and its one-statement
+floor (the same reads and writes), with their server time per call.
+
 Prints the section for docs/BENCHMARKS.md (BENCH_CPU_OUT: the file it is written to).
 """
 import json
@@ -29,10 +34,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run  # noqa: E402  (bench/run.py: psql, pgbench, the scripts)
+import pull  # noqa: E402  (bench/pull.py: the pull's history and scripts)
 
 CLIENTS = int(os.environ.get("BENCH_CLIENTS", "4"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 SETTING = os.environ["BENCH_CPU_SETTING"]
+# The pull's sides too (BENCH_CPU_PULL=0 leaves them out): one sync request with one incremental
+# subscription over 10 partitions of 10^4 commits (bench/pull.py), catch-up and idle.
+PULL = os.environ.get("BENCH_CPU_PULL", "1") == "1"
 
 
 def setup():
@@ -58,14 +67,41 @@ def setup():
     run.psql("upstream", f"INSERT INTO sync_partitions VALUES {values} ON CONFLICT DO NOTHING")
     for db in ("upstream", "ext"):
         run.psql(db, "VACUUM ANALYZE")
+    if PULL:
+        setup_pull()
     run.psql("postgres", "CHECKPOINT")
 
 
-def pgbench_counted(db, script):
-    """One pgbench run: (tps, pushes made)."""
+def setup_pull():
+    """bench/pull.py's database at its 10^4 scale only (10 partitions, both schemas)."""
+    run.psql("postgres", "CREATE DATABASE pull_db")
+    run.psql("pull_db", "CREATE EXTENSION pg_stat_statements")
+    run.psql_file("pull_db", run.UPSTREAM_DDL)
+    run.psql("pull_db", "CREATE EXTENSION syncular")
+    run.psql("pull_db", pull.APP_TABLE + "SELECT syncular.register_table('tasks', 'public.tasks_app');")
+    for schema in ("", "syncular."):
+        for k in range(pull.PARTITIONS):
+            run.psql("pull_db", pull.history_sql(schema, f"part-{k}", pull.SMALL, 0))
+    run.psql("pull_db", "VACUUM ANALYZE")
+
+
+def pull_sides():
+    """(label, db, script, environment) of the pull's upstream, one-call and floor sides."""
+    where = ["--partitions", str(pull.PARTITIONS)]
+    sides = []
+    for workload, (lo, hi) in (("catch-up", (0, pull.SMALL - 1000)), ("idle", (pull.SMALL, pull.SMALL))):
+        scripts = pull.scripts(lo, hi, where)
+        for side, key in (("upstream", "upstream"), ("pull", "one call"), ("floor", "floor")):
+            sides.append((f"{side} {workload}", "pull_db", scripts[key], pull.ENV.get(key)))
+    return sides
+
+
+def pgbench_counted(db, script, env_extra=None):
+    """One pgbench run: (tps, calls made)."""
+    env = dict(os.environ, **(env_extra or {}))
     cmd = [f"{run.BIN}/pgbench", "-n", "-M", "prepared", "-h", "127.0.0.1", "-p", run.PORT, "-U",
            "postgres", "-c", str(CLIENTS), "-j", str(CLIENTS), "-T", str(run.SECONDS), "-f", script, db]
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     done = re.search(r"number of transactions actually processed: (\d+)", out.stdout)
     if out.returncode != 0 or not done:
         sys.exit(f"pgbench failed ({db}): {out.stdout}\n{out.stderr}")
@@ -95,12 +131,12 @@ def server_cpu_ms():
     return ticks * 1000.0 / os.sysconf("SC_CLK_TCK")
 
 
-def server_time(db, script):
-    """Server time and WAL bytes per push of `script` run alone: pg_stat_statements' top-level
-    statements of `db`, over the pushes pgbench made."""
+def server_time(db, script, env_extra=None):
+    """Server time and WAL bytes per call of `script` run alone: pg_stat_statements' top-level
+    statements of `db`, over the calls pgbench made."""
     run.psql(db, "SELECT pg_stat_statements_reset()")
     cpu = server_cpu_ms()
-    _, pushes = pgbench_counted(db, script)
+    _, pushes = pgbench_counted(db, script, env_extra)
     cpu = (server_cpu_ms() - cpu) / pushes
     row = run.psql(db, "SELECT coalesce(sum(total_exec_time), 0), coalesce(sum(wal_bytes), 0) "
                        "FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid "
@@ -119,20 +155,23 @@ def main():
     setup()
     sides = []
     for n in (1, 10):
-        sides += [(f"upstream N={n}", "upstream", run.upstream_push(n, False)),
-                  (f"push_commit N={n}", "ext", run.ext_push_commit(n, False)),
-                  (f"floor N={n}", "ext", run.floor_push(n))]
-    scripts = [(label, db, run.write_script(f"cpu-{i}.sql", text)) for i, (label, db, text) in enumerate(sides)]
-    rounds = {label: [] for label, _, _ in scripts}
+        sides += [(f"upstream N={n}", "upstream", run.upstream_push(n, False), None),
+                  (f"push_commit N={n}", "ext", run.ext_push_commit(n, False), None),
+                  (f"floor N={n}", "ext", run.floor_push(n), None)]
+    if PULL:
+        sides += pull_sides()
+    scripts = [(label, db, run.write_script(f"cpu-{i}.sql", text), env)
+               for i, (label, db, text, env) in enumerate(sides)]
+    rounds = {label: [] for label, _, _, _ in scripts}
     for _ in range(ROUNDS):
-        for label, db, script in scripts:
-            rounds[label].append(pgbench_counted(db, script)[0])
+        for label, db, script, env in scripts:
+            rounds[label].append(pgbench_counted(db, script, env)[0])
     rows = []
-    for label, db, script in scripts:
+    for label, db, script, env in scripts:
         tps = sorted(rounds[label])[len(rounds[label]) // 2]
-        ms, wal, cpu, nested = server_time(db, script)
+        ms, wal, cpu, nested = server_time(db, script, env)
         rows.append((label, tps, ms, wal, cpu))
-        print(f"{SETTING:<6} {label:<16} {tps:>8.0f} tps  server {ms:.3f} ms/push  CPU {cpu:.3f} ms/push  WAL {wal:.0f} B/push"
+        print(f"{SETTING:<6} {label:<16} {tps:>8.0f} tps  server {ms:.3f} ms/call  CPU {cpu:.3f} ms/call  WAL {wal:.0f} B/call"
               f"   (rounds: {'/'.join(f'{r:.0f}' for r in rounds[label])})", flush=True)
         if nested and label.startswith("push_commit"):
             # The statements push_commit runs itself (their time is inside its own): ms per push,

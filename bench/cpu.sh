@@ -3,8 +3,9 @@
 # 0.24's statements, `push_commit` and the one-statement floor on two throwaway clusters — the
 # benchmark's own (`fsync = off`, autovacuum off, no timed checkpoint) and a durable one that
 # does not wait for its WAL flush (`synchronous_commit = off`, PostgreSQL's defaults otherwise)
-# — with pg_stat_statements (`track = all`), the release build. Prints one line per side and
-# setting; about 4 minutes. BENCH_PG_MAJOR=18 for PostgreSQL 18; BENCH_CPU_SETTINGS="bench" for
+# — with pg_stat_statements (`track = all`), the release build; then the pull (upstream's
+# statements, `pull`, its floor; catch-up and idle; BENCH_CPU_PULL=0 leaves it out). Prints one
+# line per side and setting; about 7 minutes per setting. BENCH_PG_MAJOR=18 for PostgreSQL 18; BENCH_CPU_SETTINGS="bench" for
 # one setting; BENCH_SECONDS, BENCH_ROUNDS, BENCH_CLIENTS tune the load. docs/BENCHMARKS.md
 # "Server CPU (issue 28)" is written from its output.
 set -euo pipefail

@@ -1166,6 +1166,39 @@ impl DirectInsert {
         Self::open_with(table, partition, columns, None, true)
     }
 
+    /// [`DirectInsert::open_for_conflicts`] for [`DirectInsert::upsert`], whose conflict target
+    /// is the primary key: `None` where the table has another unique index or an exclusion
+    /// constraint (a conflict on it would be taken for the key's; the statement raises 23505 on
+    /// it), or its primary key is deferrable. Raises what the statement raises where the table
+    /// may not be updated for want of a replica identity (55000: a publication of its updates).
+    pub fn open_for_upsert(
+        table: SyncTable,
+        partition: &str,
+        columns: &'static [(&'static CStr, pg_sys::Oid)],
+    ) -> Result<Option<Self>> {
+        let Some(direct) = Self::open_for_conflicts(table, partition, columns)? else {
+            return Ok(None);
+        };
+        // SAFETY: the result relation info `open_with` made, its indexes opened
+        // (`ExecOpenIndices`): `ri_NumIndices` open index relations with their `pg_index` forms.
+        unsafe {
+            let info = &*direct.info;
+            let indexes = (0..info.ri_NumIndices.max(0) as usize)
+                .map(|i| &*(**info.ri_IndexRelationDescs.add(i)).rd_index);
+            let mut arbiters = indexes.filter(|form| form.indisunique || form.indisexclusion);
+            let only_the_key = matches!(
+                (arbiters.next(), arbiters.next()),
+                (Some(form), None) if form.indisprimary && form.indimmediate
+            );
+            if !only_the_key {
+                return Ok(None);
+            }
+            // The statement's check for `ON CONFLICT DO UPDATE` (PostgreSQL 15.14 and later).
+            pg_sys::CheckCmdReplicaIdentity(direct.relation, pg_sys::CmdType::CMD_UPDATE);
+        }
+        Ok(Some(direct))
+    }
+
     fn open_with(
         table: SyncTable,
         partition: &str,
@@ -1398,8 +1431,10 @@ impl DirectInsert {
     /// is inserted as [`DirectInsert::insert_unless_conflict`] inserts it; a row that turns up or
     /// changes meanwhile sends it round again, as the executor goes round. Returns the row as it
     /// now stands (the inserted one, or the stored one with the updated columns replaced) to
-    /// `read`, in the columns' order. Opened by [`DirectInsert::open_for_conflicts`] (READ
-    /// COMMITTED only: elsewhere the statement raises 40001 on a row its snapshot cannot see).
+    /// `read`, in the columns' order. Opened by [`DirectInsert::open_for_upsert`] (READ
+    /// COMMITTED only: elsewhere the statement raises 40001 on a row its snapshot cannot see;
+    /// the primary key the one unique index: it is the conflict target). The updated columns
+    /// are never key columns.
     pub fn upsert<T>(
         &mut self,
         row: &[Option<Value<'_>>],
@@ -1442,16 +1477,20 @@ impl DirectInsert {
         // SAFETY: the relation, executor state and slot are `open`'s; the lock slot is the table
         // AM's own, made and dropped here; the row is locked as `ExecOnConflictUpdate` locks it
         // (no flags: a version updated meanwhile is answered, not followed). The locked
-        // version's values are copied into the virtual slot before the lock slot is dropped;
-        // `heap_update` replaces the version this transaction now holds, so it finds it.
+        // version's datums are put in the virtual slot and copied into the new tuple by
+        // `heap_form_tuple` while the lock slot still pins its buffer; `heap_update` replaces
+        // the version this transaction now holds, so it finds it.
         unsafe {
             let relation = self.relation;
             if (*(*relation).rd_rel).relam != pg_sys::HEAP_TABLE_AM_OID {
                 return Err(Error::Internal("direct upsert: not a heap".into()));
             }
             let lock_slot = pg_sys::table_slot_create(relation, std::ptr::null_mut());
-            let snapshot = pg_sys::GetLatestSnapshot();
-            let result = lock_tuple(relation, &mut tid, snapshot, lock_slot, 0);
+            // No key column is updated: `FOR NO KEY UPDATE`, as `ExecUpdateLockMode` chooses.
+            // Without flags the table AM reads no snapshot; the statement's is passed.
+            let mode = pg_sys::LockTupleMode::LockTupleNoKeyExclusive;
+            let snapshot = pg_sys::GetActiveSnapshot();
+            let result = lock_tuple(relation, &mut tid, snapshot, lock_slot, mode, 0);
             match result {
                 Some(pg_sys::TM_Result::TM_Ok) => {}
                 Some(pg_sys::TM_Result::TM_Updated | pg_sys::TM_Result::TM_Deleted) => {
@@ -1484,6 +1523,10 @@ impl DirectInsert {
                 pg_sys::heap_form_tuple((*relation).rd_att, (*slot).tts_values, (*slot).tts_isnull);
             let mut old = (*lock_slot).tts_tid;
             let updated = port::heap_update(relation, &mut old, new);
+            // The slot's kept by-reference values point into the lock slot's tuple (its buffer,
+            // pinned until the lock slot is dropped): the slot is emptied first, then holds the
+            // new tuple's own values (read back by the caller).
+            port::exec_clear_tuple(slot);
             pg_sys::ExecDropSingleTupleTableSlot(lock_slot);
             let Some(indexes) = updated else {
                 pg_sys::heap_freetuple(new);
@@ -1491,9 +1534,6 @@ impl DirectInsert {
                     "direct upsert: the locked row could not be updated".into(),
                 ));
             };
-            // The slot's by-reference values pointed into the lock slot's tuple: keep the new
-            // tuple's own values in it instead (read back by the caller).
-            port::exec_clear_tuple(slot);
             pg_sys::heap_deform_tuple(
                 new,
                 (*relation).rd_att,
@@ -1548,6 +1588,9 @@ impl DirectInsert {
             if (*(*self.relation).rd_rel).relam != pg_sys::HEAP_TABLE_AM_OID {
                 return Ok(None);
             }
+            // What the `UPDATE` raises where the table's updates are published without a
+            // replica identity (55000).
+            pg_sys::CheckCmdReplicaIdentity(self.relation, pg_sys::CmdType::CMD_UPDATE);
             let Some(attnum) =
                 crate::catalog::live_attribute(descriptor, column, |t| t == pg_sys::INT8OID)
             else {
@@ -1671,7 +1714,8 @@ pub fn lock_by_key(
             Ok(Lookup::Here(Some(mut tid), _)) => {
                 let slot = pg_sys::table_slot_create(relation, std::ptr::null_mut());
                 let flags = pg_sys::TUPLE_LOCK_FLAG_FIND_LAST_VERSION as u8;
-                let result = lock_tuple(relation, &mut tid, snapshot, slot, flags);
+                let mode = pg_sys::LockTupleMode::LockTupleExclusive;
+                let result = lock_tuple(relation, &mut tid, snapshot, slot, mode, flags);
                 let value = (result == Some(pg_sys::TM_Result::TM_Ok)).then(|| {
                     let mut is_null = false;
                     let found = pg_sys::slot_getattr(slot, key_attnum.into(), &mut is_null);
@@ -1826,9 +1870,9 @@ impl Drop for DirectInsert {
     }
 }
 
-/// The table AM's exclusive row lock (`SELECT … FOR UPDATE`'s) on the row version at `tid`,
-/// waiting for other holders, under this transaction's current command; `None` where the table
-/// AM has no `tuple_lock`. The version locked is left in `slot`.
+/// The table AM's row lock of `mode` (`LockTupleExclusive`: `SELECT … FOR UPDATE`'s) on the row
+/// version at `tid`, waiting for other holders, under this transaction's current command; `None`
+/// where the table AM has no `tuple_lock`. The version locked is left in `slot`.
 ///
 /// # Safety
 /// `relation` is open and locked, `slot` one of its table AM's slots, `snapshot` registered or
@@ -1838,6 +1882,7 @@ unsafe fn lock_tuple(
     tid: &mut pg_sys::ItemPointerData,
     snapshot: pg_sys::Snapshot,
     slot: *mut pg_sys::TupleTableSlot,
+    mode: pg_sys::LockTupleMode::Type,
     flags: u8,
 ) -> Option<pg_sys::TM_Result::Type> {
     // SAFETY: the caller's contract; `tuple_lock` is called as `ExecLockRows` calls it.
@@ -1857,7 +1902,7 @@ unsafe fn lock_tuple(
                     snapshot,
                     slot,
                     command,
-                    pg_sys::LockTupleMode::LockTupleExclusive,
+                    mode,
                     pg_sys::LockWaitPolicy::LockWaitBlock,
                     flags,
                     failure,

@@ -103,8 +103,8 @@ pub(super) fn write(
 }
 
 /// [`WRITE_SQL`] below SQL, or `None` with nothing written where a table is elsewhere (Citus),
-/// has anything a statement would run, or the transaction is not READ COMMITTED or is
-/// read-only (`DirectInsert::open_for_conflicts`).
+/// has anything a statement would run or another unique index than its key, or the transaction
+/// is not READ COMMITTED or is read-only (`DirectInsert::open_for_upsert`).
 fn write_here(
     partition: &str,
     now_ms: i64,
@@ -112,17 +112,15 @@ fn write_here(
     record: Option<&Record<'_>>,
 ) -> Result<Option<Value>> {
     let Some(mut registry) =
-        DirectInsert::open_for_conflicts(SyncTable::PartitionRegistry, partition, REGISTRY)?
+        DirectInsert::open_for_upsert(SyncTable::PartitionRegistry, partition, REGISTRY)?
     else {
         return Ok(None);
     };
     let clients = match record {
-        Some(_) => {
-            match DirectInsert::open_for_conflicts(SyncTable::Clients, partition, CLIENTS)? {
-                Some(clients) => Some(clients),
-                None => return Ok(None),
-            }
-        }
+        Some(_) => match DirectInsert::open_for_upsert(SyncTable::Clients, partition, CLIENTS)? {
+            Some(clients) => Some(clients),
+            None => return Ok(None),
+        },
         None => None,
     };
     let row = [
@@ -251,5 +249,56 @@ mod tests {
             }
         }
         assert_eq!(compared, 48);
+    }
+
+    /// Another unique index than the key (a host's, or a DBA's) sends the writes through the
+    /// statement, which raises on it (23505) where below SQL a conflict on it would be taken for
+    /// the key's and update another client's record (review of session 30, F1).
+    #[pg_test]
+    fn another_unique_index_sends_the_writes_through_the_statement() {
+        let subscriptions = json!([]);
+        let record = Record {
+            client_id: "c1",
+            actor_id: "a1",
+            wire_version: 1,
+            cursor: 1,
+            subscriptions: &subscriptions,
+        };
+        assert!(write_here("p1", 1, "e", Some(&record))
+            .expect("write")
+            .is_some());
+        Spi::run("CREATE UNIQUE INDEX one_client_per_actor ON syncular.sync_clients (actor_id)")
+            .expect("index");
+        assert!(write_here("p1", 2, "e", Some(&record))
+            .expect("write")
+            .is_none());
+        // The registry alone still goes below SQL.
+        assert!(write_here("p1", 3, "e", None).expect("write").is_some());
+        Spi::run("DROP INDEX syncular.one_client_per_actor").expect("drop");
+        Spi::run("CREATE UNIQUE INDEX one_epoch ON syncular.sync_partition_registry (log_epoch)")
+            .expect("index");
+        assert!(write_here("p1", 4, "e", None).expect("write").is_none());
+    }
+
+    /// A table whose updates are published without a replica identity refuses the writes below
+    /// SQL as the statement refuses them (55000), before anything is written.
+    #[pg_test(
+        error = "cannot update table \"sync_clients\" because it does not have a replica identity and publishes updates"
+    )]
+    fn a_published_table_without_replica_identity_is_refused_as_the_statement_refuses_it() {
+        Spi::run(
+            "CREATE PUBLICATION syncular_clients_pub FOR TABLE syncular.sync_clients;
+             ALTER TABLE syncular.sync_clients REPLICA IDENTITY NOTHING",
+        )
+        .expect("publication");
+        let subscriptions = json!([]);
+        let record = Record {
+            client_id: "c1",
+            actor_id: "a1",
+            wire_version: 1,
+            cursor: 1,
+            subscriptions: &subscriptions,
+        };
+        let _ = write_here("p1", 1, "e", Some(&record));
     }
 }
