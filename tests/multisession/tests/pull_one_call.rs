@@ -980,3 +980,64 @@ fn pull1_07_concurrent_pulls_of_one_client_wait_and_write_once() {
     );
     assert_eq!(registry, NOW + 20);
 }
+
+/// PULL1-08: a pull waiting for the lock on a client record that its holder then updates and
+/// commits goes round and updates the committed version (the row version it waited for is
+/// answered "updated", as the executor's `ON CONFLICT DO UPDATE` goes round): one record, the
+/// waiting pull's.
+#[test]
+fn pull1_08_a_record_updated_while_a_pull_waits_is_written_once() {
+    let db = TestDb::new("pull1_08");
+    let mut c = db.connect();
+    append(&mut c, P, "tasks", "t1", None);
+    pull_doc(&mut c, P, &json!({"subscriptions": [sub(0)]})).unwrap();
+    let mut holder = db.connect();
+    exec(&mut holder, "BEGIN");
+    exec(
+        &mut holder,
+        &format!(
+            "SELECT 1 FROM syncular.sync_clients WHERE partition = '{P}' \
+             AND client_id = 'client-1' FOR UPDATE"
+        ),
+    );
+    let mut waiter = db.connect();
+    let pid = backend_pid(&mut waiter);
+    let pulled = std::thread::spawn(move || {
+        let d: Value = one(
+            &mut waiter,
+            "SELECT document FROM syncular.pull($1, 'client-1', $2, $3, $4, $5, $6) LIMIT 1",
+            &[
+                &P,
+                &ACTOR,
+                &(NOW + 20),
+                &EPOCH,
+                &V,
+                &json!({"subscriptions": [sub(0)]}),
+            ],
+        );
+        d
+    });
+    wait_until_blocked(&mut c, pid);
+    exec(
+        &mut holder,
+        &format!(
+            "UPDATE syncular.sync_clients SET cursor = 99, updated_at_ms = {} \
+             WHERE partition = '{P}' AND client_id = 'client-1'",
+            NOW + 10
+        ),
+    );
+    exec(&mut holder, "COMMIT");
+    let d = pulled.join().unwrap();
+    assert_eq!(d["client"], json!("recorded"));
+    let rows: Vec<(i64, i64)> = c
+        .query(
+            "SELECT cursor, updated_at_ms FROM syncular.sync_clients
+              WHERE partition = $1 AND client_id = 'client-1'",
+            &[&P],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(rows, vec![(d["cursor"].as_i64().unwrap(), NOW + 20)]);
+}
