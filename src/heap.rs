@@ -1465,10 +1465,10 @@ impl DirectInsert {
         }
     }
 
-    /// Locks the row version at `tid` (exclusive, waiting) and replaces its `update` columns by
-    /// the slot's (the row [`DirectInsert::prepare`] stored); the new version is left in the
-    /// slot. `false` when the version was updated or deleted meanwhile (the caller goes round
-    /// again, as `ExecOnConflictUpdate`'s caller does).
+    /// Locks the row version at `tid` (`FOR NO KEY UPDATE`, waiting) and replaces its `update`
+    /// columns by the slot's (the row [`DirectInsert::prepare`] stored); the new version is left
+    /// in the slot. `false` when the version was updated or deleted meanwhile (the caller goes
+    /// round again, as `ExecOnConflictUpdate`'s caller does).
     fn update_conflicting(
         &mut self,
         mut tid: pg_sys::ItemPointerData,
