@@ -1167,10 +1167,11 @@ impl DirectInsert {
     }
 
     /// [`DirectInsert::open_for_conflicts`] for [`DirectInsert::upsert`], whose conflict target
-    /// is the primary key: `None` where the table has another unique index or an exclusion
-    /// constraint (a conflict on it would be taken for the key's; the statement raises 23505 on
-    /// it), or its primary key is deferrable. Raises what the statement raises where the table
-    /// may not be updated for want of a replica identity (55000: a publication of its updates).
+    /// is the primary key: `None` where the table is not a heap, has another unique index or an
+    /// exclusion constraint (a conflict on it would be taken for the key's; the statement raises
+    /// 23505 on it), or its primary key is deferrable. Raises what the statement raises where the
+    /// table may not be updated for want of a replica identity (55000: a publication of its
+    /// updates).
     pub fn open_for_upsert(
         table: SyncTable,
         partition: &str,
@@ -1179,9 +1180,13 @@ impl DirectInsert {
         let Some(direct) = Self::open_for_conflicts(table, partition, columns)? else {
             return Ok(None);
         };
-        // SAFETY: the result relation info `open_with` made, its indexes opened
+        // SAFETY: the relation and the result relation info `open_with` made, its indexes opened
         // (`ExecOpenIndices`): `ri_NumIndices` open index relations with their `pg_index` forms.
         unsafe {
+            // A heap: its row lock and update are what `upsert` calls.
+            if (*(*direct.relation).rd_rel).relam != pg_sys::HEAP_TABLE_AM_OID {
+                return Ok(None);
+            }
             let info = &*direct.info;
             let indexes = (0..info.ri_NumIndices.max(0) as usize)
                 .map(|i| &*(**info.ri_IndexRelationDescs.add(i)).rd_index);
@@ -1482,9 +1487,6 @@ impl DirectInsert {
         // the version this transaction now holds, so it finds it.
         unsafe {
             let relation = self.relation;
-            if (*(*relation).rd_rel).relam != pg_sys::HEAP_TABLE_AM_OID {
-                return Err(Error::Internal("direct upsert: not a heap".into()));
-            }
             let lock_slot = pg_sys::table_slot_create(relation, std::ptr::null_mut());
             // No key column is updated: `FOR NO KEY UPDATE`, as `ExecUpdateLockMode` chooses.
             // Without flags the table AM reads no snapshot; the statement's is passed.

@@ -251,19 +251,24 @@ mod tests {
         assert_eq!(compared, 48);
     }
 
+    /// Client c1 of actor a1 at cursor 1.
+    fn client_one(subscriptions: &Value) -> Record<'_> {
+        Record {
+            client_id: "c1",
+            actor_id: "a1",
+            wire_version: 1,
+            cursor: 1,
+            subscriptions,
+        }
+    }
+
     /// Another unique index than the key (a host's, or a DBA's) sends the writes through the
     /// statement, which raises on it (23505) where below SQL a conflict on it would be taken for
     /// the key's and update another client's record (review of session 30, F1).
     #[pg_test]
     fn another_unique_index_sends_the_writes_through_the_statement() {
         let subscriptions = json!([]);
-        let record = Record {
-            client_id: "c1",
-            actor_id: "a1",
-            wire_version: 1,
-            cursor: 1,
-            subscriptions: &subscriptions,
-        };
+        let record = client_one(&subscriptions);
         assert!(write_here("p1", 1, "e", Some(&record))
             .expect("write")
             .is_some());
@@ -292,13 +297,7 @@ mod tests {
         )
         .expect("publication");
         let subscriptions = json!([]);
-        let record = Record {
-            client_id: "c1",
-            actor_id: "a1",
-            wire_version: 1,
-            cursor: 1,
-            subscriptions: &subscriptions,
-        };
+        let record = client_one(&subscriptions);
         let _ = write_here("p1", 1, "e", Some(&record));
     }
 }

@@ -898,6 +898,23 @@ fn pull1_06_bootstrap_reads_need_select() {
     exec(&mut c, "RESET ROLE");
 }
 
+/// The document of a pull by `client_id` of actor-1 at `now`, one subscription at `cursor`.
+fn pull_at(c: &mut Client, client_id: &str, now: i64, cursor: i64) -> Value {
+    one(
+        c,
+        "SELECT document FROM syncular.pull($1, $2, $3, $4, $5, $6, $7) LIMIT 1",
+        &[
+            &P,
+            &client_id,
+            &ACTOR,
+            &now,
+            &EPOCH,
+            &V,
+            &json!({"subscriptions": [sub(cursor)]}),
+        ],
+    )
+}
+
 /// PULL1-07: the pull's writes below SQL wait and go round as `ON CONFLICT DO UPDATE` does. A
 /// second session's pull of a client whose record another open transaction writes — an update of
 /// a stored record, and a record inserted for the first time (a speculative insert) — waits for
@@ -909,21 +926,6 @@ fn pull1_07_concurrent_pulls_of_one_client_wait_and_write_once() {
     let db = TestDb::new("pull1_07");
     let mut c = db.connect();
     append(&mut c, P, "tasks", "t1", None);
-    let pull_at = |c: &mut Client, client_id: &str, now: i64, cursor: i64| -> Value {
-        one(
-            c,
-            "SELECT document FROM syncular.pull($1, $2, $3, $4, $5, $6, $7) LIMIT 1",
-            &[
-                &P,
-                &client_id,
-                &ACTOR,
-                &now,
-                &EPOCH,
-                &V,
-                &json!({"subscriptions": [sub(cursor)]}),
-            ],
-        )
-    };
     // A stored record first (client-1); client-2 has none.
     pull_at(&mut c, "client-1", NOW, 0);
     for (client_id, end) in [
@@ -938,22 +940,7 @@ fn pull1_07_concurrent_pulls_of_one_client_wait_and_write_once() {
         let mut s2 = db.connect();
         let pid = backend_pid(&mut s2);
         let id = client_id.to_string();
-        let waiter = std::thread::spawn(move || {
-            let d: Value = one(
-                &mut s2,
-                "SELECT document FROM syncular.pull($1, $2, $3, $4, $5, $6, $7) LIMIT 1",
-                &[
-                    &P,
-                    &id,
-                    &ACTOR,
-                    &(NOW + 20),
-                    &EPOCH,
-                    &V,
-                    &json!({"subscriptions": [sub(0)]}),
-                ],
-            );
-            d
-        });
+        let waiter = std::thread::spawn(move || pull_at(&mut s2, &id, NOW + 20, 0));
         wait_until_blocked(&mut c, pid);
         exec(&mut s1, end);
         let second = waiter.join().unwrap();
@@ -1002,21 +989,7 @@ fn pull1_08_a_record_updated_while_a_pull_waits_is_written_once() {
     );
     let mut waiter = db.connect();
     let pid = backend_pid(&mut waiter);
-    let pulled = std::thread::spawn(move || {
-        let d: Value = one(
-            &mut waiter,
-            "SELECT document FROM syncular.pull($1, 'client-1', $2, $3, $4, $5, $6) LIMIT 1",
-            &[
-                &P,
-                &ACTOR,
-                &(NOW + 20),
-                &EPOCH,
-                &V,
-                &json!({"subscriptions": [sub(0)]}),
-            ],
-        );
-        d
-    });
+    let pulled = std::thread::spawn(move || pull_at(&mut waiter, "client-1", NOW + 20, 0));
     wait_until_blocked(&mut c, pid);
     exec(
         &mut holder,
