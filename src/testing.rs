@@ -52,3 +52,22 @@ pub fn run_cases<S: proptest::strategy::Strategy>(
         .run(&strategy, test)
         .unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// Takes `ACCESS EXCLUSIVE` locks on `tables` (a `LOCK TABLE` list of the extension's tables)
+/// before a test changes their definition, all at once or none: `NOWAIT` in a subtransaction,
+/// again after a pause while another test holds one. The in-backend tests run side by side on
+/// one database, and a test that wrote a table and then asked for a stronger lock on it waited
+/// for another test waiting for it (a deadlock: `pull::record`'s tests, session 31). Holding
+/// nothing while it waits, a test that calls this first is never part of such a cycle.
+pub fn lock_for_ddl(tables: &str) {
+    let sql = format!("LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE NOWAIT");
+    for _ in 0..3000 {
+        let locked =
+            crate::push::subtransaction::in_subtransaction(|| Spi::run(&sql), |r| r.is_ok());
+        if matches!(locked, Ok(Ok(()))) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("{tables} stayed locked by other tests for 30 s");
+}

@@ -251,6 +251,10 @@ mod tests {
         assert_eq!(compared, 48);
     }
 
+    /// The tables the tests below change the definition of, locked first
+    /// ([`crate::testing::lock_for_ddl`]).
+    const DDL_TABLES: &str = "syncular.sync_partition_registry, syncular.sync_clients";
+
     /// Client c1 of actor a1 at cursor 1.
     fn client_one(subscriptions: &Value) -> Record<'_> {
         Record {
@@ -267,6 +271,7 @@ mod tests {
     /// the key's and update another client's record (review of session 30, F1).
     #[pg_test]
     fn another_unique_index_sends_the_writes_through_the_statement() {
+        crate::testing::lock_for_ddl(DDL_TABLES);
         let subscriptions = json!([]);
         let record = client_one(&subscriptions);
         assert!(write_here("p1", 1, "e", Some(&record))
@@ -291,6 +296,7 @@ mod tests {
         error = "cannot update table \"sync_clients\" because it does not have a replica identity and publishes updates"
     )]
     fn a_published_table_without_replica_identity_is_refused_as_the_statement_refuses_it() {
+        crate::testing::lock_for_ddl(DDL_TABLES);
         Spi::run(
             "CREATE PUBLICATION syncular_clients_pub FOR TABLE syncular.sync_clients;
              ALTER TABLE syncular.sync_clients REPLICA IDENTITY NOTHING",

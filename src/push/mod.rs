@@ -28,4 +28,4 @@ mod request;
 pub mod result;
 mod rules;
 pub mod stage;
-mod subtransaction;
+pub(crate) mod subtransaction;

@@ -9,7 +9,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// Runs `body` in an internal subtransaction (as PL/pgSQL's exception blocks do): kept when
 /// `keep` says so, rolled back otherwise and on any error, which is returned as the caught
 /// panic for the caller to map or re-raise.
-pub(super) fn in_subtransaction<R>(
+pub(crate) fn in_subtransaction<R>(
     body: impl FnOnce() -> R,
     keep: impl FnOnce(&R) -> bool,
 ) -> std::thread::Result<R> {
