@@ -96,11 +96,11 @@ def pull_sides():
     return sides
 
 
-def pgbench_counted(db, script, env_extra=None):
-    """One pgbench run: (tps, calls made)."""
+def pgbench_counted(db, script, env_extra=None, seconds=None):
+    """One pgbench run (`seconds`, default BENCH_SECONDS): (tps, calls made)."""
     env = dict(os.environ, **(env_extra or {}))
     cmd = [f"{run.BIN}/pgbench", "-n", "-M", "prepared", "-h", "127.0.0.1", "-p", run.PORT, "-U",
-           "postgres", "-c", str(CLIENTS), "-j", str(CLIENTS), "-T", str(run.SECONDS), "-f", script, db]
+           "postgres", "-c", str(CLIENTS), "-j", str(CLIENTS), "-T", str(seconds or run.SECONDS), "-f", script, db]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     done = re.search(r"number of transactions actually processed: (\d+)", out.stdout)
     if out.returncode != 0 or not done:
@@ -133,7 +133,9 @@ def server_cpu_ms():
 
 def server_time(db, script, env_extra=None):
     """Server time and WAL bytes per call of `script` run alone: pg_stat_statements' top-level
-    statements of `db`, over the calls pgbench made."""
+    statements of `db`, over the calls pgbench made — after a second of the same calls, so the
+    side finds its own pages in shared buffers, not the previous side's (as in the rounds)."""
+    pgbench_counted(db, script, env_extra, seconds=1)
     run.psql(db, "SELECT pg_stat_statements_reset()")
     cpu = server_cpu_ms()
     _, pushes = pgbench_counted(db, script, env_extra)
@@ -163,9 +165,17 @@ def main():
     scripts = [(label, db, run.write_script(f"cpu-{i}.sql", text), env)
                for i, (label, db, text, env) in enumerate(sides)]
     rounds = {label: [] for label, _, _, _ in scripts}
-    for _ in range(ROUNDS):
-        for label, db, script, env in scripts:
-            rounds[label].append(pgbench_counted(db, script, env)[0])
+    # The sides come in threes (upstream, ours, floor: one workload). Each round begins each
+    # three with the next of them: a side run right after another workload's upstream side finds
+    # its pages evicted from shared buffers by upstream's own log (both schemas' logs do not fit
+    # in the default 128 MB), and with a fixed order that cost always fell on the same side — the
+    # one-call pull ran 5-10 % slower there than after its floor (docs/BENCHMARKS.md, step 15).
+    assert len(scripts) % 3 == 0
+    for r in range(ROUNDS):
+        for first in range(0, len(scripts), 3):
+            three = scripts[first:first + 3]
+            for label, db, script, env in three[r % 3:] + three[:r % 3]:
+                rounds[label].append(pgbench_counted(db, script, env)[0])
     rows = []
     for label, db, script, env in scripts:
         tps = sorted(rounds[label])[len(rounds[label]) // 2]
