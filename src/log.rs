@@ -486,6 +486,7 @@ mod tests {
     #[cfg(feature = "pg18")]
     #[pg_test]
     fn a_virtual_generated_column_is_never_read_or_written_below_sql() {
+        crate::testing::lock_for_ddl("syncular.sync_changes");
         Spi::run(&format!(
             "SELECT syncular.append_commit('virtual', {COMMIT})"
         ))
@@ -521,6 +522,7 @@ mod tests {
     /// statement again, the trigger fires for every change, and the rows are the same.
     #[pg_test]
     fn direct_and_statement_appends_write_the_same_rows() {
+        crate::testing::lock_for_ddl("syncular.sync_changes, syncular.sync_change_scopes");
         let rows = |p: &str| {
             Spi::get_one::<String>(&format!(
                 "SELECT string_agg(format('%s|%s|%s|%s|%s|%s|%s|%s', commit_seq, idx, tbl, row_id, op,
@@ -680,6 +682,7 @@ mod tests {
     /// trigger fires.
     #[pg_test]
     fn the_commit_row_goes_below_sql_only_under_the_fence_alone() {
+        crate::testing::lock_for_ddl("syncular.sync_commits");
         Spi::run("SET LOCAL track_functions = 'all'").expect("set");
         Spi::run(
             "CREATE TABLE public.commit_audit (seq bigint);

@@ -345,6 +345,8 @@ mod tests {
     /// `public.syncular_test_try_enqueue(partition, reactions)`: [`outcome`]'s subtransaction;
     /// `public.syncular_test_rows()`: a trigger function that sends rows through the statement.
     fn test_functions() {
+        // Every test calling this adds a trigger or a constraint to `sync_reactions`.
+        crate::testing::lock_for_ddl("syncular.sync_reactions");
         Spi::run(
             "CREATE FUNCTION public.syncular_test_try_enqueue(p text, r jsonb) RETURNS text
              LANGUAGE plpgsql AS $$
