@@ -235,6 +235,24 @@ pub unsafe fn jsonb_by_text_key<const N: usize>(
     }
 }
 
+/// A column a [`Row`] is asked for: by name (`c"actor_id"` converts), looked up in the row's
+/// relation for each read, or as [`Reader::column`] found it once for all the rows of a reader —
+/// a window of a hundred changes reads seven columns of each, and finding each by name again was
+/// a walk of the relation's descriptor per value (issue 28, docs/BENCHMARKS.md step 15).
+#[derive(Clone, Copy)]
+pub struct Column<'c> {
+    name: &'c CStr,
+    /// The relation it was found in, its number and its type: used for a row of that relation
+    /// only (any other looks the name up).
+    found: Option<(pg_sys::Relation, i16, pg_sys::Oid)>,
+}
+
+impl<'c> From<&'c CStr> for Column<'c> {
+    fn from(name: &'c CStr) -> Self {
+        Column { name, found: None }
+    }
+}
+
 /// One row version a lookup found, lent to its reader for the length of the scan: its columns
 /// are found by name in the relation's own descriptor and checked for their type before they
 /// are read, so a column an update added or dropped never shifts what is read.
@@ -265,19 +283,28 @@ impl Row {
 
     /// The datum of the live column `column` whose type `accepts`: `None` when null; an internal
     /// error when the table has no such column (an install that is not as created).
-    fn datum(
+    fn datum<'c>(
         &self,
-        column: &CStr,
+        column: impl Into<Column<'c>>,
         accepts: impl Fn(pg_sys::Oid) -> bool,
     ) -> Result<Option<pg_sys::Datum>> {
+        let column = column.into();
         // SAFETY: a `Row` is made only by [`scan`], with the relation it opened and the tuple its
         // scan returned, both alive while the reader holds the borrowed `Row`.
         unsafe {
             let descriptor = (*self.relation).rd_att;
-            let Some(attnum) = crate::catalog::live_attribute(descriptor, column, accepts) else {
+            let attnum = match column.found {
+                // Found by `Reader::column` in this row's relation, held open (and locked) since.
+                Some((relation, attnum, type_id)) if relation == self.relation => {
+                    accepts(type_id).then_some(attnum)
+                }
+                _ => crate::catalog::live_attribute(descriptor, column.name, accepts),
+            };
+            let Some(attnum) = attnum else {
                 return Err(Error::Internal(format!(
-                    "syncular: {:?} has no column {column:?} of the type read",
-                    self.table.name()
+                    "syncular: {:?} has no column {:?} of the type read",
+                    self.table.name(),
+                    column.name
                 )));
             };
             if (*descriptor).natts as usize <= DEFORMED {
@@ -302,14 +329,14 @@ impl Row {
     }
 
     /// A `bigint` column.
-    pub fn bigint(&self, column: &CStr) -> Result<Option<i64>> {
+    pub fn bigint<'c>(&self, column: impl Into<Column<'c>>) -> Result<Option<i64>> {
         let datum = self.datum(column, |t| t == pg_sys::INT8OID)?;
         // SAFETY: a non-null int8 datum of the row (a pass-by-value type on 64-bit builds).
         Ok(datum.and_then(|d| unsafe { i64::from_datum(d, false) }))
     }
 
     /// An `oid`, `regclass` or `regrole` column.
-    pub fn oid(&self, column: &CStr) -> Result<Option<pg_sys::Oid>> {
+    pub fn oid<'c>(&self, column: impl Into<Column<'c>>) -> Result<Option<pg_sys::Oid>> {
         let datum = self.datum(column, |t| {
             [pg_sys::OIDOID, pg_sys::REGCLASSOID, pg_sys::REGROLEOID].contains(&t)
         })?;
@@ -318,7 +345,7 @@ impl Row {
     }
 
     /// A `text` column, copied out (detoasted).
-    pub fn text(&self, column: &CStr) -> Result<Option<String>> {
+    pub fn text<'c>(&self, column: impl Into<Column<'c>>) -> Result<Option<String>> {
         let datum = self.datum(column, |t| t == pg_sys::TEXTOID)?;
         // SAFETY: a non-null text datum of the row, read while the row is.
         let text = datum.and_then(|d| unsafe { String::from_datum(d, false) });
@@ -326,29 +353,46 @@ impl Row {
         Ok(text)
     }
 
+    /// Whether a `text` column holds `expected`: its bytes compared where they lie, nothing
+    /// copied out (the pull's window checks each change's table this way).
+    pub fn text_is<'c>(&self, column: impl Into<Column<'c>>, expected: &str) -> Result<bool> {
+        let Some(datum) = self.datum(column, |t| t == pg_sys::TEXTOID)? else {
+            return Ok(false);
+        };
+        // SAFETY: a non-null text datum of the row, read while the row is; a text's varlena
+        // data are its bytes. A copy detoasting made is freed here.
+        unsafe {
+            Ok(crate::alloc::detoasted(
+                datum,
+                pg_sys::pg_detoast_datum_packed,
+                |plain| pgrx::varlena::varlena_to_byte_slice(plain) == expected.as_bytes(),
+            ))
+        }
+    }
+
     /// A `boolean` column.
-    pub fn boolean(&self, column: &CStr) -> Result<Option<bool>> {
+    pub fn boolean<'c>(&self, column: impl Into<Column<'c>>) -> Result<Option<bool>> {
         let datum = self.datum(column, |t| t == pg_sys::BOOLOID)?;
         // SAFETY: a non-null bool datum of the row, passed by value.
         Ok(datum.and_then(|d| unsafe { bool::from_datum(d, false) }))
     }
 
     /// An `integer` column.
-    pub fn int4(&self, column: &CStr) -> Result<Option<i32>> {
+    pub fn int4<'c>(&self, column: impl Into<Column<'c>>) -> Result<Option<i32>> {
         let datum = self.datum(column, |t| t == pg_sys::INT4OID)?;
         // SAFETY: a non-null int4 datum of the row, passed by value.
         Ok(datum.and_then(|d| unsafe { i32::from_datum(d, false) }))
     }
 
     /// A `smallint` column.
-    pub fn int2(&self, column: &CStr) -> Result<Option<i16>> {
+    pub fn int2<'c>(&self, column: impl Into<Column<'c>>) -> Result<Option<i16>> {
         let datum = self.datum(column, |t| t == pg_sys::INT2OID)?;
         // SAFETY: a non-null int2 datum of the row, passed by value.
         Ok(datum.and_then(|d| unsafe { i16::from_datum(d, false) }))
     }
 
     /// A `bytea` column, copied out (detoasted).
-    pub fn bytes(&self, column: &CStr) -> Result<Option<Vec<u8>>> {
+    pub fn bytes<'c>(&self, column: impl Into<Column<'c>>) -> Result<Option<Vec<u8>>> {
         let datum = self.datum(column, |t| t == pg_sys::BYTEAOID)?;
         // SAFETY: a non-null bytea datum of the row, copied while the row is read.
         let bytes = datum.and_then(|d| unsafe { Vec::<u8>::from_datum(d, false) });
@@ -357,14 +401,17 @@ impl Row {
     }
 
     /// A `jsonb` column, as its value.
-    pub fn jsonb(&self, column: &CStr) -> Result<Option<pgrx::JsonB>> {
+    pub fn jsonb<'c>(&self, column: impl Into<Column<'c>>) -> Result<Option<pgrx::JsonB>> {
         let datum = self.datum(column, |t| t == pg_sys::JSONBOID)?;
         // SAFETY: a non-null jsonb datum of the row, converted while the row is read.
         Ok(datum.and_then(|d| unsafe { pgrx::JsonB::from_datum(d, false) }))
     }
 
     /// A `jsonb` column, as its container's bytes (copied out; no text round trip).
-    pub fn jsonb_bytes(&self, column: &CStr) -> Result<Option<crate::jsonb::OwnedJsonb>> {
+    pub fn jsonb_bytes<'c>(
+        &self,
+        column: impl Into<Column<'c>>,
+    ) -> Result<Option<crate::jsonb::OwnedJsonb>> {
         let datum = self.datum(column, |t| t == pg_sys::JSONBOID)?;
         // SAFETY: a non-null jsonb datum of the row; its bytes are copied before the row goes.
         let bytes = datum.and_then(|d| unsafe {
@@ -804,6 +851,35 @@ impl Reader {
                 scan_keys.as_mut_ptr(),
             );
             Ok(Scan { reader: self, scan })
+        }
+    }
+
+    /// The live column `name` of the reader's relation, found once for the rows its scans
+    /// return (a [`Row`] checks the type it reads it as, as for a name); an internal error when
+    /// the relation has no such column (an install that is not as created). It lives no longer
+    /// than the reader, which holds the relation open and locked: its descriptor stays as found.
+    pub fn column<'c>(&'c self, name: &'c CStr) -> Result<Column<'c>> {
+        // SAFETY: the relation is open while `self` is; its descriptor is the one the rows its
+        // scans return are read with, and the attribute numbered is one of its own.
+        let found = unsafe {
+            let descriptor = (*self.relation).rd_att;
+            crate::catalog::live_attribute(descriptor, name, |_| true).map(|attnum| {
+                let attributes = pgrx::PgTupleDesc::from_pg_unchecked(descriptor);
+                let type_id = attributes
+                    .get(attnum as usize - 1)
+                    .map_or(pg_sys::InvalidOid, |a| a.atttypid);
+                (self.relation, attnum, type_id)
+            })
+        };
+        match found {
+            Some(found) => Ok(Column {
+                name,
+                found: Some(found),
+            }),
+            None => Err(Error::Internal(format!(
+                "syncular: {:?} has no column {name:?}",
+                self.table.name()
+            ))),
         }
     }
 

@@ -820,11 +820,13 @@ impl FromDatum for OwnedJsonb {
             return None;
         }
         // SAFETY: a non-NULL jsonb datum of a result row, alive while the row is read; its bytes
-        // are copied out before the detoasted copy is freed (`alloc::detoasted`: every jsonb of
-        // under 127 bytes on disk is copied, stored with a short header; red team 37, F3). Not
-        // the `_packed` variant: the container must keep its 4-byte alignment.
+        // are copied out before a detoasted copy is freed (`alloc::detoasted`; red team 37, F3).
+        // The `_packed` variant: the container's bytes are the same under a short header, and
+        // they are copied into memory of their own, aligned as Rust allocates — so a jsonb of
+        // under 127 bytes on disk is read where it lies, not first copied under a 4-byte header
+        // (the pull's window reads one per change: issue 28, docs/BENCHMARKS.md step 15).
         unsafe {
-            crate::alloc::detoasted(datum, pg_sys::pg_detoast_datum, |varlena| {
+            crate::alloc::detoasted(datum, pg_sys::pg_detoast_datum_packed, |varlena| {
                 // A failed copy reads as NULL here, and is recorded: the call ends in `53200` at
                 // its next check point ([`OwnedJsonb::column`] checks at once).
                 crate::alloc::try_copy(container_of(varlena))

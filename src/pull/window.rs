@@ -338,10 +338,22 @@ fn merge(
     fold: &mut Fold<'_>,
 ) -> Result<()> {
     use crate::heap;
-    let seq_of = |row: &heap::Row| row.bigint(c"commit_seq");
+    let commit_seq = scopes.column(c"commit_seq")?;
+    let seq_of = |row: &heap::Row| row.bigint(commit_seq);
     let log = Log {
         commits,
         changes,
+        columns: LogColumns {
+            created_at_ms: commits.column(c"created_at_ms")?,
+            actor_id: commits.column(c"actor_id")?,
+            tbl: changes.column(c"tbl")?,
+            idx: changes.column(c"idx")?,
+            row_id: changes.column(c"row_id")?,
+            op: changes.column(c"op")?,
+            row_version: changes.column(c"row_version")?,
+            scopes: changes.column(c"scopes")?,
+            payload: changes.column(c"payload")?,
+        },
         by_source: by_source.then(|| heap::text_key(page.tbl)),
         snapshot,
         partition: heap::text_key(page.partition),
@@ -388,6 +400,7 @@ fn merge(
 struct Log<'r> {
     commits: &'r crate::heap::Reader,
     changes: &'r crate::heap::Reader,
+    columns: LogColumns<'r>,
     /// The table's key when `changes` is read through `sync_changes_by_source` (`partition,
     /// tbl, commit_seq`: the changes of the table only, a commit's in heap order — the fold
     /// orders them by `idx`); `None` through the primary key (every change of the commit, the
@@ -403,6 +416,19 @@ struct Log<'r> {
     tbl: &'r str,
 }
 
+/// The columns [`candidate`] reads of a commit row and of a change row, found once per call.
+struct LogColumns<'r> {
+    created_at_ms: crate::heap::Column<'r>,
+    actor_id: crate::heap::Column<'r>,
+    tbl: crate::heap::Column<'r>,
+    idx: crate::heap::Column<'r>,
+    row_id: crate::heap::Column<'r>,
+    op: crate::heap::Column<'r>,
+    row_version: crate::heap::Column<'r>,
+    scopes: crate::heap::Column<'r>,
+    payload: crate::heap::Column<'r>,
+}
+
 /// One candidate of [`merge`] handed to the fold: its changes of the table (or, without a
 /// commit row or such a change, the candidate alone, as the statement's outer joins return it).
 /// False once the fold needs no more.
@@ -410,6 +436,7 @@ fn candidate(log: &Log<'_>, seq: i64, fold: &mut Fold<'_>) -> Result<bool> {
     use crate::heap;
     let key = [log.partition, heap::bigint_key(seq)];
     let (commits, changes, snapshot, tbl) = (log.commits, log.changes, log.snapshot, log.tbl);
+    let columns = &log.columns;
     // SAFETY: the primary keys' leading columns — text under "C", then the bigint
     // commit_seq — keyed with datums of those types (the partition's made once for the call,
     // in its memory context: a window may pass over many candidates), alive to the end of the
@@ -417,8 +444,8 @@ fn candidate(log: &Log<'_>, seq: i64, fold: &mut Fold<'_>) -> Result<bool> {
     let commit = unsafe {
         commits.first(&key, snapshot, |row| {
             Ok((
-                row.bigint(c"created_at_ms")?.unwrap_or_default(),
-                row.text(c"actor_id")?.unwrap_or_default(),
+                row.bigint(columns.created_at_ms)?.unwrap_or_default(),
+                row.text(columns.actor_id)?.unwrap_or_default(),
             ))
         })?
     };
@@ -439,12 +466,12 @@ fn candidate(log: &Log<'_>, seq: i64, fold: &mut Fold<'_>) -> Result<bool> {
     let read = (|| -> Result<()> {
         while more {
             let next = scan.next(|row| {
-                if row.text(c"tbl")?.as_deref() != Some(tbl) {
+                if !row.text_is(columns.tbl, tbl)? {
                     return Ok(());
                 }
                 any = true;
                 more = fold.take(seq, |filter| {
-                    native_change(row, filter, seq, created_at_ms, &actor_id)
+                    native_change(row, columns, filter, seq, created_at_ms, &actor_id)
                 })?;
                 Ok(())
             })?;
@@ -465,13 +492,14 @@ fn candidate(log: &Log<'_>, seq: i64, fold: &mut Fold<'_>) -> Result<bool> {
 /// A `sync_changes` row read below SQL, as the fold reads it.
 fn native_change(
     row: &crate::heap::Row,
+    columns: &LogColumns<'_>,
     filter: &Filter,
     commit_seq: i64,
     created_at_ms: i64,
     actor_id: &str,
 ) -> Result<Option<WindowRow>> {
     let scopes = row
-        .jsonb_bytes(c"scopes")?
+        .jsonb_bytes(columns.scopes)?
         .ok_or_else(|| error::Error::Internal("a change without scopes".into()))?;
     if !filter.matches_binary(&scopes) {
         return Ok(None);
@@ -480,12 +508,12 @@ fn native_change(
         commit_seq,
         created_at_ms,
         actor_id: actor_id.to_owned(),
-        idx: row.int4(c"idx")?.unwrap_or_default(),
-        row_id: row.text(c"row_id")?.unwrap_or_default(),
-        op: row.int2(c"op")?.unwrap_or_default(),
-        row_version: row.bigint(c"row_version")?,
+        idx: row.int4(columns.idx)?.unwrap_or_default(),
+        row_id: row.text(columns.row_id)?.unwrap_or_default(),
+        op: row.int2(columns.op)?.unwrap_or_default(),
+        row_version: row.bigint(columns.row_version)?,
         scopes,
-        payload: row.bytes(c"payload")?,
+        payload: row.bytes(columns.payload)?,
     }))
 }
 
