@@ -54,20 +54,43 @@ pub fn run_cases<S: proptest::strategy::Strategy>(
 }
 
 /// Takes `ACCESS EXCLUSIVE` locks on `tables` (a `LOCK TABLE` list of the extension's tables)
-/// before a test changes their definition, all at once or none: `NOWAIT` in a subtransaction,
-/// again after a pause while another test holds one. The in-backend tests run side by side on
-/// one database, and a test that wrote a table and then asked for a stronger lock on it waited
-/// for another test waiting for it (a deadlock: `pull::record`'s tests, session 31). Holding
-/// nothing while it waits, a test that calls this first is never part of such a cycle.
+/// before a test changes their definition. The in-backend tests run side by side on one
+/// database, and a test that wrote a table and then asked for a stronger lock on it waited for
+/// another test waiting for it (a deadlock: `pull::record`'s tests, session 31). So the tests
+/// that change a definition take turns — one transaction-level advisory lock, tried again after
+/// a pause while another test holds it — and each then takes its table locks all at once or
+/// none (`NOWAIT` in a subtransaction, again after a pause), holding nothing else while it waits:
+/// the tests that only read and write never wait for the advisory lock, and no two tests holding
+/// strong locks run at once, so none of them is part of a cycle.
 pub fn lock_for_ddl(tables: &str) {
+    let pause = std::time::Duration::from_millis(10);
+    // Long enough for every other such test to end first, in a debug build on a loaded machine.
+    let tries = 30_000;
+    let turn = (0..tries).any(|_| {
+        let taken = Spi::get_one::<bool>("SELECT pg_try_advisory_xact_lock(7141592653)")
+            .expect("advisory lock")
+            .unwrap_or(false);
+        if !taken {
+            std::thread::sleep(pause);
+        }
+        taken
+    });
+    assert!(
+        turn,
+        "another test changed the extension's tables for 5 minutes"
+    );
     let sql = format!("LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE NOWAIT");
-    for _ in 0..3000 {
+    let locked = (0..tries).any(|_| {
         let locked =
             crate::push::subtransaction::in_subtransaction(|| Spi::run(&sql), |r| r.is_ok());
-        if matches!(locked, Ok(Ok(()))) {
-            return;
+        let locked = matches!(locked, Ok(Ok(())));
+        if !locked {
+            std::thread::sleep(pause);
         }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    panic!("{tables} stayed locked by other tests for 30 s");
+        locked
+    });
+    assert!(
+        locked,
+        "{tables} stayed locked by other tests for 5 minutes"
+    );
 }
