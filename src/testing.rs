@@ -60,8 +60,8 @@ pub fn run_cases<S: proptest::strategy::Strategy>(
 /// that change a definition take turns — one transaction-level advisory lock, tried again after
 /// a pause while another test holds it — and each then takes its table locks all at once or
 /// none (`NOWAIT` in a subtransaction, again after a pause), holding nothing else while it waits:
-/// the tests that only read and write never wait for the advisory lock, and no two tests holding
-/// strong locks run at once, so none of them is part of a cycle.
+/// the tests that only read and write never wait for the advisory lock, and no two of these
+/// tests hold their strong locks at once, so none of them is part of a cycle.
 pub fn lock_for_ddl(tables: &str) {
     let pause = std::time::Duration::from_millis(10);
     // Long enough for every other such test to end first, in a debug build on a loaded machine.
