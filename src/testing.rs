@@ -63,34 +63,36 @@ pub fn run_cases<S: proptest::strategy::Strategy>(
 /// the tests that only read and write never wait for the advisory lock, and no two of these
 /// tests hold their strong locks at once, so none of them is part of a cycle.
 pub fn lock_for_ddl(tables: &str) {
-    let pause = std::time::Duration::from_millis(10);
-    // Long enough for every other such test to end first, in a debug build on a loaded machine.
-    let tries = 30_000;
-    let turn = (0..tries).any(|_| {
-        let taken = Spi::get_one::<bool>("SELECT pg_try_advisory_xact_lock(7141592653)")
+    let turn = eventually(|| {
+        Spi::get_one::<bool>("SELECT pg_try_advisory_xact_lock(7141592653)")
             .expect("advisory lock")
-            .unwrap_or(false);
-        if !taken {
-            std::thread::sleep(pause);
-        }
-        taken
+            .unwrap_or(false)
     });
     assert!(
         turn,
         "another test changed the extension's tables for 5 minutes"
     );
     let sql = format!("LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE NOWAIT");
-    let locked = (0..tries).any(|_| {
+    let locked = eventually(|| {
         let locked =
             crate::push::subtransaction::in_subtransaction(|| Spi::run(&sql), |r| r.is_ok());
-        let locked = matches!(locked, Ok(Ok(())));
-        if !locked {
-            std::thread::sleep(pause);
-        }
-        locked
+        matches!(locked, Ok(Ok(())))
     });
     assert!(
         locked,
         "{tables} stayed locked by other tests for 5 minutes"
     );
+}
+
+/// Whether `attempt` succeeds within 5 minutes, tried again 10 ms after each failure: long
+/// enough for every other test changing a definition to end first, in a debug build on a loaded
+/// machine.
+fn eventually(mut attempt: impl FnMut() -> bool) -> bool {
+    (0..30_000).any(|_| {
+        let done = attempt();
+        if !done {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        done
+    })
 }
